@@ -1,0 +1,330 @@
+"""numpy <-> C verifier: the lossless accept/reject rules of speculative decoding.
+
+One tree representation serves chains, K paths and trees:
+
+* ``tokens[n]`` (int32) and ``parents[n]`` (int32, -1 = the committed prefix), parents before
+  children, siblings in the order they were sampled;
+* ``target_logits[n+1, V]`` (float32): row 0 = target logits after the committed prefix,
+  row j+1 = after node j;
+* ``draft_probs[n+1, V]`` (float32): row 0 = the distribution the root's children were sampled
+  from, row j+1 = the one node j's children were sampled from (unused for leaves).
+
+How siblings were sampled matters:
+
+* ``rrs``: the children of a node are i.i.d. draws (with replacement) from its draft row;
+* ``rrsw`` and ``traversal``: drawn without replacement, each later sibling from the draft row
+  renormalised after removing the earlier siblings' tokens (siblings must be distinct);
+* ``gbv`` and ``batch``: K independent root-to-leaf chains (``gbv``: all of the same length);
+* ``token``, ``block`` (and ``lenience``): one chain; ``greedy`` and ``match``: any tree.
+
+The target is transformed exactly like plain sampling (:func:`probs`): top-k, then top-p, then
+min-p on the temperature-1 distribution (llama.cpp's default order), then temperature;
+temperature 0 is greedy. ``lenience`` > 0 (``token`` only) is the *lossy* over-acceptance of
+Yin et al. Thm 4; every other setting is lossless.
+
+Randomness is a ``seed`` or ``n+1`` caller-supplied ``uniforms``: ``uniforms[j]`` is node j's
+accept/reject draw (for ``match``: the target draw at row j+1, ``uniforms[0]`` at the root) and
+``uniforms[n]`` draws the correction/bonus token, so a reference can be compared draw for draw.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from localspec._verifier import ffi, lib
+
+METHODS: tuple[str, ...] = (
+    "greedy",
+    "match",
+    "token",
+    "block",
+    "gbv",
+    "rrs",
+    "rrsw",
+    "traversal",
+    "batch",
+)
+_METHOD_IDS = {name: i for i, name in enumerate(METHODS)}
+
+_SHAPES = {
+    "token": "a single chain (every node has at most one child)",
+    "block": "a single chain (every node has at most one child)",
+    "gbv": "K root-to-leaf chains of equal length (only the root may branch)",
+    "batch": "K root-to-leaf chains (only the root may branch)",
+}
+
+
+class VerifierError(ValueError):
+    """Invalid input to the verifier; the message names the argument and index at fault."""
+
+    def __init__(self, message: str, status: int = 0, index: int = -1) -> None:
+        super().__init__(message)
+        self.status = status
+        self.index = index
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one verification step."""
+
+    path: tuple[int, ...]  # accepted node indices, root to leaf
+    token: int  # the correction (after a rejection) or bonus (all accepted) token
+    n_accepted: int
+
+
+@dataclass(frozen=True)
+class LogitsPointer:
+    """Rows of float32 logits owned by someone else (e.g. llama.cpp's output buffer)."""
+
+    address: int
+    n_rows: int
+    n_vocab: int
+    row_stride: int | None = None  # floats between rows; default n_vocab
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The plain sampler's settings, validated."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_sampling(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    def c_struct(self) -> Any:
+        s = ffi.new("ls_sampling *")
+        s.temperature = self.temperature
+        s.top_k = self.top_k
+        s.top_p = self.top_p
+        s.min_p = self.min_p
+        return s
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float, min_p: float) -> None:
+    """Raise VerifierError naming the first sampling parameter out of range."""
+    if not np.isfinite(temperature) or temperature < 0:
+        raise VerifierError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+    if int(top_k) != top_k or top_k < 0:
+        raise VerifierError(f"top_k must be an integer >= 0 (0 = off), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise VerifierError(f"top_p must lie in (0, 1] (1 = off), got {top_p}")
+    if not 0 <= min_p <= 1:
+        raise VerifierError(f"min_p must lie in [0, 1] (0 = off), got {min_p}")
+
+
+class _Workspace(threading.local):
+    """Per-thread scratch memory, grown on demand and reused (no allocation per call)."""
+
+    def __init__(self) -> None:
+        self.buf = np.empty(0, dtype=np.uint8)
+
+    def get(self, nbytes: int) -> Any:
+        if self.buf.nbytes < nbytes:
+            self.buf = np.empty(max(nbytes, 2 * self.buf.nbytes), dtype=np.uint8)
+        return ffi.from_buffer(self.buf)
+
+
+_workspace = _Workspace()
+
+
+def _rows(name: str, value: Any, n_rows: int, n_vocab: int | None) -> tuple[Any, int, int, Any]:
+    """(pointer, stride, n_vocab, keepalive) for a float32 row matrix without copying if possible."""
+    if isinstance(value, LogitsPointer):
+        stride = value.row_stride or value.n_vocab
+        if value.n_rows != n_rows:
+            raise VerifierError(f"{name} has {value.n_rows} rows; expected {n_rows} (n_nodes + 1)")
+        if stride < value.n_vocab or value.n_vocab <= 0 or value.address == 0:
+            raise VerifierError(f"{name}: invalid pointer, n_vocab or row_stride")
+        return ffi.cast("float *", value.address), stride, value.n_vocab, value
+    arr = np.asarray(value)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2:
+        raise VerifierError(f"{name} must be a 2-D array of shape (n_nodes + 1, n_vocab), got {arr.shape}")
+    if arr.dtype != np.float32 or arr.strides[1] != 4 or (
+        arr.shape[0] > 1 and (arr.strides[0] % 4 or arr.strides[0] < 4 * arr.shape[1])
+    ):
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if arr.shape[0] != n_rows:
+        raise VerifierError(f"{name} has {arr.shape[0]} rows; expected {n_rows} (n_nodes + 1)")
+    if n_vocab is not None and arr.shape[1] != n_vocab:
+        raise VerifierError(f"{name} has {arr.shape[1]} columns; target_logits has {n_vocab}")
+    if arr.shape[1] == 0:
+        raise VerifierError(f"{name} has an empty vocabulary")
+    ptr = ffi.cast("float *", arr.ctypes.data)
+    stride = arr.strides[0] // 4 if arr.shape[0] > 1 else arr.shape[1]  # a 1-row stride is arbitrary
+    return ptr, stride, arr.shape[1], arr
+
+
+def _int_array(name: str, value: Sequence[int] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise VerifierError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise VerifierError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
+        raise VerifierError(f"{name} holds values outside int32")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def _uniforms(uniforms: Any, n: int) -> np.ndarray:
+    u = np.ascontiguousarray(np.asarray(uniforms, dtype=np.float64).reshape(-1))
+    if u.shape[0] != n + 1:
+        raise VerifierError(f"uniforms must hold n_nodes + 1 = {n + 1} values, got {u.shape[0]}")
+    return u
+
+
+def _error(status: int, index: int, method: str, tokens: np.ndarray, parents: np.ndarray,
+           n_vocab: int, uniforms: np.ndarray | None) -> VerifierError:
+    i = index
+    if status == lib.LS_ERR_TOKEN:
+        msg = f"tokens[{i}] = {tokens[i]} is outside the vocabulary [0, {n_vocab})"
+    elif status == lib.LS_ERR_PARENT:
+        msg = f"parents[{i}] = {parents[i]} must be -1 (the committed prefix) or the index of an earlier node"
+    elif status == lib.LS_ERR_LOGITS:
+        msg = f"target_logits row {i} contains NaN or infinity"
+    elif status == lib.LS_ERR_DRAFT:
+        msg = (f"draft_probs row {i} is not a probability distribution "
+               "(entries must be finite, in [0, 1], and sum to 1)")
+    elif status == lib.LS_ERR_SHAPE:
+        where = f"; node {i} breaks that" if i >= 0 else ""
+        msg = f"method '{method}' verifies {_SHAPES.get(method, 'this shape')}{where}"
+    elif status == lib.LS_ERR_SIBLINGS:
+        msg = (f"method '{method}' needs siblings drawn without replacement (distinct tokens); "
+               f"node {i} repeats a sibling's token {tokens[i]}")
+    elif status == lib.LS_ERR_UNIFORM and uniforms is not None:
+        msg = f"uniforms[{i}] = {uniforms[i]} is outside [0, 1)"
+    elif status == lib.LS_ERR_LENIENCE:
+        msg = "lenience must be finite and >= 0, and applies to method 'token' only"
+    else:
+        msg = ffi.string(lib.ls_status_string(status)).decode()
+    return VerifierError(msg, status, i)
+
+
+def verify(
+    method: str,
+    target_logits: np.ndarray | LogitsPointer,
+    draft_probs: np.ndarray | LogitsPointer | None,
+    tokens: Sequence[int] | np.ndarray,
+    parents: Sequence[int] | np.ndarray,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    seed: int | None = None,
+    uniforms: Sequence[float] | np.ndarray | None = None,
+    lenience: float = 0.0,
+) -> Verdict:
+    """Accept a path of the draft tree and draw one more token, losslessly.
+
+    Returns the accepted node indices (root to leaf) and the correction/bonus token; the
+    sequence (accepted tokens, token) is distributed exactly as the transformed target would
+    sample it (``lenience`` > 0 excepted). See the module docstring for the representation.
+    """
+    if method not in _METHOD_IDS:
+        raise VerifierError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
+    tok = _int_array("tokens", tokens)
+    par = _int_array("parents", parents)
+    n = tok.shape[0]
+    if par.shape[0] != n:
+        raise VerifierError(f"parents has {par.shape[0]} entries but tokens has {n}")
+    check_sampling(temperature, top_k, top_p, min_p)
+    if not np.isfinite(lenience) or lenience < 0:
+        raise VerifierError(f"lenience must be a finite number >= 0, got {lenience}")
+    if lenience > 0 and method != "token":
+        raise VerifierError(f"lenience applies to method 'token' only (got method '{method}')")
+    t_ptr, t_stride, n_vocab, t_keep = _rows("target_logits", target_logits, n + 1, None)
+    if draft_probs is None:
+        if n:
+            raise VerifierError("draft_probs is required when there are draft nodes")
+        d_ptr, d_stride, d_keep = ffi.NULL, n_vocab, None
+    else:
+        d_ptr, d_stride, _, d_keep = _rows("draft_probs", draft_probs, n + 1, n_vocab)
+    u = None if uniforms is None else _uniforms(uniforms, n)
+
+    prob = ffi.new("ls_problem *")
+    prob.n_nodes = n
+    prob.n_vocab = n_vocab
+    prob.tokens = ffi.cast("int32_t *", tok.ctypes.data)
+    prob.parents = ffi.cast("int32_t *", par.ctypes.data)
+    prob.target_logits = t_ptr
+    prob.target_stride = t_stride
+    prob.draft_probs = d_ptr
+    prob.draft_stride = d_stride
+    prob.sampling.temperature = temperature
+    prob.sampling.top_k = int(top_k)
+    prob.sampling.top_p = top_p
+    prob.sampling.min_p = min_p
+    prob.lenience = lenience
+    prob.uniforms = ffi.NULL if u is None else ffi.cast("double *", u.ctypes.data)
+    prob.seed = secrets.randbits(64) if seed is None else int(seed) & 0xFFFFFFFFFFFFFFFF
+
+    mid = _METHOD_IDS[method]
+    nbytes = lib.ls_workspace_bytes(mid, n, n_vocab, ffi.addressof(prob.sampling))
+    if nbytes == 0:
+        raise VerifierError(f"sizes out of range: {n} nodes, vocabulary {n_vocab}")
+    path = np.empty(max(n, 1), dtype=np.int32)
+    out = ffi.new("ls_verdict *")
+    out.path = ffi.cast("int32_t *", path.ctypes.data)
+    status = lib.ls_verify(mid, prob, _workspace.get(nbytes), nbytes, out)
+    del t_keep, d_keep
+    if status != lib.LS_OK:
+        raise _error(status, out.error_index, method, tok, par, n_vocab, u)
+    k = out.n_accepted
+    return Verdict(path=tuple(int(j) for j in path[:k]), token=int(out.token), n_accepted=k)
+
+
+def probs(
+    logits: np.ndarray,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    dtype: type = np.float64,
+) -> np.ndarray:
+    """The plain sampler's distribution of each row of ``logits`` (exactly what verify uses)."""
+    check_sampling(temperature, top_k, top_p, min_p)
+    arr = np.asarray(logits)
+    one = arr.ndim == 1
+    ptr, stride, n_vocab, keep = _rows("logits", arr, arr.shape[0] if arr.ndim == 2 else 1, None)
+    n_rows = 1 if one else arr.shape[0]
+    out = np.empty((n_rows, n_vocab), dtype=dtype)
+    settings = Sampling(temperature, int(top_k), top_p, min_p).c_struct()
+    nbytes = lib.ls_probs_workspace_bytes(n_vocab, settings)
+    err = ffi.new("int32_t *")
+    o64 = ffi.cast("double *", out.ctypes.data) if dtype == np.float64 else ffi.NULL
+    o32 = ffi.cast("float *", out.ctypes.data) if dtype == np.float32 else ffi.NULL
+    if o64 == ffi.NULL and o32 == ffi.NULL:
+        raise VerifierError("dtype must be numpy.float64 or numpy.float32")
+    status = lib.ls_probs(ptr, stride, n_rows, n_vocab, settings, _workspace.get(nbytes), nbytes,
+                          o64, o32, n_vocab, err)
+    del keep
+    if status == lib.LS_ERR_LOGITS:
+        raise VerifierError(f"logits row {err[0]} contains NaN or infinity", status, err[0])
+    if status != lib.LS_OK:
+        raise VerifierError(ffi.string(lib.ls_status_string(status)).decode(), status)
+    return out[0] if one else out
+
+
+def sample_probs(row: np.ndarray, uniform: float, exclude: Sequence[int] = ()) -> int:
+    """Inverse-CDF draw from a float32 probability row with ``exclude`` removed (renormalised)."""
+    arr = np.ascontiguousarray(row, dtype=np.float32)
+    ex = np.ascontiguousarray(np.asarray(exclude, dtype=np.int32).reshape(-1))
+    out = ffi.new("int32_t *")
+    status = lib.ls_sample_probs(ffi.cast("float *", arr.ctypes.data), arr.shape[0],
+                                 ffi.cast("int32_t *", ex.ctypes.data), ex.shape[0], float(uniform), out)
+    if status == lib.LS_ERR_DRAFT:
+        raise VerifierError("draft row has no probability mass left to sample from", status)
+    if status != lib.LS_OK:
+        raise VerifierError(ffi.string(lib.ls_status_string(status)).decode(), status)
+    return int(out[0])
