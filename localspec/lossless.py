@@ -1,0 +1,311 @@
+"""Proving "lossless": toy models, draft-tree sampling, exact and statistical step distributions.
+
+A verifier step is lossless when its output (accepted draft tokens, then the extra token),
+continued by the target, is distributed exactly like the target sampling alone. This module
+computes that distribution exactly for the numpy reference (:func:`exact_error`) and tests the C
+verifier against it by Monte Carlo (:func:`monte_carlo_pvalue`). Used by the tests and by
+``localspec check``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable, Sequence
+
+import numpy as np
+
+from localspec import reference, verifier
+
+Context = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ToyModel:
+    """A context-dependent random language model over a tiny vocabulary.
+
+    Its logits after a context are normal(0, scale) draws seeded by (seed, context); a draft is
+    built from a target by adding `noise` to the target's logits (`base`).
+    """
+
+    vocab: int
+    seed: int
+    scale: float = 1.5
+    base: "ToyModel | None" = None
+    noise: float = 0.0
+
+    def logits(self, context: Context) -> np.ndarray:
+        return _toy_logits(self, context)
+
+
+@lru_cache(maxsize=200_000)
+def _toy_logits(model: ToyModel, context: Context) -> np.ndarray:
+    digest = hashlib.blake2b(repr((model.seed, context)).encode(), digest_size=8).digest()
+    rng = np.random.default_rng(int.from_bytes(digest, "little"))
+    own = rng.normal(0.0, model.scale, size=model.vocab)
+    if model.base is not None:
+        own = model.base.logits(context) + model.noise * own / model.scale
+    return own.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Settings:
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def kwargs(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "min_p": self.min_p}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A draft shape: `branching[d]` children per node at depth d (iid or without replacement),
+    or `paths` independent chains of length len(branching) (branching all 1)."""
+
+    branching: tuple[int, ...]
+    paths: int = 1
+    without_replacement: bool = False
+
+    @property
+    def depth(self) -> int:
+        return len(self.branching)
+
+
+SHAPES_BY_METHOD: dict[str, str] = {
+    "greedy": "tree",
+    "match": "tree",
+    "token": "chain",
+    "block": "chain",
+    "gbv": "paths",
+    "batch": "paths",
+    "rrs": "tree",
+    "rrsw": "tree-without",
+    "traversal": "tree-without",
+}
+
+
+@dataclass
+class DraftTree:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    contexts: list[Context] = field(default_factory=list)  # row r's context (row 0 = prefix)
+
+
+@lru_cache(maxsize=200_000)
+def draft_distribution(draft: ToyModel, context: Context, settings: Settings) -> np.ndarray:
+    """What the drafter samples from: its own logits at the target's temperature (T=0: T=1)."""
+    t = settings.temperature if settings.temperature > 0 else 1.0
+    return reference.transform(draft.logits(context), temperature=t)[0]
+
+
+@lru_cache(maxsize=200_000)
+def target_distribution(target: ToyModel, context: Context, settings: Settings) -> np.ndarray:
+    """The transformed target row after `context` (numpy reference transform)."""
+    return reference.transform(target.logits(context), **settings.kwargs())[0]
+
+
+def sample_tree(shape: Shape, draft: ToyModel, prefix: Context, settings: Settings,
+                rng: reference.Randomness) -> DraftTree:
+    """Draw a draft tree through `rng` (so it can be enumerated exactly)."""
+    tree = DraftTree(contexts=[prefix])
+
+    def grow(row: int, depth: int) -> None:
+        if depth == shape.depth:
+            return
+        ctx = tree.contexts[row]
+        q = draft_distribution(draft, ctx, settings)
+        taken: list[int] = []
+        for _ in range(shape.branching[depth]):
+            w = q.copy()
+            if shape.without_replacement:
+                w[taken] = 0.0
+                if w.sum() <= 0:
+                    break
+            x = rng.categorical(w, float(w.sum()), 0)
+            taken.append(x)
+            tree.tokens.append(x)
+            tree.parents.append(row - 1)
+            tree.contexts.append(ctx + (x,))
+            grow(len(tree.tokens), depth + 1)
+
+    if shape.paths > 1:
+        for _ in range(shape.paths):
+            row = 0
+            for depth in range(shape.depth):
+                ctx = tree.contexts[row]
+                q = draft_distribution(draft, ctx, settings)
+                x = rng.categorical(q, float(q.sum()), 0)
+                tree.tokens.append(x)
+                tree.parents.append(row - 1)
+                tree.contexts.append(ctx + (x,))
+                row = len(tree.tokens)
+    else:
+        grow(0, 0)
+    return tree
+
+
+def tree_rows(tree: DraftTree, target: ToyModel, draft: ToyModel, settings: Settings
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(target_logits float32, draft_probs float64: exactly the rows the tree was drawn from)."""
+    logits = np.stack([target.logits(c) for c in tree.contexts]).astype(np.float32)
+    dprobs = np.stack([draft_distribution(draft, c, settings) for c in tree.contexts])
+    return logits, dprobs
+
+
+def output_sequence(tree: DraftTree, path: Sequence[int], token: int) -> tuple[int, ...]:
+    return tuple(tree.tokens[j] for j in path) + (token,)
+
+
+# --------------------------------------------------------------------------- exact
+
+
+def target_joint(target: ToyModel, prefix: Context, length: int, settings: Settings) -> dict:
+    """Exact target probability of every continuation of `length` tokens."""
+    out = {(): 1.0}
+    for _ in range(length):
+        nxt = {}
+        for seq, p in out.items():
+            row = target_distribution(target, prefix + seq, settings)
+            for x in np.flatnonzero(row > 0):
+                nxt[seq + (int(x),)] = p * float(row[x])
+        out = nxt
+    return out
+
+
+def extend(dist: dict, target: ToyModel, prefix: Context, length: int, settings: Settings) -> dict:
+    """Continue every output sequence with the target up to `length` tokens."""
+    full: dict = {}
+    for seq, p in dist.items():
+        for rest, q in target_joint(target, prefix + seq, length - len(seq), settings).items():
+            full[seq + rest] = full.get(seq + rest, 0.0) + p * q
+    return full
+
+
+VerifyFn = Callable[[str, np.ndarray, np.ndarray, DraftTree, reference.Randomness], tuple]
+
+
+def reference_step(method: str, target_probs: np.ndarray, draft_probs: np.ndarray,
+                   tree: DraftTree, rng: reference.Randomness, lenience: float = 0.0) -> tuple:
+    return reference.verify(method, target_probs, draft_probs, tree.tokens, tree.parents, rng,
+                            lenience)
+
+
+def exact_distribution(method: str, target: ToyModel, draft: ToyModel, shape: Shape,
+                       settings: Settings, prefix: Context = (), step: VerifyFn = reference_step
+                       ) -> dict:
+    """Exact distribution of one speculative step's output sequence (drafting included)."""
+
+    def run(rng: reference.Randomness) -> tuple[int, ...]:
+        tree = sample_tree(shape, draft, prefix, settings, rng)
+        _, dprobs = tree_rows(tree, target, draft, settings)
+        tprobs = np.stack([target_distribution(target, c, settings) for c in tree.contexts])
+        path, token = step(method, tprobs, dprobs, tree, rng)
+        return output_sequence(tree, path, token)
+
+    return reference.enumerate_outcomes(run)
+
+
+def exact_error(method: str, target: ToyModel, draft: ToyModel, shape: Shape, settings: Settings,
+                step: VerifyFn = reference_step) -> float:
+    """max |P(output continued by the target) - P(target alone)| over all sequences."""
+    dist = exact_distribution(method, target, draft, shape, settings, step=step)
+    length = shape.depth + 1
+    full = extend(dist, target, (), length, settings)
+    joint = target_joint(target, (), length, settings)
+    keys = set(full) | set(joint)
+    return max(abs(full.get(k, 0.0) - joint.get(k, 0.0)) for k in keys)
+
+
+def expected_accepted(method: str, target: ToyModel, draft: ToyModel, shape: Shape,
+                      settings: Settings) -> float:
+    dist = exact_distribution(method, target, draft, shape, settings)
+    return sum(p * (len(seq) - 1) for seq, p in dist.items())
+
+
+# --------------------------------------------------------------------------- statistical
+
+
+class NumpyDraws:
+    """Randomness for drafting trees in Monte Carlo runs."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def bernoulli(self, prob: float, slot: int) -> bool:
+        return bool(self.rng.random() < prob)
+
+    def categorical(self, weights: np.ndarray, total: float, slot: int) -> int:
+        cum = np.cumsum(weights)
+        i = int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right"))
+        return min(i, len(weights) - 1)
+
+
+CStep = Callable[[str, np.ndarray, np.ndarray, DraftTree, int], tuple]
+
+
+def c_step(method: str, logits: np.ndarray, dprobs: np.ndarray, tree: DraftTree, seed: int,
+           settings: Settings, lenience: float = 0.0) -> tuple:
+    v = verifier.verify(method, logits, dprobs.astype(np.float32), tree.tokens, tree.parents, seed=seed,
+                        lenience=lenience, **settings.kwargs())
+    return v.path, v.token
+
+
+def monte_carlo_counts(method: str, target: ToyModel, draft: ToyModel, shape: Shape,
+                       settings: Settings, n: int, seed: int,
+                       step: Callable[..., tuple] | None = None) -> dict:
+    """Counts of the output sequences of `n` steps, each continued by the target to depth+1."""
+    rng = np.random.default_rng(seed)
+    draws = NumpyDraws(rng)
+    length = shape.depth + 1
+    counts: dict = {}
+    for _ in range(n):
+        tree = sample_tree(shape, draft, (), settings, draws)
+        logits, dprobs = tree_rows(tree, target, draft, settings)
+        s = int(rng.integers(0, 2**63))
+        if step is None:
+            path, token = c_step(method, logits, dprobs, tree, s, settings)
+        else:
+            path, token = step(method, logits, dprobs, tree, s, settings)
+        seq = output_sequence(tree, path, token)
+        while len(seq) < length:
+            row = target_distribution(target, seq, settings)
+            seq = seq + (draws.categorical(row, 1.0, 0),)
+        counts[seq] = counts.get(seq, 0) + 1
+    return counts
+
+
+def chi_square_pvalue(counts: dict, expected: dict, n: int, min_expected: float = 5.0) -> float:
+    """Pearson goodness of fit; categories with expected count < min_expected are pooled."""
+    from scipy import stats
+
+    keys = sorted(set(expected) | set(counts))
+    obs = np.array([counts.get(k, 0) for k in keys], dtype=np.float64)
+    exp = np.array([expected.get(k, 0.0) * n for k in keys])
+    big = exp >= min_expected
+    o = list(obs[big])
+    e = list(exp[big])
+    if (~big).any():
+        o.append(obs[~big].sum())
+        e.append(exp[~big].sum())
+    o_arr, e_arr = np.array(o), np.array(e)
+    if (e_arr == 0).any():  # an impossible outcome was observed
+        return 0.0 if o_arr[e_arr == 0].sum() > 0 else 1.0
+    e_arr *= o_arr.sum() / e_arr.sum()
+    return float(stats.chisquare(o_arr, e_arr).pvalue)
+
+
+def monte_carlo_pvalue(method: str, target: ToyModel, draft: ToyModel, shape: Shape,
+                       settings: Settings, n: int, seed: int,
+                       step: Callable[..., tuple] | None = None) -> float:
+    counts = monte_carlo_counts(method, target, draft, shape, settings, n, seed, step)
+    joint = target_joint(target, (), shape.depth + 1, settings)
+    return chi_square_pvalue(counts, joint, n)
+
+
+def all_sequences(vocab: int, length: int) -> list[tuple[int, ...]]:
+    return list(itertools.product(range(vocab), repeat=length))
