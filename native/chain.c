@@ -135,7 +135,7 @@ int ls_block(ls_ctx *c, ls_verdict *out)
         const double pi = p[i - 1] * ratio;
         p[i] = pi < 1.0 ? pi : 1.0;
     }
-    if (g > 0 && c->u[g - 1] < p[g])
+    if (g == 0 || c->u[g - 1] < p[g]) /* h_gamma = p_gamma; an empty draft is tau = gamma = 0 */
         return finish(c, g, 1.0, 0, -1.0, out);
     int32_t tau = 0;
     double w_tau = -1.0;

@@ -1,0 +1,107 @@
+"""Random verification instances shaped for each method (shared by the verifier tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from localspec import lossless
+
+
+@dataclass
+class Instance:
+    method: str
+    logits: np.ndarray  # (n+1, V) float32
+    draft: np.ndarray  # (n+1, V) float32
+    tokens: list[int]
+    parents: list[int]
+    settings: lossless.Settings
+    uniforms: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+
+def random_settings(rng: np.random.Generator, V: int) -> lossless.Settings:
+    t = float(rng.choice([0.0, 0.5, 1.0, 1.0, 1.5]))
+    top_k = int(rng.choice([0, 0, 1, 3, V]))
+    top_p = float(rng.choice([1.0, 1.0, 0.9, 0.5]))
+    min_p = float(rng.choice([0.0, 0.0, 0.05, 0.3]))
+    return lossless.Settings(t, top_k, top_p, min_p)
+
+
+def random_draft_row(rng: np.random.Generator, V: int, target_row: np.ndarray) -> np.ndarray:
+    kind = rng.integers(0, 6)
+    if kind == 0:  # the draft equals the target
+        row = target_row.astype(np.float64)
+    elif kind == 1:  # one-hot
+        row = np.zeros(V)
+        row[rng.integers(0, V)] = 1.0
+    elif kind == 2:  # sparse (a drafter sampling from its own top-k)
+        row = rng.dirichlet(np.full(V, 0.5))
+        row[rng.permutation(V)[: V // 2]] = 0.0
+        if row.sum() == 0:
+            row[0] = 1.0
+    else:
+        row = rng.dirichlet(np.full(V, rng.choice([0.3, 1.0, 3.0])))
+    row = row / row.sum()
+    return row.astype(np.float32)
+
+
+def _pick(rng: np.random.Generator, row: np.ndarray, taken: list[int]) -> int:
+    w = row.astype(np.float64).copy()
+    w[taken] = 0.0
+    if w.sum() > 0 and rng.random() < 0.9:
+        return int(rng.choice(len(w), p=w / w.sum()))
+    free = [x for x in range(len(w)) if x not in taken]
+    return int(rng.choice(free))
+
+
+def random_structure(rng: np.random.Generator, method: str, V: int) -> list[int]:
+    """Parents of a random draft shape the method accepts."""
+    if method in ("token", "block"):
+        g = int(rng.integers(0, 9))
+        return [j - 1 for j in range(g)]
+    if method in ("gbv", "batch"):
+        K = int(rng.integers(1, 5))
+        parents = []
+        L = int(rng.integers(1, 5))
+        for _ in range(K):
+            length = L if method == "gbv" else int(rng.integers(1, 5))
+            prev = -1
+            for _ in range(length):
+                parents.append(prev)
+                prev = len(parents) - 1
+        return parents
+    n = int(rng.integers(0, 12))
+    return [int(rng.integers(-1, j)) if j else -1 for j in range(n)]
+
+
+def random_instance(rng: np.random.Generator, method: str, V: int | None = None) -> Instance:
+    V = V or int(rng.choice([2, 3, 5, 8, 33, 200]))
+    parents = random_structure(rng, method, V)
+    n = len(parents)
+    scale = float(rng.choice([0.5, 2.0, 5.0]))
+    logits = (rng.normal(0, scale, size=(n + 1, V))).astype(np.float32)
+    if rng.random() < 0.2:  # ties
+        logits = np.round(logits).astype(np.float32)
+    settings = random_settings(rng, V)
+    from localspec import verifier
+
+    tp = verifier.probs(logits, **settings.kwargs())
+    draft = np.stack([random_draft_row(rng, V, tp[r]) for r in range(n + 1)])
+    distinct = method in ("rrsw", "traversal")
+    tokens: list[int] = []
+    siblings: dict[int, list[int]] = {}
+    for j, p in enumerate(parents):
+        taken = siblings.setdefault(p, [])
+        if distinct and len(taken) >= V:  # no distinct token left: re-hang under node j-1
+            parents[j] = j - 1
+            taken = siblings.setdefault(j - 1, [])
+        x = _pick(rng, draft[parents[j] + 1], taken if distinct else [])
+        taken.append(x)
+        tokens.append(x)
+    u = rng.random(n + 1)
+    return Instance(method, logits, draft, tokens, parents, settings, u)
