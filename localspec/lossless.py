@@ -27,7 +27,8 @@ class ToyModel:
     """A context-dependent random language model over a tiny vocabulary.
 
     Its logits after a context are normal(0, scale) draws seeded by (seed, context); a draft is
-    built from a target by adding `noise` to the target's logits (`base`).
+    built from a target by adding `noise` to the target's logits (`base`). `fixed` logits make
+    a context-independent model (the block paper's Sec. 2 example).
     """
 
     vocab: int
@@ -35,6 +36,7 @@ class ToyModel:
     scale: float = 1.5
     base: "ToyModel | None" = None
     noise: float = 0.0
+    fixed: tuple[float, ...] | None = None
 
     def logits(self, context: Context) -> np.ndarray:
         return _toy_logits(self, context)
@@ -42,12 +44,14 @@ class ToyModel:
 
 @lru_cache(maxsize=200_000)
 def _toy_logits(model: ToyModel, context: Context) -> np.ndarray:
+    if model.fixed is not None:
+        return np.array(model.fixed, dtype=np.float64)
     digest = hashlib.blake2b(repr((model.seed, context)).encode(), digest_size=8).digest()
     rng = np.random.default_rng(int.from_bytes(digest, "little"))
     own = rng.normal(0.0, model.scale, size=model.vocab)
     if model.base is not None:
         own = model.base.logits(context) + model.noise * own / model.scale
-    return own.astype(np.float32)
+    return own
 
 
 @dataclass(frozen=True)
@@ -295,6 +299,8 @@ def chi_square_pvalue(counts: dict, expected: dict, n: int, min_expected: float 
     o_arr, e_arr = np.array(o), np.array(e)
     if (e_arr == 0).any():  # an impossible outcome was observed
         return 0.0 if o_arr[e_arr == 0].sum() > 0 else 1.0
+    if len(o_arr) == 1:  # a deterministic target, and every observation is its sequence
+        return 1.0
     e_arr *= o_arr.sum() / e_arr.sum()
     return float(stats.chisquare(o_arr, e_arr).pvalue)
 

@@ -1,0 +1,135 @@
+"""Exact losslessness of every method (numpy reference, all randomness enumerated; C is tied to
+the reference draw for draw in test_verifier_draws.py), the block paper's toy example, Theorem 2,
+Yin et al.'s Pareto front for lenience, and negative controls that must fail the same check."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from localspec import lossless, reference
+from localspec.lossless import Settings, Shape, ToyModel
+
+TOL = 1e-9
+V = 3
+TARGET = ToyModel(V, seed=1)
+DRAFT = ToyModel(V, seed=2, base=TARGET, noise=1.0)
+FAR_DRAFT = ToyModel(V, seed=3)  # unrelated to the target: many rejections
+
+SHAPES = {
+    "chain": [Shape((1, 1, 1))],
+    "paths": [Shape((1, 1), paths=2), Shape((1, 1), paths=3)],
+    "tree": [Shape((2, 1)), Shape((3,)), Shape((1, 2))],
+    "tree-without": [Shape((2, 2), without_replacement=True), Shape((3, 1), without_replacement=True)],
+}
+SETTINGS = [Settings(1.0), Settings(0.6, top_k=2), Settings(1.4, top_p=0.8), Settings(1.0, min_p=0.3),
+            Settings(0.0)]
+
+
+def cases():
+    for method, kind in lossless.SHAPES_BY_METHOD.items():
+        for shape in SHAPES[kind]:
+            for settings in SETTINGS:
+                if method == "greedy" and settings.temperature > 0:
+                    continue  # greedy is lossless for the greedy target only
+                yield pytest.param(method, shape, settings, id=f"{method}-{shape.branching}x{shape.paths}"
+                                   f"{'-wo' if shape.without_replacement else ''}-{settings}")
+
+
+@pytest.mark.parametrize("method,shape,settings", list(cases()))
+def test_one_step_is_exactly_the_target(method, shape, settings):
+    for draft in (DRAFT, FAR_DRAFT):
+        assert lossless.exact_error(method, TARGET, draft, shape, settings) <= TOL
+
+
+def test_block_paper_toy_example():
+    """Sec. 2: M_b = (1/3, 2/3), M_s = (2/3, 1/3), gamma = 2: 10/9 vs 11/9 accepted tokens."""
+    target = ToyModel(2, 0, fixed=(math.log(1 / 3), math.log(2 / 3)))
+    draft = ToyModel(2, 0, fixed=(math.log(2 / 3), math.log(1 / 3)))
+    chain = Shape((1, 1))
+    s = Settings(1.0)
+    assert lossless.expected_accepted("token", target, draft, chain, s) == pytest.approx(10 / 9, abs=1e-12)
+    assert lossless.expected_accepted("block", target, draft, chain, s) == pytest.approx(11 / 9, abs=1e-12)
+    assert lossless.expected_accepted("traversal", target, draft, chain, s) == pytest.approx(11 / 9, abs=1e-12)
+    assert lossless.expected_accepted("gbv", target, draft, chain, s) == pytest.approx(11 / 9, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_block_accepts_at_least_as_much_as_token_theorem_2(seed):
+    target = ToyModel(4, seed=100 + seed)
+    draft = ToyModel(4, seed=200 + seed, base=target, noise=float(1 + seed % 3))
+    chain = Shape((1, 1, 1))
+    s = Settings(1.0)
+    tok = lossless.expected_accepted("token", target, draft, chain, s)
+    blk = lossless.expected_accepted("block", target, draft, chain, s)
+    trav = lossless.expected_accepted("traversal", target, draft, chain, s)
+    assert blk >= tok - 1e-12
+    assert trav == pytest.approx(blk, abs=1e-12)  # traversal on a chain is optimal too (Thm 3.4)
+
+
+def test_more_paths_accept_more_gbv():
+    s = Settings(1.0)
+    one = lossless.expected_accepted("gbv", TARGET, FAR_DRAFT, Shape((1, 1)), s)
+    three = lossless.expected_accepted("gbv", TARGET, FAR_DRAFT, Shape((1, 1), paths=3), s)
+    assert three > one
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.05, 0.2, 1.0])
+def test_lenience_sits_on_the_pareto_front(eps):
+    """Yin et al. Thm 5: P(reject) + TV(output, target) = TV(draft, target), one token."""
+    target = ToyModel(4, seed=7)
+    draft = ToyModel(4, seed=8)
+    s = Settings(1.0)
+
+    def step(method, tp, dp, tree, rng):
+        return reference.verify("token", tp, dp, tree.tokens, tree.parents, rng, lenience=eps)
+
+    dist = lossless.exact_distribution("token", target, draft, Shape((1,)), s, step=step)
+    first = np.zeros(4)
+    reject = 0.0
+    for seq, p in dist.items():
+        first[seq[0]] += p
+        reject += p if len(seq) == 1 else 0.0
+    t = lossless.target_distribution(target, (), s)
+    d = lossless.draft_distribution(draft, (), s)
+    tv_out = 0.5 * np.abs(first - t).sum()
+    assert reject + tv_out == pytest.approx(0.5 * np.abs(t - d).sum(), abs=1e-12)
+    assert (tv_out <= 1e-12) == (eps == 0.0)  # lossy exactly when eps > 0
+
+
+# ----------------------------------------------------------------------------- negative controls
+
+
+def always_accept(method, tp, dp, tree, rng):
+    n = len(tree.tokens)
+    return tuple(range(n)), rng.categorical(tp[n], 1.0, n)
+
+
+def target_residual(method, tp, dp, tree, rng, _orig=reference._sample_residual):
+    """Residual = the target row instead of max(target - draft, 0)."""
+    saved = reference._sample_residual
+    reference._sample_residual = lambda t, d, a, r, slot: r.categorical(t, 1.0, slot)
+    try:
+        return reference.verify(method, tp, dp, tree.tokens, tree.parents, rng)
+    finally:
+        reference._sample_residual = saved
+
+
+def skip_draft_renormalisation(method, tp, dp, tree, rng):
+    """RRSw that forgets to remove rejected tokens from the draft (treats them as i.i.d.)."""
+    return reference.verify("rrs", tp, dp, tree.tokens, tree.parents, rng)
+
+
+@pytest.mark.parametrize("broken,method,shape", [
+    (always_accept, "token", Shape((1, 1, 1))),
+    (target_residual, "token", Shape((1, 1, 1))),
+    (target_residual, "block", Shape((1, 1, 1))),
+    (skip_draft_renormalisation, "rrsw", Shape((3,), without_replacement=True)),
+])
+def test_broken_verifiers_fail_the_exact_check(broken, method, shape):
+    """The positive test checks both drafts; failing it means exceeding TOL on either."""
+    errors = [lossless.exact_error(method, TARGET, d, shape, Settings(1.0), step=broken)
+              for d in (DRAFT, FAR_DRAFT)]
+    assert max(errors) > 1e-3

@@ -1,0 +1,99 @@
+"""Monte Carlo goodness of fit of the C verifier's one-step output against the exact target joint.
+
+Each case runs N steps (drafting included, fixed seeds) and a Pearson chi-square test. A correct
+verifier fails a case with probability ALPHA = 1e-4 over the choice of seed, so the whole module
+(< 20 cases) has a false-positive rate below 2e-3; with the seeds fixed, the outcome is
+deterministic. The negative controls (broken verifiers, same N, same ALPHA) must be rejected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec import lossless, reference
+from localspec.lossless import Settings, Shape, ToyModel
+
+ALPHA = 1e-4
+N = 20_000
+
+
+def models(vocab: int, noise: float = 1.0) -> tuple[ToyModel, ToyModel]:
+    target = ToyModel(vocab, seed=vocab * 10 + 1)
+    return target, ToyModel(vocab, seed=vocab * 10 + 2, base=target, noise=noise)
+
+
+CASES = [
+    ("token", Shape((1, 1, 1)), Settings(1.0), 5),
+    ("block", Shape((1, 1, 1)), Settings(0.7, top_k=3), 5),
+    ("block", Shape((1, 1, 1, 1)), Settings(1.0, top_p=0.85), 4),
+    ("gbv", Shape((1, 1), paths=3), Settings(1.0), 4),
+    ("gbv", Shape((1, 1, 1), paths=2), Settings(0.8, top_p=0.9), 4),
+    ("batch", Shape((1, 1), paths=3), Settings(1.0, top_p=0.8), 4),
+    ("rrs", Shape((2, 2)), Settings(1.0), 4),
+    ("rrsw", Shape((2, 2), without_replacement=True), Settings(1.2, min_p=0.1), 4),
+    ("traversal", Shape((3, 2), without_replacement=True), Settings(1.0), 5),
+    ("traversal", Shape((2, 2, 1), without_replacement=True), Settings(1.0, top_k=3), 4),
+    ("match", Shape((2, 1)), Settings(1.0), 4),
+    ("greedy", Shape((2, 2)), Settings(0.0), 4),
+    ("token", Shape(()), Settings(0.9, top_k=4, top_p=0.9), 12),  # empty draft: plain sampling
+    ("block", Shape((1,)), Settings(1.0), 20),
+]
+
+
+@pytest.mark.parametrize("method,shape,settings,vocab", CASES,
+                         ids=[f"{c[0]}-{c[1].branching}x{c[1].paths}-V{c[3]}" for c in CASES])
+def test_c_verifier_output_matches_target(method, shape, settings, vocab):
+    target, draft = models(vocab)
+    p = lossless.monte_carlo_pvalue(method, target, draft, shape, settings, N, seed=vocab + len(method))
+    assert p > ALPHA, f"p = {p:.3g}"
+
+
+def _reference_step(method, lenience=0.0, **patch):
+    def step(m, logits, dprobs, tree, seed, settings):
+        tp = reference.transform(logits, **settings.kwargs())
+        u = reference.Uniforms(np.random.default_rng(seed).random(len(tree.tokens) + 1))
+        return reference.verify(method, tp, dprobs, tree.tokens, tree.parents, u, lenience)
+    return step
+
+
+def _always_accept(m, logits, dprobs, tree, seed, settings):
+    n = len(tree.tokens)
+    tp = reference.transform(logits[n], **settings.kwargs())[0]
+    return tuple(range(n)), int(np.random.default_rng(seed).choice(len(tp), p=tp))
+
+
+def _target_residual(method):
+    inner = _reference_step(method)
+
+    def step(*args):
+        saved = reference._sample_residual
+        reference._sample_residual = lambda t, d, a, r, slot: r.categorical(t, 1.0, slot)
+        try:
+            return inner(*args)
+        finally:
+            reference._sample_residual = saved
+    return step
+
+
+NEGATIVE = [
+    ("always-accept", _always_accept, "token", Shape((1, 1, 1))),
+    ("residual=target", _target_residual("token"), "token", Shape((1, 1, 1))),
+    ("residual=target", _target_residual("block"), "block", Shape((1, 1, 1))),
+    ("lenience 0.3", _reference_step("token", lenience=0.3), "token", Shape((1, 1, 1))),
+]
+
+
+@pytest.mark.parametrize("name,step,method,shape", NEGATIVE, ids=[f"{c[0]}-{c[2]}" for c in NEGATIVE])
+def test_negative_controls_are_rejected(name, step, method, shape):
+    target, draft = models(5)
+    p = lossless.monte_carlo_pvalue(method, target, draft, shape, Settings(1.0), N, seed=5, step=step)
+    assert p < ALPHA, f"{name}: p = {p:.3g} - the test has no power"
+
+
+def test_reference_passes_the_same_test():
+    """The harness itself: the (correct) numpy reference is accepted at the same N."""
+    target, draft = models(5)
+    p = lossless.monte_carlo_pvalue("block", target, draft, Shape((1, 1, 1)), Settings(1.0), N, seed=5,
+                                    step=_reference_step("block"))
+    assert p > ALPHA
