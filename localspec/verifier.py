@@ -182,6 +182,22 @@ def _uniforms(uniforms: Any, n: int) -> np.ndarray:
     return u
 
 
+def _shape_problem(method: str, parents: np.ndarray) -> str:
+    """What makes this tree unacceptable for `method` (diagnosed on the error path only)."""
+    first_child: dict[int, int] = {}
+    for j, p in enumerate(parents.tolist()):
+        if p in first_child and (p >= 0 or method in ("token", "block")):
+            owner = "the root" if p < 0 else f"node {p}"
+            return f"node {j} is a second child of {owner}"
+        first_child.setdefault(p, j)
+    depth: dict[int, int] = {-1: 0}
+    for j, p in enumerate(parents.tolist()):
+        depth[j] = depth[p] + 1
+    leaves = [j for j in range(len(parents)) if j not in first_child]
+    lengths = sorted({depth[j] for j in leaves})
+    return f"its chains have lengths {lengths}"
+
+
 def _error(status: int, index: int, method: str, tokens: np.ndarray, parents: np.ndarray,
            n_vocab: int, uniforms: np.ndarray | None) -> VerifierError:
     i = index
@@ -195,8 +211,7 @@ def _error(status: int, index: int, method: str, tokens: np.ndarray, parents: np
         msg = (f"draft_probs row {i} is not a probability distribution "
                "(entries must be finite, in [0, 1], and sum to 1)")
     elif status == lib.LS_ERR_SHAPE:
-        where = f"; node {i} breaks that" if i >= 0 else ""
-        msg = f"method '{method}' verifies {_SHAPES.get(method, 'this shape')}{where}"
+        msg = f"method '{method}' verifies {_SHAPES.get(method, 'this shape')}, but {_shape_problem(method, parents)}"
     elif status == lib.LS_ERR_SIBLINGS:
         msg = (f"method '{method}' needs siblings drawn without replacement (distinct tokens); "
                f"node {i} repeats a sibling's token {tokens[i]}")

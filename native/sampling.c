@@ -253,7 +253,7 @@ int32_t ls_row_argmax(ls_ctx *c, int32_t r, int *status)
 
 const float *ls_draft_row(const ls_ctx *c, int32_t r)
 {
-    return c->p->draft_probs + (int64_t)r * c->p->draft_stride;
+    return c->p->draft_probs ? c->p->draft_probs + (int64_t)r * c->p->draft_stride : NULL;
 }
 
 /* ------------------------------------------------------------------ views through residual updates */
@@ -278,7 +278,7 @@ static inline int draft_ok(double d)
 int ls_view_value(const ls_view *v, int32_t x, double *t, double *s)
 {
     double T = ls_row_value(v->row, x);
-    const double d = v->draft64 ? v->draft64[x] : (double)v->draft32[x];
+    const double d = v->draft64 ? v->draft64[x] : v->draft32 ? (double)v->draft32[x] : 0.0;
     if (!draft_ok(d))
         return LS_ERR_DRAFT;
     double S = d;
@@ -303,6 +303,11 @@ static inline int weights_block(const ls_view *v, double a, int residual, int32_
 {
     double T[LS_CHUNK], D[LS_CHUNK];
     target_block(v->row, lo, len, T);
+    if (!residual && v->n_upd == 0) { /* the target alone: the draft is not read */
+        for (int32_t q = 0; q < len; q++)
+            w[q] = T[q];
+        return 1;
+    }
     int ok = 1;
     if (v->draft64) {
         for (int32_t i = 0; i < len; i++)
