@@ -8,11 +8,19 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Hot full-vocabulary loops get an x86-64-v3 (AVX2+FMA) clone next to the portable one. */
+/* Hot full-vocabulary loops get x86-64-v3 (AVX2+FMA) and -v4 (AVX-512) clones next to the
+ * portable one; the best one the CPU supports is picked at load time. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(LS_NO_CLONES)
-#define LS_HOT __attribute__((target_clones("default", "arch=x86-64-v3")))
+#define LS_HOT __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #else
 #define LS_HOT
+#endif
+
+/* helpers of the hot loops: always inlined, so each clone gets its own vector code */
+#if defined(__GNUC__)
+#define LS_INLINE static inline __attribute__((always_inline))
+#else
+#define LS_INLINE static inline
 #endif
 
 #define LS_CHUNK 512 /* elements per chunk of the row kernels (stack buffers) */
@@ -31,7 +39,7 @@ typedef struct ls_row {
     int32_t thr_id;
     int32_t argmax;
     double inv_z;
-    int32_t ready;
+    int32_t ready; /* 0: nothing, 1: max/argmax, 2: kept set and partition function */
 } ls_row;
 
 /* One residual update applied to a row (RRS/RRSw/traversal):
@@ -80,21 +88,22 @@ typedef struct ls_ctx {
 
 /* ---- inline row arithmetic shared by every kernel (bit-identical scalar and vector) ---- */
 
-/* exp(x) for x <= 0 in float32 (Cephes expf polynomial, ~1 ulp); exactly 0 below -87. */
-static inline float ls_expf(float x)
+/* exp(x) for x <= 0 in float32 (Cephes expf polynomial, ~1 ulp); exactly 0 below -87.
+ * fmaf is exactly rounded, so the scalar and every vector clone give identical bits. */
+LS_INLINE float ls_expf(float x)
 {
     const float xc = x < -87.0f ? -87.0f : x;
     float fx = xc * 1.44269504088896341f;
     fx = (fx + 12582912.0f) - 12582912.0f; /* round to nearest integer, |fx| < 2^22 */
-    const float r = (xc - fx * 0.693359375f) - fx * -2.12194440e-4f;
+    const float r = fmaf(fx, 2.12194440e-4f, fmaf(fx, -0.693359375f, xc));
     float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = (y * r) * r + r + 1.0f;
-    const int32_t bits = ((int32_t)fx + 127) * 8388608; /* (n + 127) << 23, n in [-126, 0] */
+    y = fmaf(y, r, 1.3981999507e-3f);
+    y = fmaf(y, r, 8.3334519073e-3f);
+    y = fmaf(y, r, 4.1665795894e-2f);
+    y = fmaf(y, r, 1.6666665459e-1f);
+    y = fmaf(y, r, 5.0000001201e-1f);
+    y = fmaf(y * r, r, r + 1.0f);
+    const uint32_t bits = (uint32_t)((int32_t)fx + 127) << 23; /* 2^n, n in [-126, 0] */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return x < -87.0f ? 0.0f : y * scale;
@@ -122,7 +131,61 @@ static inline float ls_ratio_key(double t, double d)
     return d > 0.0 ? (float)(t / d) : INFINITY;
 }
 
-static inline void exp_block(const ls_row *row, int32_t lo, int32_t len, float *e)
+/* Reductions in a fixed order with vector-extension lanes: they vectorize in every clone
+ * without letting the compiler reassociate anything else. */
+typedef double ls_v8d __attribute__((vector_size(64)));
+typedef float ls_v8f __attribute__((vector_size(32)));
+
+LS_INLINE double ls_hsum(ls_v8d a)
+{
+    return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
+LS_INLINE double ls_sum_f64(const double *x, int32_t n)
+{
+    ls_v8d a = {0}, b = {0};
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        ls_v8d u, v;
+        memcpy(&u, x + i, sizeof u);
+        memcpy(&v, x + i + 8, sizeof v);
+        a += u;
+        b += v;
+    }
+    for (; i + 8 <= n; i += 8) {
+        ls_v8d u;
+        memcpy(&u, x + i, sizeof u);
+        a += u;
+    }
+    double s = ls_hsum(a + b);
+    for (; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+LS_INLINE double ls_sum_f32(const float *x, int32_t n)
+{
+    ls_v8d a = {0}, b = {0};
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        ls_v8f u, v;
+        memcpy(&u, x + i, sizeof u);
+        memcpy(&v, x + i + 8, sizeof v);
+        a += __builtin_convertvector(u, ls_v8d);
+        b += __builtin_convertvector(v, ls_v8d);
+    }
+    for (; i + 8 <= n; i += 8) {
+        ls_v8f u;
+        memcpy(&u, x + i, sizeof u);
+        a += __builtin_convertvector(u, ls_v8d);
+    }
+    double s = ls_hsum(a + b);
+    for (; i < n; i++)
+        s += (double)x[i];
+    return s;
+}
+
+LS_INLINE void exp_block(const ls_row *row, int32_t lo, int32_t len, float *e)
 {
     const float *l = row->logits + lo;
     const float mx = row->max, it = row->inv_temp, thr = row->thr, low = row->lo;
@@ -136,7 +199,7 @@ static inline void exp_block(const ls_row *row, int32_t lo, int32_t len, float *
     }
 }
 
-static inline void target_block(const ls_row *row, int32_t lo, int32_t len, double *t)
+LS_INLINE void target_block(const ls_row *row, int32_t lo, int32_t len, double *t)
 {
     float e[LS_CHUNK];
     exp_block(row, lo, len, e);

@@ -28,21 +28,19 @@ static inline int rank_less(float ka, int32_t a, float kb, int32_t b)
 /* C(x) = sum of d(y) over y ranked below x at this row (the inner sums of Eq. 22-23) */
 static LS_HOT double mass_below(const ls_row *row, const float *d, int32_t V, float kx, int32_t x)
 {
-    double acc[8] = {0};
+    double s = 0.0;
     for (int32_t lo = 0; lo < V; lo += LS_CHUNK) {
         const int32_t len = V - lo < LS_CHUNK ? V - lo : LS_CHUNK;
-        double t[LS_CHUNK];
+        double t[LS_CHUNK], m[LS_CHUNK];
         target_block(row, lo, len, t);
         for (int32_t i = 0; i < len; i++) {
             const double dy = (double)d[lo + i];
             const float ky = ls_ratio_key(t[i], dy);
             const int below = rank_less(ky, lo + i, kx, x);
-            acc[i & 7] += below ? dy : 0.0;
+            m[i] = below ? dy : 0.0;
         }
+        s += ls_sum_f64(m, len);
     }
-    double s = 0.0;
-    for (int j = 0; j < 8; j++)
-        s += acc[j];
     return s;
 }
 

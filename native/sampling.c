@@ -20,65 +20,57 @@ static inline uint64_t logit_key(float l, int32_t x)
 
 /* ------------------------------------------------------------------ row scans */
 
-/* max of a row and its lowest index; returns -1 when a logit is NaN or infinite */
-static LS_HOT int scan_row(const float *l, int32_t V, float *mx, int32_t *argmax)
+/* max of a row; returns -1 when a logit is NaN or infinite. Integer lanes (the order-preserving
+ * map of sortable_f32) vectorize where a float max reduction would not. */
+static LS_HOT int scan_max(const float *l, int32_t V, float *mx)
 {
-    float m[LANES], bad[LANES];
-    int32_t at[LANES];
-    for (int j = 0; j < LANES; j++) {
-        m[j] = -INFINITY;
-        bad[j] = 0.0f;
-        at[j] = j;
+    uint32_t best = 0u, bad = 0u;
+    for (int32_t i = 0; i < V; i++) {
+        uint32_t u;
+        memcpy(&u, l + i, sizeof u);
+        const uint32_t key = u ^ (((uint32_t)0 - (u >> 31)) | 0x80000000u);
+        best = key > best ? key : best;
+        bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
     }
-    int32_t i = 0;
-    for (; i + LANES <= V; i += LANES)
-        for (int j = 0; j < LANES; j++) {
-            const float v = l[i + j];
-            const int up = v > m[j];
-            m[j] = up ? v : m[j];
-            at[j] = up ? i + j : at[j];
-            bad[j] += v * 0.0f; /* NaN iff some v is NaN or infinite */
-        }
-    for (; i < V; i++) {
-        const float v = l[i];
-        bad[0] += v * 0.0f;
-        if (v > m[0] || (v == m[0] && i < at[0])) {
-            m[0] = v;
-            at[0] = i;
-        }
+    *mx = unsortable_f32(best);
+    return bad ? -1 : 0;
+}
+
+/* lowest index holding v: whole chunks are tested with a vectorizable OR first */
+static LS_HOT int32_t first_index_of(const float *l, int32_t V, float v)
+{
+    int32_t lo = 0;
+    for (; lo + 64 <= V; lo += 64) {
+        int hit = 0;
+        for (int32_t i = 0; i < 64; i++)
+            hit |= l[lo + i] == v;
+        if (hit)
+            break;
     }
-    float best = m[0], b = bad[0];
-    int32_t best_at = at[0];
-    for (int j = 1; j < LANES; j++) {
-        b += bad[j];
-        if (m[j] > best || (m[j] == best && at[j] < best_at)) {
-            best = m[j];
-            best_at = at[j];
-        }
-    }
-    *mx = best;
-    *argmax = best_at < V ? best_at : 0;
-    return isnan(b) ? -1 : 0;
+    for (int32_t i = lo; i < V; i++)
+        if (l[i] == v)
+            return i;
+    return 0;
+}
+
+static int scan_row(const float *l, int32_t V, float *mx, int32_t *argmax)
+{
+    if (scan_max(l, V, mx) != 0)
+        return -1;
+    *argmax = first_index_of(l, V, *mx);
+    return 0;
 }
 
 /* sum over the kept set of exp((l - max) * inv_temp) */
 static LS_HOT double row_partition(const ls_row *row, int32_t V)
 {
     float e[LS_CHUNK];
-    double acc[LANES] = {0};
+    double z = 0.0;
     for (int32_t lo = 0; lo < V; lo += LS_CHUNK) {
         const int32_t len = V - lo < LS_CHUNK ? V - lo : LS_CHUNK;
         exp_block(row, lo, len, e);
-        int32_t i = 0;
-        for (; i + LANES <= len; i += LANES)
-            for (int j = 0; j < LANES; j++)
-                acc[j] += (double)e[i + j];
-        for (; i < len; i++)
-            acc[0] += (double)e[i];
+        z += ls_sum_f32(e, len);
     }
-    double z = 0.0;
-    for (int j = 0; j < LANES; j++)
-        z += acc[j];
     return z;
 }
 
@@ -200,20 +192,29 @@ static void apply_top_p(ls_row *row, int32_t V, int32_t k_kept, float top_p, uin
     }
 }
 
-int ls_row_init(ls_row *row, const float *logits, int32_t V, const ls_sampling *s, uint64_t *keys)
+/* stage 1: max and argmax (all greedy needs); ready = 1 */
+static int row_scan(ls_row *row, const float *logits, int32_t V)
 {
     row->logits = logits;
     row->ready = 0;
     if (scan_row(logits, V, &row->max, &row->argmax) != 0)
         return LS_ERR_LOGITS;
+    row->ready = 1;
+    return LS_OK;
+}
+
+/* stage 2: the kept set and the partition function; ready = 2 */
+static void row_transform(ls_row *row, int32_t V, const ls_sampling *s, uint64_t *keys)
+{
+    const float *logits = row->logits;
     row->lo = -INFINITY;
     if (s->temperature <= 0.0f) {
         row->thr = row->max;
         row->thr_id = row->argmax;
         row->inv_temp = 0.0f;
         row->inv_z = 1.0;
-        row->ready = 1;
-        return LS_OK;
+        row->ready = 2;
+        return;
     }
     row->thr = -INFINITY;
     row->thr_id = V;
@@ -229,25 +230,40 @@ int ls_row_init(ls_row *row, const float *logits, int32_t V, const ls_sampling *
     row->inv_temp = 1.0f / s->temperature;
     row->inv_z = 1.0;
     row->inv_z = 1.0 / row_partition(row, V); /* >= 1 term: the argmax is always kept */
-    row->ready = 1;
+    row->ready = 2;
+}
+
+int ls_row_init(ls_row *row, const float *logits, int32_t V, const ls_sampling *s, uint64_t *keys)
+{
+    const int st = row_scan(row, logits, V);
+    if (st == LS_OK)
+        row_transform(row, V, s, keys);
+    return st;
+}
+
+static int row_stage(ls_ctx *c, int32_t r, int32_t stage)
+{
+    ls_row *row = &c->rows[r];
+    if (row->ready >= stage)
+        return LS_OK;
+    const ls_problem *p = c->p;
+    if (row->ready < 1 && row_scan(row, p->target_logits + (int64_t)r * p->target_stride, c->V) != LS_OK) {
+        c->error_index = r;
+        return LS_ERR_LOGITS;
+    }
+    if (stage >= 2)
+        row_transform(row, c->V, &p->sampling, c->keys);
     return LS_OK;
 }
 
 int ls_row_prepare(ls_ctx *c, int32_t r)
 {
-    if (c->rows[r].ready)
-        return LS_OK;
-    const ls_problem *p = c->p;
-    const int st = ls_row_init(&c->rows[r], p->target_logits + (int64_t)r * p->target_stride, c->V,
-                               &p->sampling, c->keys);
-    if (st != LS_OK)
-        c->error_index = r;
-    return st;
+    return row_stage(c, r, 2);
 }
 
 int32_t ls_row_argmax(ls_ctx *c, int32_t r, int *status)
 {
-    *status = ls_row_prepare(c, r);
+    *status = row_stage(c, r, 1);
     return c->rows[r].argmax;
 }
 
@@ -298,7 +314,7 @@ int ls_view_value(const ls_view *v, int32_t x, double *t, double *s)
 }
 
 /* target T_k (mode 0) or residual max(a T_k - S_k, 0) (mode 1) of entries [lo, lo+len), none removed */
-static inline int weights_block(const ls_view *v, double a, int residual, int32_t lo, int32_t len,
+LS_INLINE int weights_block(const ls_view *v, double a, int residual, int32_t lo, int32_t len,
                                 double *w, double *dsum)
 {
     double T[LS_CHUNK], D[LS_CHUNK];
@@ -308,7 +324,6 @@ static inline int weights_block(const ls_view *v, double a, int residual, int32_
             w[q] = T[q];
         return 1;
     }
-    int ok = 1;
     if (v->draft64) {
         for (int32_t i = 0; i < len; i++)
             D[i] = v->draft64[lo + i];
@@ -317,19 +332,11 @@ static inline int weights_block(const ls_view *v, double a, int residual, int32_
         for (int32_t i = 0; i < len; i++)
             D[i] = (double)d[i];
     }
-    double ds[LANES] = {0};
-    int32_t i = 0;
-    for (; i + LANES <= len; i += LANES)
-        for (int j = 0; j < LANES; j++) {
-            ok &= (D[i + j] >= 0.0) & (D[i + j] <= 1.0001);
-            ds[j] += D[i + j];
-        }
-    for (; i < len; i++) {
-        ok &= (D[i] >= 0.0) & (D[i] <= 1.0001);
-        ds[0] += D[i];
-    }
-    for (int j = 0; j < LANES; j++)
-        *dsum += ds[j];
+    int32_t good = 0;
+    for (int32_t i = 0; i < len; i++)
+        good += (D[i] >= 0.0) & (D[i] <= 1.0001); /* false for NaN */
+    *dsum += ls_sum_f64(D, len);
+    const int ok = good == len;
     for (int32_t k = 0; k < v->n_upd; k++) {
         const ls_update *u = &v->upd[k];
         if (!u->passthrough) {
@@ -391,20 +398,12 @@ static LS_HOT int sum_range(const ls_view *v, double a, int residual, int32_t lo
                             double *sum, double *dsum)
 {
     double w[LS_CHUNK];
-    double acc[LANES] = {0};
     int ok = 1;
     for (int32_t b = lo; b < hi; b += LS_CHUNK) {
         const int32_t len = hi - b < LS_CHUNK ? hi - b : LS_CHUNK;
         ok &= weights_block(v, a, residual, b, len, w, dsum);
-        int32_t i = 0;
-        for (; i + LANES <= len; i += LANES)
-            for (int j = 0; j < LANES; j++)
-                acc[j] += w[i + j];
-        for (; i < len; i++)
-            acc[0] += w[i];
+        *sum += ls_sum_f64(w, len);
     }
-    for (int j = 0; j < LANES; j++)
-        *sum += acc[j];
     return ok;
 }
 
@@ -443,16 +442,7 @@ static LS_HOT int sample_range(const ls_view *v, double a, int residual, int32_t
         const int32_t len = hi - b < LS_CHUNK ? hi - b : LS_CHUNK;
         if (!weights_block(v, a, residual, b, len, w, &dsum))
             return LS_ERR_DRAFT;
-        double acc[LANES] = {0};
-        int32_t i = 0;
-        for (; i + LANES <= len; i += LANES)
-            for (int j = 0; j < LANES; j++)
-                acc[j] += w[i + j];
-        for (; i < len; i++)
-            acc[0] += w[i];
-        double bs = 0.0;
-        for (int j = 0; j < LANES; j++)
-            bs += acc[j];
+        const double bs = ls_sum_f64(w, len);
         if (bs <= 0.0)
             continue;
         for (int32_t q = len - 1; q >= 0; q--)
