@@ -277,7 +277,7 @@ def _skewed(d, C, r: float, rho: float, K: int):
     """q^Gamma(x|prefix) of Eq. 22-23 in the scaled variables r = S/(S+Q), rho = Q/(S+Q)."""
     u = r + rho * C
     v = u + rho * d
-    return d * _poly(u, v, K) / _poly(np.float64(r), np.float64(1.0), K)
+    return d * _poly(u, v, K) * (1.0 / _poly(np.float64(r), np.float64(1.0), K))
 
 
 def _skewed_row(t_row, d_row, r: float, rho: float, K: int) -> np.ndarray:

@@ -57,12 +57,13 @@ static inline double poly(double u, double v, int32_t K)
 
 /* q^Gamma(x | prefix) from Eq. 22-23 divided by q^Gamma(prefix), in the scaled variables
  * r = S/(S+Q), rho = Q/(S+Q) (S: mass of paths ranked before the prefix, Q: q(prefix)):
- * q^Gamma(x|.) = d(x) * sum_m v^m u^{K-1-m} / sum_m r^m, u = r + rho C(x), v = u + rho d(x). */
-static inline double skewed(double d, double C, double r, double rho, int32_t K)
+ * q^Gamma(x|.) = d(x) * sum_m v^m u^{K-1-m} / sum_m r^m, u = r + rho C(x), v = u + rho d(x).
+ * inv_den = 1 / sum_m r^m. */
+static inline double skewed(double d, double C, double r, double rho, int32_t K, double inv_den)
 {
     const double u = r + rho * C;
     const double v = u + rho * d;
-    return d * poly(u, v, K) / poly(r, 1.0, K);
+    return d * poly(u, v, K) * inv_den;
 }
 
 /* stable LSD radix sort of (key, id) pairs by key, 3 passes of 11 bits; result in (kb, ib) */
@@ -95,15 +96,11 @@ static void radix_sort(uint32_t *ka, int32_t *ia, uint32_t *kb, int32_t *ib, int
     }
 }
 
-/* the whole skewed draft row q^Gamma(.|prefix) at row R into c->qrow */
-static int materialize(ls_ctx *c, int32_t R, double r, double rho, int32_t K)
+/* (key, id) of every token with positive draft probability, in id order; -1 on a bad draft */
+static LS_HOT int32_t rank_keys(const ls_row *row, const float *d, int32_t V, uint32_t *ka, int32_t *ia,
+                               double *qrow)
 {
-    const int32_t V = c->V;
-    const float *d = ls_draft_row(c, R);
-    const ls_row *row = &c->rows[R];
-    uint32_t *ka = c->sort_keys, *kb = c->sort_keys + V;
-    int32_t *ia = c->sort_ids, *ib = c->sort_ids + V;
-    int32_t m = 0;
+    int32_t m = 0, bad = 0;
     double t[LS_CHUNK];
     for (int32_t lo = 0; lo < V; lo += LS_CHUNK) {
         const int32_t len = V - lo < LS_CHUNK ? V - lo : LS_CHUNK;
@@ -111,9 +108,8 @@ static int materialize(ls_ctx *c, int32_t R, double r, double rho, int32_t K)
         for (int32_t i = 0; i < len; i++) {
             const int32_t y = lo + i;
             const double dy = (double)d[y];
-            if (!(dy >= 0.0 && dy <= 1.0001))
-                return LS_ERR_DRAFT;
-            c->qrow[y] = 0.0;
+            bad |= !(dy >= 0.0 && dy <= 1.0001);
+            qrow[y] = 0.0;
             if (dy > 0.0) {
                 ka[m] = sortable_f32(ls_ratio_key(t[i], dy));
                 ia[m] = y;
@@ -121,12 +117,26 @@ static int materialize(ls_ctx *c, int32_t R, double r, double rho, int32_t K)
             }
         }
     }
+    return bad ? -1 : m;
+}
+
+/* the whole skewed draft row q^Gamma(.|prefix) at row R into c->qrow */
+static int materialize(ls_ctx *c, int32_t R, double r, double rho, int32_t K)
+{
+    const int32_t V = c->V;
+    const float *d = ls_draft_row(c, R);
+    uint32_t *ka = c->sort_keys, *kb = c->sort_keys + V;
+    int32_t *ia = c->sort_ids, *ib = c->sort_ids + V;
+    const int32_t m = rank_keys(&c->rows[R], d, V, ka, ia, c->qrow);
+    if (m < 0)
+        return LS_ERR_DRAFT;
     radix_sort(ka, ia, kb, ib, m);
+    const double inv_den = 1.0 / poly(r, 1.0, K);
     double C = 0.0;
     for (int32_t i = 0; i < m; i++) {
         const int32_t y = ib[i];
         const double dy = (double)d[y];
-        c->qrow[y] = skewed(dy, C, r, rho, K);
+        c->qrow[y] = skewed(dy, C, r, rho, K, inv_den);
         C += dy;
     }
     if (C < 0.999 || C > 1.001)
@@ -215,7 +225,7 @@ int ls_gbv(ls_ctx *c, ls_verdict *out)
         double t, d;
         TRY_ROW(ls_view_value(&v, x, &t, &d), R);
         const double C = mass_below(&c->rows[R], ls_draft_row(c, R), c->V, ls_ratio_key(t, d), x);
-        const double q = skewed(d, C, rr[i - 1], rh[i - 1], K);
+        const double q = skewed(d, C, rr[i - 1], rh[i - 1], K, 1.0 / poly(rr[i - 1], 1.0, K));
         const double pi = q > 0.0 ? p[i - 1] * (t / q) : 0.0;
         p[i] = pi < 1.0 ? pi : 1.0;
         const double u = rr[i - 1] + rh[i - 1] * C, vv = u + rh[i - 1] * d;
