@@ -5,7 +5,9 @@
 
 Inputs imitate a language model: target logits N(0, 3) per row plus a shared component, draft
 probabilities from the target logits with N(0, 1) noise, draft tokens drawn from the draft rows
-(trees without replacement). Timings are medians over seeds, one thread; the table goes to stdout
+(trees without replacement). Two samplers: "T=1" keeps every token (dense passes over the whole
+vocabulary) and "default" is llama.cpp's (T=0.8, top-k 40, top-p 0.95, min-p 0.05), where the
+verifier only walks the kept tokens. Timings are medians over seeds, one thread; the table goes to stdout
 as markdown, progress to stderr.
 """
 
@@ -31,6 +33,10 @@ VOCABS = (32000, 151936, 262144)
 CHAIN_METHODS = ("greedy", "match", "token", "block", "rrsw", "traversal")
 TREE_METHODS = ("greedy", "match", "rrs", "rrsw", "traversal")
 TREE_15 = (3, 2, 1)  # 3 + 6 + 6 = 15 nodes
+SAMPLINGS = {
+    "T=1": {"temperature": 1.0},  # every token kept: dense passes over the vocabulary
+    "default": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},  # llama.cpp's defaults
+}
 
 
 @dataclass
@@ -38,6 +44,7 @@ class Row:
     method: str
     shape: str
     vocab: int
+    sampling: str
     c_us: float
     numpy_us: float
     accepted: float
@@ -47,12 +54,12 @@ class Row:
         return self.numpy_us / self.c_us
 
 
-def _draft_rows(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def _draft_rows(logits: np.ndarray, rng: np.random.Generator, sampling: dict) -> np.ndarray:
     noisy = (logits + rng.normal(0.0, 1.0, size=logits.shape)).astype(np.float32)
-    return verifier.probs(noisy, dtype=np.float32)
+    return verifier.probs(noisy, dtype=np.float32, **sampling)
 
 
-def make_instance(shape: str, vocab: int, rng: np.random.Generator):
+def make_instance(shape: str, vocab: int, rng: np.random.Generator, sampling: dict | None = None):
     """(logits, draft, tokens, parents) for 'chain-G', 'paths-KxL' or 'tree-15'."""
     if shape.startswith("chain-"):
         parents = [j - 1 for j in range(int(shape.split("-")[1]))]
@@ -71,7 +78,7 @@ def make_instance(shape: str, vocab: int, rng: np.random.Generator):
     n = len(parents)
     shared = rng.normal(0.0, 3.0, size=vocab)
     logits = (shared + rng.normal(0.0, 1.5, size=(n + 1, vocab))).astype(np.float32)
-    draft = _draft_rows(logits, rng)
+    draft = _draft_rows(logits, rng, sampling or {})
     tokens: list[int] = []
     siblings: dict[int, list[int]] = {}
     for p in parents:
@@ -90,41 +97,45 @@ def _median_us(fn: Callable[[int], object], seeds: range) -> float:
     return float(np.median(times) * 1e6)
 
 
-def bench_one(method: str, shape: str, vocab: int, repeat: int, numpy_repeat: int) -> Row:
+def bench_one(method: str, shape: str, vocab: int, repeat: int, numpy_repeat: int,
+              sampling: str = "T=1") -> Row:
     rng = np.random.default_rng(vocab + len(shape))
-    logits, draft, tokens, parents = make_instance(shape, vocab, rng)
+    settings = SAMPLINGS[sampling]
+    logits, draft, tokens, parents = make_instance(shape, vocab, rng, settings)
     accepted = []
 
     def run_c(seed: int) -> None:
-        accepted.append(verifier.verify(method, logits, draft, tokens, parents, seed=seed).n_accepted)
+        v = verifier.verify(method, logits, draft, tokens, parents, seed=seed, **settings)
+        accepted.append(v.n_accepted)
 
     def run_numpy(seed: int) -> None:
         u = np.random.default_rng(seed).random(len(tokens) + 1)
-        tp = reference.transform(logits)
+        tp = reference.transform(logits, **settings)
         reference.verify(method, tp, draft, tokens, parents, reference.Uniforms(u))
 
     run_c(0)  # warm the workspace
     c_us = _median_us(run_c, range(repeat))
     numpy_us = _median_us(run_numpy, range(numpy_repeat))
-    return Row(method, shape, vocab, c_us, numpy_us, float(np.mean(accepted)))
+    return Row(method, shape, vocab, sampling, c_us, numpy_us, float(np.mean(accepted)))
 
 
-def plan(quick: bool) -> list[tuple[str, str, int]]:
+def plan(quick: bool) -> list[tuple[str, str, int, str]]:
     vocabs = (151936,) if quick else VOCABS
     cases = []
-    for vocab in vocabs:
-        for g in (4, 8):
-            cases += [(m, f"chain-{g}", vocab) for m in CHAIN_METHODS]
-            cases += [(m, f"paths-{k}x{g}", vocab) for m in ("gbv", "batch") for k in (1, 3)]
-        cases += [(m, "tree-15", vocab) for m in TREE_METHODS]
+    for sampling in SAMPLINGS:
+        for vocab in vocabs:
+            for g in (4, 8):
+                cases += [(m, f"chain-{g}", vocab, sampling) for m in CHAIN_METHODS]
+                cases += [(m, f"paths-{k}x{g}", vocab, sampling) for m in ("gbv", "batch") for k in (1, 3)]
+            cases += [(m, "tree-15", vocab, sampling) for m in TREE_METHODS]
     return cases
 
 
 def markdown(rows: list[Row]) -> str:
-    out = ["| method | shape | V | C µs/call | numpy µs/call | C speed-up | mean accepted |",
-           "|---|---|---:|---:|---:|---:|---:|"]
+    out = ["| sampling | method | shape | V | C µs/call | numpy µs/call | C speed-up | mean accepted |",
+           "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r.method} | {r.shape} | {r.vocab} | {r.c_us:,.0f} | {r.numpy_us:,.0f} | "
+        out.append(f"| {r.sampling} | {r.method} | {r.shape} | {r.vocab} | {r.c_us:,.0f} | {r.numpy_us:,.0f} | "
                    f"{r.speedup:,.1f}× | {r.accepted:.2f} |")
     return "\n".join(out)
 
@@ -138,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     rows = []
-    for method, shape, vocab in tqdm(plan(args.quick), desc="verifier bench", file=sys.stderr):
-        rows.append(bench_one(method, shape, vocab, args.repeat, args.numpy_repeat))
+    for method, shape, vocab, sampling in tqdm(plan(args.quick), desc="verifier bench", file=sys.stderr):
+        rows.append(bench_one(method, shape, vocab, args.repeat, args.numpy_repeat, sampling))
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
     print(markdown(rows))
     if args.json:

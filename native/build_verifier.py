@@ -20,6 +20,7 @@ CFLAGS = [
     "-ffp-contract=off",  # scalar and vectorized evaluations of an entry must agree bit for bit
     "-fno-math-errno",
     "-fno-trapping-math",  # lets the selects in the row kernels vectorize; results unchanged
+    "-fno-wrapv",  # undo Python's -fwrapv: it blocks vectorizing int32-indexed loops
     "-Wall",
     "-Wextra",
     "-Wpedantic",

@@ -24,7 +24,7 @@
 #endif
 
 #define LS_CHUNK 512 /* elements per chunk of the row kernels (stack buffers) */
-#define LANES 8      /* independent accumulators of the reductions */
+#define LS_SPARSE_MAX 1024 /* largest kept set handled token by token instead of densely */
 
 /* The plain sampler's distribution of one target row, kept implicit:
  *   keep(x) = (l > thr || (l == thr && x <= thr_id)) && l >= lo
@@ -39,7 +39,9 @@ typedef struct ls_row {
     int32_t thr_id;
     int32_t argmax;
     double inv_z;
-    int32_t ready; /* 0: nothing, 1: max/argmax, 2: kept set and partition function */
+    const int32_t *kept; /* the kept set as ascending ids when small (n_kept >= 0) */
+    int32_t n_kept;      /* -1: not listed (dense passes) */
+    int32_t ready;       /* 0: nothing, 1: max/argmax, 2: kept set and partition function */
 } ls_row;
 
 /* One residual update applied to a row (RRS/RRSw/traversal):
@@ -79,6 +81,7 @@ typedef struct ls_ctx {
     double *aux;           /* 2*(n+1): per-row extra scalars (GBV r and rho) */
     ls_update *upd;        /* n: records, CSR-aligned with children */
     uint64_t *keys;        /* V (top-k / top-p scratch) or NULL */
+    int32_t *kept;         /* (n+1) * LS_SPARSE_MAX kept-set lists, or NULL */
     uint32_t *sort_keys;   /* 2V (GBV) */
     int32_t *sort_ids;     /* 2V (GBV) */
     double *qrow;          /* V (GBV skewed draft row) */
@@ -136,9 +139,9 @@ static inline float ls_ratio_key(double t, double d)
 typedef double ls_v8d __attribute__((vector_size(64)));
 typedef float ls_v8f __attribute__((vector_size(32)));
 
-LS_INLINE double ls_hsum(ls_v8d a)
+LS_INLINE double ls_hsum(const ls_v8d *a)
 {
-    return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+    return (((*a)[0] + (*a)[4]) + ((*a)[1] + (*a)[5])) + (((*a)[2] + (*a)[6]) + ((*a)[3] + (*a)[7]));
 }
 
 LS_INLINE double ls_sum_f64(const double *x, int32_t n)
@@ -157,7 +160,8 @@ LS_INLINE double ls_sum_f64(const double *x, int32_t n)
         memcpy(&u, x + i, sizeof u);
         a += u;
     }
-    double s = ls_hsum(a + b);
+    const ls_v8d ab = a + b;
+    double s = ls_hsum(&ab);
     for (; i < n; i++)
         s += x[i];
     return s;
@@ -179,10 +183,24 @@ LS_INLINE double ls_sum_f32(const float *x, int32_t n)
         memcpy(&u, x + i, sizeof u);
         a += __builtin_convertvector(u, ls_v8d);
     }
-    double s = ls_hsum(a + b);
+    const ls_v8d ab = a + b;
+    double s = ls_hsum(&ab);
     for (; i < n; i++)
         s += (double)x[i];
     return s;
+}
+
+/* does any of the 64 logits at l exceed floor (or reach it, when inclusive)? */
+LS_INLINE int ls_chunk_any(const float *l, float floor, int inclusive)
+{
+    int any = 0;
+    if (inclusive)
+        for (int i = 0; i < 64; i++)
+            any |= l[i] >= floor;
+    else
+        for (int i = 0; i < 64; i++)
+            any |= l[i] > floor;
+    return any;
 }
 
 LS_INLINE void exp_block(const ls_row *row, int32_t lo, int32_t len, float *e)
@@ -210,7 +228,8 @@ LS_INLINE void target_block(const ls_row *row, int32_t lo, int32_t len, double *
 
 
 /* ---- sampling.c: rows, kernels, random numbers ---- */
-int ls_row_init(ls_row *row, const float *logits, int32_t V, const ls_sampling *s, uint64_t *keys);
+int ls_row_init(ls_row *row, const float *logits, int32_t V, const ls_sampling *s, uint64_t *keys,
+                int32_t *kept);
 int ls_row_prepare(ls_ctx *c, int32_t r);
 int32_t ls_row_argmax(ls_ctx *c, int32_t r, int *status);
 double ls_row_value(const ls_row *row, int32_t x);

@@ -26,20 +26,50 @@ static inline int rank_less(float ka, int32_t a, float kb, int32_t b)
 }
 
 /* C(x) = sum of d(y) over y ranked below x at this row (the inner sums of Eq. 22-23) */
-static LS_HOT double mass_below(const ls_row *row, const float *d, int32_t V, float kx, int32_t x)
+static LS_HOT double mass_below_dense(const ls_row *row, const float *d, int32_t V, float kx, int32_t x)
 {
     double s = 0.0;
     for (int32_t lo = 0; lo < V; lo += LS_CHUNK) {
         const int32_t len = V - lo < LS_CHUNK ? V - lo : LS_CHUNK;
         double t[LS_CHUNK], m[LS_CHUNK];
+        const float *dc = d + lo;
         target_block(row, lo, len, t);
         for (int32_t i = 0; i < len; i++) {
-            const double dy = (double)d[lo + i];
+            const double dy = (double)dc[i];
             const float ky = ls_ratio_key(t[i], dy);
             const int below = rank_less(ky, lo + i, kx, x);
             m[i] = below ? dy : 0.0;
         }
         s += ls_sum_f64(m, len);
+    }
+    return s;
+}
+
+static LS_HOT double draft_total(const float *d, int32_t V)
+{
+    return ls_sum_f32(d, V);
+}
+
+/* draft mass outside a listed kept set: those tokens have t = 0, i.e. key 0 (or +inf with
+ * d = 0, which carries no mass), below every token with a positive key */
+static double mass_outside(const ls_row *row, const float *d, int32_t V)
+{
+    double in = 0.0;
+    for (int32_t i = 0; i < row->n_kept; i++)
+        in += (double)d[row->kept[i]];
+    return draft_total(d, V) - in;
+}
+
+static double mass_below(const ls_row *row, const float *d, int32_t V, float kx, int32_t x)
+{
+    if (row->n_kept < 0 || !(kx > 0.0f))
+        return mass_below_dense(row, d, V, kx, x);
+    double s = mass_outside(row, d, V);
+    for (int32_t i = 0; i < row->n_kept; i++) {
+        const int32_t y = row->kept[i];
+        const double dy = (double)d[y];
+        if (rank_less(ls_ratio_key(ls_row_value(row, y), dy), y, kx, x))
+            s += dy;
     }
     return s;
 }
@@ -120,19 +150,41 @@ static LS_HOT int32_t rank_keys(const ls_row *row, const float *d, int32_t V, ui
     return bad ? -1 : m;
 }
 
-/* the whole skewed draft row q^Gamma(.|prefix) at row R into c->qrow */
+/* The skewed draft row q^Gamma(.|prefix) at row R into c->qrow. With a listed kept set only
+ * its entries are computed: the target is 0 elsewhere, so no other entry is ever weighed. */
 static int materialize(ls_ctx *c, int32_t R, double r, double rho, int32_t K)
 {
     const int32_t V = c->V;
     const float *d = ls_draft_row(c, R);
+    const ls_row *row = &c->rows[R];
     uint32_t *ka = c->sort_keys, *kb = c->sort_keys + V;
     int32_t *ia = c->sort_ids, *ib = c->sort_ids + V;
-    const int32_t m = rank_keys(&c->rows[R], d, V, ka, ia, c->qrow);
-    if (m < 0)
-        return LS_ERR_DRAFT;
+    int32_t m;
+    double C = 0.0;
+    if (row->n_kept >= 0) {
+        m = 0;
+        for (int32_t i = 0; i < row->n_kept; i++) {
+            const int32_t y = row->kept[i];
+            const double dy = (double)d[y];
+            if (!(dy >= 0.0 && dy <= 1.0001))
+                return LS_ERR_DRAFT;
+            c->qrow[y] = 0.0;
+            if (dy > 0.0) {
+                ka[m] = sortable_f32(ls_ratio_key(ls_row_value(row, y), dy));
+                ia[m] = y;
+                m++;
+            }
+        }
+        C = mass_outside(row, d, V);
+        if (C < -1e-3 || C > 1.001)
+            return LS_ERR_DRAFT;
+    } else {
+        m = rank_keys(row, d, V, ka, ia, c->qrow);
+        if (m < 0)
+            return LS_ERR_DRAFT;
+    }
     radix_sort(ka, ia, kb, ib, m);
     const double inv_den = 1.0 / poly(r, 1.0, K);
-    double C = 0.0;
     for (int32_t i = 0; i < m; i++) {
         const int32_t y = ib[i];
         const double dy = (double)d[y];

@@ -20,44 +20,37 @@ static inline uint64_t logit_key(float l, int32_t x)
 
 /* ------------------------------------------------------------------ row scans */
 
-/* max of a row; returns -1 when a logit is NaN or infinite. Integer lanes (the order-preserving
- * map of sortable_f32) vectorize where a float max reduction would not. */
-static LS_HOT int scan_max(const float *l, int32_t V, float *mx)
+/* Max and lowest argmax of a row in one pass; -1 when a logit is NaN or infinite. The max runs
+ * on the order-preserving uint32 image of the floats (integer max reductions vectorize, float
+ * ones would not without fast-math); each 64-logit chunk keeps its own max so the argmax is
+ * found by rescanning a single chunk. */
+static LS_HOT int scan_row(const float *l, int32_t V, float *mx, int32_t *argmax)
 {
     uint32_t best = 0u, bad = 0u;
-    for (int32_t i = 0; i < V; i++) {
-        uint32_t u;
-        memcpy(&u, l + i, sizeof u);
-        const uint32_t key = u ^ (((uint32_t)0 - (u >> 31)) | 0x80000000u);
-        best = key > best ? key : best;
-        bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    int32_t best_lo = 0;
+    for (int32_t lo = 0; lo < V; lo += 64) {
+        const int32_t len = V - lo < 64 ? V - lo : 64;
+        uint32_t cm = 0u;
+        for (int32_t i = 0; i < len; i++) {
+            uint32_t u;
+            memcpy(&u, l + lo + i, sizeof u);
+            u = u == 0x80000000u ? 0u : u; /* -0 ranks as +0 */
+            const uint32_t key = u ^ (((uint32_t)0 - (u >> 31)) | 0x80000000u);
+            cm = key > cm ? key : cm;
+            bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        }
+        if (cm > best) {
+            best = cm;
+            best_lo = lo;
+        }
     }
-    *mx = unsortable_f32(best);
-    return bad ? -1 : 0;
-}
-
-/* lowest index holding v: whole chunks are tested with a vectorizable OR first */
-static LS_HOT int32_t first_index_of(const float *l, int32_t V, float v)
-{
-    int32_t lo = 0;
-    for (; lo + 64 <= V; lo += 64) {
-        int hit = 0;
-        for (int32_t i = 0; i < 64; i++)
-            hit |= l[lo + i] == v;
-        if (hit)
-            break;
-    }
-    for (int32_t i = lo; i < V; i++)
-        if (l[i] == v)
-            return i;
-    return 0;
-}
-
-static int scan_row(const float *l, int32_t V, float *mx, int32_t *argmax)
-{
-    if (scan_max(l, V, mx) != 0)
+    if (bad)
         return -1;
-    *argmax = first_index_of(l, V, *mx);
+    *mx = unsortable_f32(best);
+    int32_t at = best_lo;
+    while (!(l[at] == *mx))
+        at++;
+    *argmax = at;
     return 0;
 }
 
@@ -114,25 +107,82 @@ static void sort_desc(uint64_t *h, int32_t n)
     }
 }
 
-/* the k largest keys of the row into keys[0..k); returns the k-th largest */
-static uint64_t top_k_keys(const float *l, int32_t V, int32_t k, uint64_t *keys)
+static inline uint32_t nonfinite(float v)
 {
-    for (int32_t i = 0; i < k; i++)
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    return (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+}
+
+/* The k largest keys of the row into keys[0..k), the k-th largest into *kth, fused with the
+ * max/argmax scan and the NaN/Inf check (-1). A 64-logit chunk is only visited when one of its
+ * logits beats the current k-th (equal logits come later, i.e. with higher ids, and lose). */
+static LS_HOT int top_k_scan(ls_row *row, int32_t V, int32_t k, uint64_t *keys, uint64_t *kth)
+{
+    const float *l = row->logits;
+    uint32_t bad = 0u;
+    for (int32_t i = 0; i < k; i++) {
         keys[i] = logit_key(l[i], i);
+        bad |= nonfinite(l[i]);
+    }
     for (int32_t i = k / 2 - 1; i >= 0; i--)
         heap_sift_down(keys, k, i);
     float floor_logit = unsortable_f32((uint32_t)(keys[0] >> 32));
-    for (int32_t i = k; i < V; i++) {
-        if (l[i] < floor_logit)
-            continue;
-        const uint64_t key = logit_key(l[i], i);
-        if (key > keys[0]) {
-            keys[0] = key;
-            heap_sift_down(keys, k, 0);
-            floor_logit = unsortable_f32((uint32_t)(keys[0] >> 32));
+    for (int32_t lo = k; lo < V; lo += 64) {
+        const int32_t hi = V - lo < 64 ? V : lo + 64;
+        if (hi - lo == 64) {
+            uint32_t b = 0u;
+            const float *chunk = l + lo;
+            for (int32_t i = 0; i < 64; i++)
+                b |= nonfinite(chunk[i]);
+            bad |= b;
+            if (!ls_chunk_any(l + lo, floor_logit, 0))
+                continue;
+        } else {
+            for (int32_t i = lo; i < hi; i++)
+                bad |= nonfinite(l[i]);
+        }
+        for (int32_t i = lo; i < hi; i++) {
+            if (!(l[i] > floor_logit))
+                continue;
+            const uint64_t key = logit_key(l[i], i);
+            if (key > keys[0]) {
+                keys[0] = key;
+                heap_sift_down(keys, k, 0);
+                floor_logit = unsortable_f32((uint32_t)(keys[0] >> 32));
+            }
         }
     }
-    return keys[0];
+    if (bad)
+        return -1;
+    uint64_t top = keys[0];
+    for (int32_t i = 1; i < k; i++)
+        top = keys[i] > top ? keys[i] : top;
+    row->max = unsortable_f32((uint32_t)(top >> 32));
+    row->argmax = (int32_t)(0xffffffffu - (uint32_t)top);
+    if (row->ready < 1)
+        row->ready = 1;
+    *kth = keys[0];
+    return 0;
+}
+
+/* ids of the logits >= floor, ascending, into out[0..return), at most cap of them (cap + 1 is
+ * returned when there are more) */
+static LS_HOT int32_t collect_at_least(const float *l, int32_t V, float floor, int32_t *out, int32_t cap)
+{
+    int32_t n = 0;
+    for (int32_t lo = 0; lo < V; lo += 64) {
+        const int32_t hi = V - lo < 64 ? V : lo + 64;
+        if (hi - lo == 64 && !ls_chunk_any(l + lo, floor, 1))
+            continue;
+        for (int32_t i = lo; i < hi; i++)
+            if (l[i] >= floor) {
+                if (n == cap)
+                    return cap + 1;
+                out[n++] = i;
+            }
+    }
+    return n;
 }
 
 static inline void set_boundary(ls_row *row, uint64_t key)
@@ -141,31 +191,34 @@ static inline void set_boundary(ls_row *row, uint64_t key)
     row->thr_id = (int32_t)(0xffffffffu - (uint32_t)key);
 }
 
-/* keys[0..m) sorted descending: the shortest prefix with temperature-1 mass >= top_p */
-static uint64_t top_p_cut(const float *l, float mx, const uint64_t *keys, int32_t m, double z1,
-                          float top_p)
+/* keys[0..m) sorted descending: the length of the shortest prefix with temperature-1 mass >= top_p */
+static int32_t top_p_cut(const float *l, float mx, const uint64_t *keys, int32_t m, double z1,
+                         float top_p)
 {
     double cum = 0.0;
     for (int32_t i = 0; i < m; i++) {
         const int32_t x = (int32_t)(0xffffffffu - (uint32_t)keys[i]);
         cum += (double)ls_expf(l[x] - mx) / z1;
         if (cum >= (double)top_p)
-            return keys[i];
+            return i + 1;
     }
-    return keys[m - 1];
+    return m;
 }
 
-static void apply_top_p(ls_row *row, int32_t V, int32_t k_kept, float top_p, uint64_t *keys)
+/* top-p over the k_kept top-k survivors in keys (or the whole row when k_kept == 0); leaves the
+ * kept keys sorted descending in keys[0..return) */
+static LS_HOT int32_t apply_top_p(ls_row *row, int32_t V, int32_t k_kept, float top_p, uint64_t *keys)
 {
     const float *l = row->logits;
     const float mx = row->max;
-    if (k_kept > 0) { /* after top-k: the k survivors are in keys */
+    if (k_kept > 0) {
         sort_desc(keys, k_kept);
         double z1 = 0.0;
         for (int32_t i = 0; i < k_kept; i++)
             z1 += (double)ls_expf(l[(int32_t)(0xffffffffu - (uint32_t)keys[i])] - mx);
-        set_boundary(row, top_p_cut(l, mx, keys, k_kept, z1, top_p));
-        return;
+        const int32_t m = top_p_cut(l, mx, keys, k_kept, z1, top_p);
+        set_boundary(row, keys[m - 1]);
+        return m;
     }
     ls_row t1 = *row; /* the whole row at temperature 1 */
     t1.thr = -INFINITY;
@@ -176,20 +229,54 @@ static void apply_top_p(ls_row *row, int32_t V, int32_t k_kept, float top_p, uin
     const double z1 = row_partition(&t1, V);
     /* candidates: logits within `gap` of the max, widened until they hold top_p of the mass */
     for (float gap = 8.0f;; gap *= 2.0f) {
+        const int all = gap > 128.0f;
+        const float floor = all ? -INFINITY : mx - gap;
         int32_t m = 0;
         double mass = 0.0;
-        const int all = gap > 128.0f;
-        for (int32_t x = 0; x < V; x++)
-            if (all || l[x] >= mx - gap) {
-                keys[m++] = logit_key(l[x], x);
-                mass += (double)ls_expf(l[x] - mx);
-            }
+        for (int32_t lo = 0; lo < V; lo += 64) {
+            const int32_t hi = V - lo < 64 ? V : lo + 64;
+            if (hi - lo == 64 && !ls_chunk_any(l + lo, floor, 1))
+                continue;
+            for (int32_t x = lo; x < hi; x++)
+                if (l[x] >= floor) {
+                    keys[m++] = logit_key(l[x], x);
+                    mass += (double)ls_expf(l[x] - mx);
+                }
+        }
         if (all || mass / z1 >= (double)top_p) {
             sort_desc(keys, m);
-            set_boundary(row, top_p_cut(l, mx, keys, m, z1, top_p));
-            return;
+            const int32_t cut = top_p_cut(l, mx, keys, m, z1, top_p);
+            set_boundary(row, keys[cut - 1]);
+            return cut;
         }
     }
+}
+
+/* the kept set as ascending ids in kept[0..return), or -1 when it is larger than LS_SPARSE_MAX.
+ * m >= 0: the candidates are keys[0..m); otherwise every token passing the min-p floor. */
+static int32_t list_kept(const ls_row *row, int32_t V, int32_t m, uint64_t *keys, int32_t *kept)
+{
+    const float *l = row->logits;
+    int32_t n = 0;
+    if (m >= 0) {
+        for (int32_t i = 0; i < m; i++) {
+            const int32_t x = (int32_t)(0xffffffffu - (uint32_t)keys[i]);
+            if (l[x] >= row->lo) {
+                if (n == LS_SPARSE_MAX)
+                    return -1;
+                kept[n++] = x;
+            }
+        }
+    } else {
+        n = collect_at_least(l, V, row->lo, kept, LS_SPARSE_MAX);
+        return n > LS_SPARSE_MAX ? -1 : n; /* already ascending */
+    }
+    for (int32_t i = 0; i < n; i++)
+        keys[i] = (uint64_t)kept[i];
+    sort_desc(keys, n);
+    for (int32_t i = 0; i < n; i++)
+        kept[i] = (int32_t)keys[n - 1 - i];
+    return n;
 }
 
 /* stage 1: max and argmax (all greedy needs); ready = 1 */
@@ -197,48 +284,82 @@ static int row_scan(ls_row *row, const float *logits, int32_t V)
 {
     row->logits = logits;
     row->ready = 0;
+    row->kept = NULL;
+    row->n_kept = -1;
     if (scan_row(logits, V, &row->max, &row->argmax) != 0)
         return LS_ERR_LOGITS;
     row->ready = 1;
     return LS_OK;
 }
 
-/* stage 2: the kept set and the partition function; ready = 2 */
-static void row_transform(ls_row *row, int32_t V, const ls_sampling *s, uint64_t *keys)
+/* stage 2: the kept set and the partition function; ready = 2. A small kept set is also listed
+ * (in kept, LS_SPARSE_MAX entries) so later passes can skip the rest of the vocabulary. */
+static int topk_active(const ls_sampling *s, int32_t V)
 {
-    const float *logits = row->logits;
+    return s->temperature > 0.0f && s->top_k > 0 && s->top_k < V;
+}
+
+static int row_transform(ls_row *row, int32_t V, const ls_sampling *s, uint64_t *keys, int32_t *kept)
+{
     row->lo = -INFINITY;
+    row->kept = NULL;
+    row->n_kept = -1;
     if (s->temperature <= 0.0f) {
         row->thr = row->max;
         row->thr_id = row->argmax;
         row->inv_temp = 0.0f;
         row->inv_z = 1.0;
+        if (kept) {
+            kept[0] = row->argmax;
+            row->kept = kept;
+            row->n_kept = 1;
+        }
         row->ready = 2;
-        return;
+        return LS_OK;
     }
     row->thr = -INFINITY;
     row->thr_id = V;
-    int32_t k_kept = 0;
-    if (s->top_k > 0 && s->top_k < V) {
-        set_boundary(row, top_k_keys(logits, V, s->top_k, keys));
-        k_kept = s->top_k;
+    int32_t m = -1; /* keys[0..m) hold the kept candidates; -1: not listed */
+    if (topk_active(s, V)) {
+        uint64_t kth;
+        if (top_k_scan(row, V, s->top_k, keys, &kth) != 0)
+            return LS_ERR_LOGITS;
+        set_boundary(row, kth);
+        m = s->top_k;
     }
     if (s->top_p < 1.0f)
-        apply_top_p(row, V, k_kept, s->top_p, keys);
+        m = apply_top_p(row, V, m > 0 ? m : 0, s->top_p, keys);
     if (s->min_p > 0.0f)
         row->lo = row->max + logf(s->min_p);
     row->inv_temp = 1.0f / s->temperature;
     row->inv_z = 1.0;
-    row->inv_z = 1.0 / row_partition(row, V); /* >= 1 term: the argmax is always kept */
+    if (kept && (m >= 0 || s->min_p > 0.0f)) {
+        row->n_kept = list_kept(row, V, m, keys, kept);
+        row->kept = row->n_kept >= 0 ? kept : NULL;
+    }
+    double z = 0.0;
+    if (row->n_kept >= 0) {
+        for (int32_t i = 0; i < row->n_kept; i++) {
+            float e;
+            exp_block(row, row->kept[i], 1, &e);
+            z += (double)e;
+        }
+    } else {
+        z = row_partition(row, V);
+    }
+    row->inv_z = 1.0 / z; /* z >= 1: the argmax is always kept */
     row->ready = 2;
+    return LS_OK;
 }
 
-int ls_row_init(ls_row *row, const float *logits, int32_t V, const ls_sampling *s, uint64_t *keys)
+int ls_row_init(ls_row *row, const float *logits, int32_t V, const ls_sampling *s, uint64_t *keys,
+                int32_t *kept)
 {
-    const int st = row_scan(row, logits, V);
-    if (st == LS_OK)
-        row_transform(row, V, s, keys);
-    return st;
+    row->logits = logits;
+    row->ready = 0;
+    if (!topk_active(s, V) && row_scan(row, logits, V) != LS_OK) /* top-k scans by itself */
+        return LS_ERR_LOGITS;
+    return row_transform(row, V, s, keys, kept);
 }
 
 static int row_stage(ls_ctx *c, int32_t r, int32_t stage)
@@ -247,13 +368,18 @@ static int row_stage(ls_ctx *c, int32_t r, int32_t stage)
     if (row->ready >= stage)
         return LS_OK;
     const ls_problem *p = c->p;
-    if (row->ready < 1 && row_scan(row, p->target_logits + (int64_t)r * p->target_stride, c->V) != LS_OK) {
-        c->error_index = r;
-        return LS_ERR_LOGITS;
+    const float *logits = p->target_logits + (int64_t)r * p->target_stride;
+    int st = LS_OK;
+    if (row->ready < 1) {
+        row->logits = logits;
+        if (!(stage >= 2 && topk_active(&p->sampling, c->V))) /* top-k scans by itself */
+            st = row_scan(row, logits, c->V);
     }
-    if (stage >= 2)
-        row_transform(row, c->V, &p->sampling, c->keys);
-    return LS_OK;
+    if (st == LS_OK && stage >= 2)
+        st = row_transform(row, c->V, &p->sampling, c->keys, c->kept ? c->kept + (int64_t)r * LS_SPARSE_MAX : NULL);
+    if (st != LS_OK)
+        c->error_index = r;
+    return st;
 }
 
 int ls_row_prepare(ls_ctx *c, int32_t r)
@@ -325,8 +451,9 @@ LS_INLINE int weights_block(const ls_view *v, double a, int residual, int32_t lo
         return 1;
     }
     if (v->draft64) {
+        const double *d = v->draft64 + lo;
         for (int32_t i = 0; i < len; i++)
-            D[i] = v->draft64[lo + i];
+            D[i] = d[i];
     } else {
         const float *d = v->draft32 + lo;
         for (int32_t i = 0; i < len; i++)
@@ -407,9 +534,26 @@ static LS_HOT int sum_range(const ls_view *v, double a, int residual, int32_t lo
     return ok;
 }
 
+/* the sum over a listed kept set (the target, hence every weight, is 0 elsewhere) */
+static int sparse_sum(const ls_view *v, double a, double *out)
+{
+    double sum = 0.0;
+    for (int32_t i = 0; i < v->row->n_kept; i++) {
+        double w;
+        const int st = weight_one(v, a, 1, v->row->kept[i], &w);
+        if (st != LS_OK)
+            return st;
+        sum += w;
+    }
+    *out = sum;
+    return LS_OK;
+}
+
 /* sum_x max(a * T_k(x) - S_k(x), 0): the residual mass of Eq. 3/4 and Alg. 3 Eq. 1 */
 int ls_view_sum(ls_ctx *c, const ls_view *v, double a, double *out)
 {
+    if (v->row->n_kept >= 0)
+        return sparse_sum(v, a, out);
     const int32_t m = removed_sorted(c, v);
     double sum = 0.0, dsum = 0.0;
     int32_t lo = 0;
@@ -467,9 +611,34 @@ static LS_HOT int sample_range(const ls_view *v, double a, int residual, int32_t
 
 /* Inverse-CDF draw in token order: the first x whose running weight exceeds u * total (the last
  * positive entry if rounding leaves none). residual = 1: weights max(a T_k - S_k, 0); 0: T_k. */
+static int sparse_sample(const ls_view *v, double a, int residual, double target, int32_t *token)
+{
+    double run = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < v->row->n_kept; i++) {
+        const int32_t x = v->row->kept[i];
+        double w;
+        const int st = weight_one(v, a, residual, x, &w);
+        if (st != LS_OK)
+            return st;
+        if (w > 0.0) {
+            last = x;
+            run += w;
+            if (run > target) {
+                *token = x;
+                return LS_OK;
+            }
+        }
+    }
+    *token = last >= 0 ? last : v->row->argmax;
+    return LS_OK;
+}
+
 int ls_view_sample(ls_ctx *c, const ls_view *v, double a, int residual, double total, double u,
                    int32_t *token)
 {
+    if (v->row->n_kept >= 0)
+        return sparse_sample(v, a, residual, u * total, token);
     const int32_t m = removed_sorted(c, v);
     const double target = u * total;
     double run = 0.0;
@@ -555,7 +724,7 @@ size_t ls_probs_workspace_bytes(int32_t n_vocab, const ls_sampling *sampling)
     (void)sampling;
     if (n_vocab <= 0)
         return 0;
-    return (size_t)n_vocab * sizeof(uint64_t);
+    return (size_t)n_vocab * sizeof(uint64_t) + LS_SPARSE_MAX * sizeof(int32_t);
 }
 
 static LS_HOT void write_probs(const ls_row *row, int32_t V, double *o64, float *o32)
@@ -566,10 +735,10 @@ static LS_HOT void write_probs(const ls_row *row, int32_t V, double *o64, float 
         target_block(row, lo, len, t);
         if (o64)
             for (int32_t i = 0; i < len; i++)
-                o64[lo + i] = t[i];
+                (o64 + lo)[i] = t[i];
         if (o32)
             for (int32_t i = 0; i < len; i++)
-                o32[lo + i] = (float)t[i];
+                (o32 + lo)[i] = (float)t[i];
     }
 }
 
@@ -587,7 +756,9 @@ int ls_probs(const float *logits, int64_t stride, int32_t n_rows, int32_t n_voca
         return LS_ERR_WORKSPACE;
     for (int32_t r = 0; r < n_rows; r++) {
         ls_row row;
-        if (ls_row_init(&row, logits + (int64_t)r * stride, n_vocab, sampling, workspace) != LS_OK) {
+        uint64_t *keys = workspace;
+        int32_t *kept = (int32_t *)(void *)(keys + n_vocab);
+        if (ls_row_init(&row, logits + (int64_t)r * stride, n_vocab, sampling, keys, kept) != LS_OK) {
             if (error_row)
                 *error_row = r;
             return LS_ERR_LOGITS;

@@ -7,12 +7,12 @@
 #include <math.h>
 #include <string.h>
 
-#define MAX_NODES (1 << 20)
+#define MAX_NODES (1 << 16)
 #define MAX_VOCAB (1 << 28)
 #define ALIGN 64
 
 typedef struct layout {
-    size_t rows, u, child_start, children, parent_row, n_removed, stamp, tmp, pr, aux, upd, keys,
+    size_t rows, u, child_start, children, parent_row, n_removed, stamp, tmp, pr, aux, upd, keys, kept,
         sort_keys, sort_ids, qrow, total;
 } layout;
 
@@ -26,6 +26,12 @@ static size_t carve(size_t *off, size_t bytes)
 static int needs_keys(const ls_sampling *s, int32_t V)
 {
     return s->temperature > 0.0f && ((s->top_k > 0 && s->top_k < V) || s->top_p < 1.0f);
+}
+
+/* a kept set can be small enough to list: greedy target or any filter */
+static int may_be_sparse(const ls_sampling *s, int32_t V)
+{
+    return s->temperature <= 0.0f || needs_keys(s, V) || s->min_p > 0.0f;
 }
 
 static int make_layout(layout *L, int32_t method, int32_t n, int32_t V, const ls_sampling *s)
@@ -45,7 +51,8 @@ static int make_layout(layout *L, int32_t method, int32_t n, int32_t V, const ls
     L->pr = carve(&off, R * sizeof(double));
     L->aux = carve(&off, 2 * R * sizeof(double));
     L->upd = carve(&off, (N + 1) * sizeof(ls_update));
-    L->keys = needs_keys(s, V) ? carve(&off, VV * sizeof(uint64_t)) : 0;
+    L->keys = needs_keys(s, V) || may_be_sparse(s, V) ? carve(&off, VV * sizeof(uint64_t)) : 0;
+    L->kept = may_be_sparse(s, V) ? carve(&off, R * LS_SPARSE_MAX * sizeof(int32_t)) : 0;
     const int gbv = method == LS_GBV;
     L->sort_keys = gbv ? carve(&off, 2 * VV * sizeof(uint32_t)) : 0;
     L->sort_ids = gbv ? carve(&off, 2 * VV * sizeof(int32_t)) : 0;
@@ -194,6 +201,7 @@ static void bind(ls_ctx *c, const layout *L, unsigned char *base)
     c->aux = (double *)(void *)(base + L->aux);
     c->upd = (ls_update *)(void *)(base + L->upd);
     c->keys = L->keys ? (uint64_t *)(void *)(base + L->keys) : NULL;
+    c->kept = L->kept ? (int32_t *)(void *)(base + L->kept) : NULL;
     c->sort_keys = L->sort_keys ? (uint32_t *)(void *)(base + L->sort_keys) : NULL;
     c->sort_ids = L->sort_ids ? (int32_t *)(void *)(base + L->sort_ids) : NULL;
     c->qrow = L->qrow ? (double *)(void *)(base + L->qrow) : NULL;

@@ -80,7 +80,7 @@ def random_structure(rng: np.random.Generator, method: str, V: int) -> list[int]
 
 
 def random_instance(rng: np.random.Generator, method: str, V: int | None = None) -> Instance:
-    V = V or int(rng.choice([2, 3, 5, 8, 33, 200]))
+    V = V or int(rng.choice([2, 3, 5, 8, 33, 200, 3000]))
     parents = random_structure(rng, method, V)
     n = len(parents)
     scale = float(rng.choice([0.5, 2.0, 5.0]))

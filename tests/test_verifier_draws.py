@@ -112,6 +112,11 @@ def test_transform_matches_numpy(settings):
 
 
 def test_transform_tie_breaking_is_lowest_id():
+    signed_zeros = np.array([-1.0, -0.0, -2.0, 0.0] + [-3.0] * 200, dtype=np.float32)
+    assert np.argmax(verifier.probs(signed_zeros, temperature=0)) == 1  # -0 == +0: the first one
+    late = np.full(300, -1.0, dtype=np.float32)
+    late[[70, 250]] = [-0.0, 0.0]  # in different 64-logit chunks
+    assert np.argmax(verifier.probs(late, temperature=0)) == 70
     logits = np.array([1.0, 3.0, 3.0, 3.0, 0.0], dtype=np.float32)
     assert verifier.probs(logits, temperature=0).tolist() == [0, 1, 0, 0, 0]
     top2 = verifier.probs(logits, top_k=2)
