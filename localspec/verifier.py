@@ -299,28 +299,36 @@ def verify(
 
 
 def probs(
-    logits: np.ndarray,
+    logits: np.ndarray | LogitsPointer,
     *,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
     min_p: float = 0.0,
     dtype: type = np.float64,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The plain sampler's distribution of each row of ``logits`` (exactly what verify uses)."""
+    """The plain sampler's distribution of each row of ``logits`` (exactly what verify uses).
+
+    ``out``: an existing C-contiguous float32/float64 array of the result's shape to fill."""
     check_sampling(temperature, top_k, top_p, min_p)
-    arr = np.asarray(logits)
-    one = arr.ndim == 1
-    ptr, stride, n_vocab, keep = _rows("logits", arr, arr.shape[0] if arr.ndim == 2 else 1, None)
-    n_rows = 1 if one else arr.shape[0]
-    out = np.empty((n_rows, n_vocab), dtype=dtype)
+    if isinstance(logits, LogitsPointer):
+        n_rows, one = logits.n_rows, False
+    else:
+        arr = np.asarray(logits)
+        one = arr.ndim == 1
+        n_rows = 1 if one else arr.shape[0]
+        logits = arr
+    ptr, stride, n_vocab, keep = _rows("logits", logits, n_rows, None)
+    if out is None:
+        out = np.empty((n_rows, n_vocab), dtype=dtype)
+    if out.dtype not in (np.float32, np.float64) or not out.flags.c_contiguous or out.size != n_rows * n_vocab:
+        raise VerifierError(f"out must be a C-contiguous float32/float64 array of {n_rows}x{n_vocab}")
     settings = Sampling(temperature, int(top_k), top_p, min_p).c_struct()
     nbytes = lib.ls_probs_workspace_bytes(n_vocab, settings)
     err = ffi.new("int32_t *")
-    o64 = ffi.cast("double *", out.ctypes.data) if dtype == np.float64 else ffi.NULL
-    o32 = ffi.cast("float *", out.ctypes.data) if dtype == np.float32 else ffi.NULL
-    if o64 == ffi.NULL and o32 == ffi.NULL:
-        raise VerifierError("dtype must be numpy.float64 or numpy.float32")
+    o64 = ffi.cast("double *", out.ctypes.data) if out.dtype == np.float64 else ffi.NULL
+    o32 = ffi.cast("float *", out.ctypes.data) if out.dtype == np.float32 else ffi.NULL
     status = lib.ls_probs(ptr, stride, n_rows, n_vocab, settings, _workspace.get(nbytes), nbytes,
                           o64, o32, n_vocab, err)
     del keep
@@ -328,7 +336,7 @@ def probs(
         raise VerifierError(f"logits row {err[0]} contains NaN or infinity", status, err[0])
     if status != lib.LS_OK:
         raise VerifierError(ffi.string(lib.ls_status_string(status)).decode(), status)
-    return out[0] if one else out
+    return out.reshape(n_vocab) if one else out.reshape(n_rows, n_vocab)
 
 
 def sample_probs(row: np.ndarray, uniform: float, exclude: Sequence[int] = ()) -> int:

@@ -1,0 +1,464 @@
+"""A GGUF model in a llama.cpp context, through llama-cpp-python's low-level API.
+
+One :class:`Model` owns a model, a context and a reusable batch. It tokenizes, detokenizes
+incrementally (UTF-8 safe), applies the model's chat template, decodes batches whose tokens may
+belong to several sequences (token trees share a prefix through ``seq_id`` sets on a unified KV
+cache), exposes the output logits as a zero-copy view, and edits the KV cache per sequence.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+import llama_cpp as lc
+
+from localspec.verifier import LogitsPointer
+
+log = logging.getLogger(__name__)
+
+CACHE_TYPES = {"f32": lc.GGML_TYPE_F32, "f16": lc.GGML_TYPE_F16, "q8_0": lc.GGML_TYPE_Q8_0}
+FLASH_ATTN = {"auto": lc.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+              "off": lc.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp common/speculative: tolerated n_vocab gap
+VOCAB_CHECK_START_TOKEN_ID = 5  # ... and tokens compared from this id on
+
+
+class ModelError(RuntimeError):
+    """A model cannot be loaded or used; the message says which file and what to do."""
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to load a model and size its context."""
+
+    n_ctx: int = 4096  # context length in tokens (KV cells, shared by all sequences)
+    n_batch: int = 512  # most tokens one decode may take
+    n_threads: int | None = None  # CPU threads (default: all cores)
+    n_gpu_layers: int = 0  # layers offloaded to the GPU (-1: all)
+    flash_attn: str = "auto"  # auto | on | off
+    cache_type: str = "f16"  # KV cache type: f16 | f32 | q8_0
+    n_seq_max: int = 16  # sequences (tree branches) in flight
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 16:
+            raise ModelError(f"ctx_size must be at least 16 tokens, got {self.n_ctx}")
+        if not 1 <= self.n_batch:
+            raise ModelError(f"n_batch must be positive, got {self.n_batch}")
+        if self.flash_attn not in FLASH_ATTN:
+            raise ModelError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}")
+        if self.cache_type not in CACHE_TYPES:
+            raise ModelError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {self.cache_type!r}")
+        if not 1 <= self.n_seq_max <= 256:
+            raise ModelError(f"n_seq_max must lie in [1, 256], got {self.n_seq_max}")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise ModelError(f"threads must be >= 1, got {self.n_threads}")
+
+
+_init_lock = threading.Lock()
+_backend_ready = False
+_log_callback = None
+
+
+def _quiet_llama(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if os.environ.get("LOCALSPEC_LLAMA_LOG"):
+        log.debug("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+
+
+def _init_backend() -> None:
+    """Initialise llama.cpp once and route its log lines to logging (debug)."""
+    global _backend_ready, _log_callback
+    with _init_lock:
+        if _backend_ready:
+            return
+        _log_callback = lc.llama_log_callback(_quiet_llama)
+        lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        lc.llama_backend_init()
+        _backend_ready = True
+
+
+def _check_gguf_file(path: Path) -> None:
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelError(f"model path is not a file: {path}")
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelError(f"cannot read model file {path}: {exc.strerror}") from exc
+    if magic != b"GGUF":
+        raise ModelError(f"{path} is not a GGUF file (it starts with {magic!r}); "
+                         "localspec loads llama.cpp GGUF models")
+
+
+class IncrementalDetokenizer:
+    """Token ids -> text pieces, never splitting a UTF-8 character across pieces."""
+
+    def __init__(self, model: "Model") -> None:
+        self._model = model
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, token: int) -> str:
+        return self._decoder.decode(self._model.token_bytes(token))
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+
+class Model:
+    """A loaded GGUF model with its context. Use as a context manager or call close()."""
+
+    def __init__(self, path: str | os.PathLike, options: ModelOptions | None = None) -> None:
+        self.path = Path(path).expanduser()
+        self.options = options or ModelOptions()
+        _check_gguf_file(self.path)
+        _init_backend()
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        self._load_model()
+        try:
+            self._check_rollback()
+            self._create_context()
+            self._alloc_batch()
+        except Exception:
+            self.close()
+            raise
+        self._pieces: dict[int, bytes] = {}
+        # committed tokens known to sit in KV sequence 0 (empty = unknown); lets a new prompt
+        # reuse a shared prefix. Whoever decodes into the cache keeps it true.
+        self.kv_tokens: list[int] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _load_model(self) -> None:
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = self.options.n_gpu_layers if self.options.n_gpu_layers >= 0 else 999
+        model = lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if not model:
+            raise ModelError(f"llama.cpp could not load {self.path} (unsupported architecture, "
+                             "truncated download, or not enough memory); set LOCALSPEC_LLAMA_LOG=1 "
+                             "and logging to DEBUG for llama.cpp's own messages")
+        self._model = model
+        self._vocab = lc.llama_model_get_vocab(model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+
+    def _check_rollback(self) -> None:
+        if lc.llama_model_is_recurrent(self._model) or lc.llama_model_is_hybrid(self._model):
+            raise ModelError(f"{self.path.name} is a recurrent/hybrid model ({self.architecture}); its "
+                             "state cannot roll back rejected draft tokens, so it cannot be used for "
+                             "speculative decoding")
+
+    def _create_context(self) -> None:
+        o = self.options
+        params = lc.llama_context_default_params()
+        params.n_ctx = o.n_ctx
+        params.n_batch = o.n_batch
+        params.n_ubatch = min(o.n_batch, 512)
+        params.n_seq_max = o.n_seq_max
+        threads = o.n_threads or os.cpu_count() or 1
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = FLASH_ATTN[o.flash_attn]
+        params.type_k = CACHE_TYPES[o.cache_type]
+        params.type_v = CACHE_TYPES[o.cache_type]
+        params.kv_unified = True  # a token may belong to several sequences (trees)
+        params.no_perf = True
+        ctx = lc.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise ModelError(f"llama.cpp could not create a context for {self.path.name} with "
+                             f"ctx_size={o.n_ctx}, cache_type={o.cache_type}: not enough memory? "
+                             "Try a smaller --ctx-size")
+        self._ctx = ctx
+        self._mem = lc.llama_get_memory(ctx)
+        self.n_ctx = int(lc.llama_n_ctx(ctx))
+
+    def _alloc_batch(self) -> None:
+        cap, nseq = self.options.n_batch, self.options.n_seq_max
+        self._batch = lc.llama_batch_init(cap, 0, nseq)
+        b = self._batch
+        self._b_token = np.ctypeslib.as_array(b.token, shape=(cap,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(cap,))
+        self._b_nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(cap,))
+        self._b_logits = np.ctypeslib.as_array(b.logits, shape=(cap,))
+        self._b_seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(nseq,)) for i in range(cap)]
+        for row in self._b_seq:
+            row[0] = 0
+
+    def close(self) -> None:
+        """Free the batch, context and model (idempotent)."""
+        if getattr(self, "_batch", None) is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    # ------------------------------------------------------------------ metadata
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    @property
+    def architecture(self) -> str:
+        return self.meta("general.architecture") or "unknown"
+
+    @property
+    def name(self) -> str:
+        return self.meta("general.name") or self.path.stem
+
+    @property
+    def n_params(self) -> int:
+        return int(lc.llama_model_n_params(self._model))
+
+    @property
+    def size_bytes(self) -> int:
+        return int(lc.llama_model_size(self._model))
+
+    @property
+    def bos(self) -> int:
+        return int(lc.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(lc.llama_vocab_eos(self._vocab))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(lc.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def vocab_type(self) -> int:
+        return int(lc.llama_vocab_type(self._vocab))
+
+    def is_eog(self, token: int) -> bool:
+        """End of generation (EOS, EOT, <|im_end|>, ...)."""
+        return bool(lc.llama_vocab_is_eog(self._vocab, token))
+
+    def token_text(self, token: int) -> bytes:
+        return lc.llama_vocab_get_text(self._vocab, token) or b""
+
+    # ------------------------------------------------------------------ text
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Text -> token ids (add_special: BOS if the model wants one; parse_special: read
+        control tokens such as <|im_start|> written in the text, as chat templates do)."""
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise ModelError("tokenization failed")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for in generated text (control tokens render as nothing)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[: max(n, 0)]
+            self._pieces[token] = piece
+        return piece
+
+    def detokenize(self, tokens: Iterable[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def detokenizer(self) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self)
+
+    @property
+    def chat_template(self) -> str | None:
+        tmpl = lc.llama_model_chat_template(self._model, None)
+        return tmpl.decode("utf-8", "replace") if tmpl else None
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """Render a conversation with the model's own chat template."""
+        tmpl = self.chat_template
+        if not tmpl:
+            raise ModelError(f"{self.path.name} has no chat template; send a plain prompt instead")
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ModelError("each chat message needs a string 'role' and a string 'content'")
+        rendered = _render_builtin(tmpl, messages, add_generation_prompt)
+        if rendered is None:
+            rendered = _render_jinja(tmpl, messages, add_generation_prompt, self)
+        return rendered
+
+    # ------------------------------------------------------------------ decoding
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int],
+               seq_ids: Sequence[Sequence[int]] | None = None, outputs: str = "all") -> int:
+        """Decode one batch. seq_ids[i]: the sequences token i belongs to (default: seq 0).
+        outputs: "all" (logits for every token) or "last". Returns the number of output rows."""
+        n = len(tokens)
+        if n == 0:
+            return 0
+        if n > self.options.n_batch:
+            raise ModelError(f"{n} tokens in one batch exceed n_batch={self.options.n_batch}")
+        self._b_token[:n] = tokens
+        self._b_pos[:n] = positions
+        if seq_ids is None:
+            self._b_nseq[:n] = 1
+            for i in range(n):
+                self._b_seq[i][0] = 0
+        else:
+            for i, ids in enumerate(seq_ids):
+                self._b_nseq[i] = len(ids)
+                self._b_seq[i][: len(ids)] = ids
+        if outputs == "all":
+            self._b_logits[:n] = 1
+        else:
+            self._b_logits[:n] = 0
+            self._b_logits[n - 1] = 1
+        self._batch.n_tokens = n
+        rc = lc.llama_decode(self._ctx, self._batch)
+        if rc == 1:
+            raise ModelError(f"the context is full: no KV slot for {n} more tokens "
+                             f"(ctx_size={self.n_ctx}); use a larger --ctx-size")
+        if rc != 0:
+            raise ModelError(f"llama_decode failed with code {rc}")
+        return n if outputs == "all" else 1
+
+    def prefill(self, tokens: Sequence[int], start: int, seq_ids: Sequence[int] = (0,)) -> None:
+        """Decode a long run of tokens (e.g. the prompt) in n_batch chunks at positions
+        start, start+1, ...; the last token's logits are kept as output row 0."""
+        step = self.options.n_batch
+        for lo in range(0, len(tokens), step):
+            chunk = tokens[lo: lo + step]
+            self.decode(chunk, range(start + lo, start + lo + len(chunk)),
+                        None if tuple(seq_ids) == (0,) else [seq_ids] * len(chunk), outputs="last")
+
+    def logits(self, n_rows: int) -> LogitsPointer:
+        """The last decode's output rows, zero-copy (valid until the next decode)."""
+        ptr = lc.llama_get_logits(self._ctx)
+        return LogitsPointer(ctypes.addressof(ptr.contents), n_rows, self.n_vocab)
+
+    def logits_array(self, n_rows: int) -> np.ndarray:
+        """The same rows as a numpy view (no copy; valid until the next decode)."""
+        ptr = lc.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+
+    # ------------------------------------------------------------------ KV cache
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        """Drop positions [p0, p1) of sequence seq (-1: open end; seq -1: every sequence)."""
+        if not lc.llama_memory_seq_rm(self._mem, seq, p0, p1):
+            raise ModelError("this model's cache cannot remove a partial sequence")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        lc.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        lc.llama_memory_seq_keep(self._mem, seq)
+
+    def seq_pos_max(self, seq: int = 0) -> int:
+        return int(lc.llama_memory_seq_pos_max(self._mem, seq))
+
+    def clear(self) -> None:
+        lc.llama_memory_clear(self._mem, True)
+        self.kv_tokens = []
+
+    def reuse_prefix(self, prompt: Sequence[int]) -> int:
+        """Drop the KV cache beyond the longest prefix it shares with prompt[:-1]; return its
+        length (the tokens that need no decoding)."""
+        n = 0
+        limit = min(len(self.kv_tokens), len(prompt) - 1)
+        while n < limit and self.kv_tokens[n] == prompt[n]:
+            n += 1
+        self.seq_rm(-1, n, -1)
+        self.kv_tokens = []  # unknown until the caller finishes cleanly
+        return n
+
+
+def _render_builtin(tmpl: str, messages: Sequence[dict], add_ass: bool) -> str | None:
+    """llama.cpp's built-in template engine; None when it does not know this template."""
+    msgs = (lc.llama_chat_message * len(messages))()
+    keep = []
+    for i, m in enumerate(messages):
+        role, content = m["role"].encode(), m["content"].encode()
+        keep += [role, content]
+        msgs[i].role = role
+        msgs[i].content = content
+    size = 4096 + sum(len(k) for k in keep) * 2
+    buf = ctypes.create_string_buffer(size)
+    n = lc.llama_chat_apply_template(tmpl.encode(), msgs, len(messages), add_ass, buf, size)
+    if n > size:
+        buf = ctypes.create_string_buffer(n + 1)
+        n = lc.llama_chat_apply_template(tmpl.encode(), msgs, len(messages), add_ass, buf, n + 1)
+    if n < 0:
+        return None
+    return buf.raw[:n].decode("utf-8", "replace")
+
+
+def _render_jinja(tmpl: str, messages: Sequence[dict], add_ass: bool, model: Model) -> str:
+    """Fallback: render the GGUF's jinja template in a sandbox (as llama-cpp-python does)."""
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as exc:  # jinja2 comes with llama-cpp-python
+        raise ModelError("rendering this chat template needs jinja2") from exc
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        return env.from_string(tmpl).render(
+            messages=list(messages), add_generation_prompt=add_ass,
+            bos_token=model.token_text(model.bos).decode("utf-8", "replace"),
+            eos_token=model.token_text(model.eos).decode("utf-8", "replace"))
+    except Exception as exc:
+        raise ModelError(f"the chat template of {model.path.name} failed to render: {exc}") from exc
+
+
+def check_pair(target: Model, draft: Model) -> None:
+    """Can `draft` propose tokens for `target`? llama.cpp's rules (common/speculative.cpp):
+    same vocabulary type, same BOS/EOS and add-BOS, vocab sizes within 128, and the same token
+    text from id 5 on. Raises ModelError naming the first difference."""
+    t, d = target, draft
+
+    def fail(why: str) -> None:
+        raise ModelError(f"draft {d.path.name} cannot draft for target {t.path.name}: {why}")
+
+    if t.vocab_type != d.vocab_type:
+        fail(f"vocabulary types differ (target {t.vocab_type}, draft {d.vocab_type})")
+    if t.add_bos != d.add_bos or t.bos != d.bos:
+        fail(f"BOS differs (target {t.bos} add={t.add_bos}, draft {d.bos} add={d.add_bos})")
+    if t.eos != d.eos:
+        fail(f"EOS differs (target {t.eos}, draft {d.eos})")
+    if abs(t.n_vocab - d.n_vocab) > VOCAB_MAX_SIZE_DIFFERENCE:
+        fail(f"vocabulary sizes differ by more than {VOCAB_MAX_SIZE_DIFFERENCE} "
+             f"(target {t.n_vocab}, draft {d.n_vocab})")
+    for tok in range(VOCAB_CHECK_START_TOKEN_ID, min(t.n_vocab, d.n_vocab)):
+        a, b = t.token_text(tok), d.token_text(tok)
+        if a != b:
+            fail(f"token {tok} is {a!r} in the target but {b!r} in the draft")
