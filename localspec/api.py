@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence, Union
 
-from localspec import registry
 from localspec.drafters import (Drafter, HybridDrafter, ModelDrafter, NGramDrafter,
                                 SamplingSettings)
 from localspec.engine import ConfigError, Engine, GenerationStats, SpecConfig
@@ -44,6 +43,8 @@ def load_model(model: str | Path, *, ctx_size: int = 4096, n_gpu_layers: int = 0
                threads: int | None = None, flash_attn: str = "auto", cache_type: str = "f16",
                batch_size: int = 512, n_seq_max: int = 16) -> Model:
     """Load a GGUF file, or a registry model by name (fetched and cached on first use)."""
+    from localspec import registry
+
     path = registry.resolve(str(model))
     return Model(path, ModelOptions(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads,
                                     n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
@@ -53,6 +54,8 @@ def load_model(model: str | Path, *, ctx_size: int = 4096, n_gpu_layers: int = 0
 def default_pair(*, draft_n_gpu_layers: int | None = None, **options) -> tuple[Model, Model]:
     """The default (target, draft) pair of the registry, fetched if needed. Options as for
     load_model; draft_n_gpu_layers defaults to n_gpu_layers."""
+    from localspec import registry
+
     reg = registry.load_registry()
     pair = reg.pairs[reg.default_pair]
     target = load_model(pair.target, **options)
