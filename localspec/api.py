@@ -145,6 +145,7 @@ def stream_generate(target: Model, draft: Model | None, prompt: Prompt, *, max_t
         raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
     spec = SpecConfig(verifier=verifier, num_draft_tokens=num_draft_tokens, paths=paths,
                       tree=tuple(tree) if tree else None, lenience=lenience)
+    spec.validate(drafter, target.n_batch)
     sampling = SamplingSettings(temperature, top_k, top_p, min_p)
     engine = Engine(target, make_drafter(target, draft, drafter, spec), spec, sampling, seed)
     engine.start(_prompt_tokens(target, prompt))

