@@ -139,12 +139,16 @@ def stream_generate(target: Model, draft: Model | None, prompt: Prompt, *, max_t
                     temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                     seed: int | None = None, verifier: str = "block", num_draft_tokens: int = 4,
                     paths: int = 1, tree: Sequence[int] | None = None, drafter: str = "model",
-                    lenience: float = 0.0, stop: Sequence[str] = ()) -> Iterator[Response]:
-    """Yield one Response per generated token; the last one carries the finish reason."""
+                    lenience: float = 0.0, stop: Sequence[str] = (), plan: str = "auto") -> Iterator[Response]:
+    """Yield one Response per generated token; the last one carries the finish reason.
+
+    plan="auto" (default) drafts at most num_draft_tokens levels and picks each step's depth, or
+    no speculation at all, from measured step costs and acceptance (localspec.planner);
+    plan="fixed" always drafts the full shape."""
     if max_tokens < 1:
         raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
     spec = SpecConfig(verifier=verifier, num_draft_tokens=num_draft_tokens, paths=paths,
-                      tree=tuple(tree) if tree else None, lenience=lenience)
+                      tree=tuple(tree) if tree else None, lenience=lenience, plan=plan)
     spec.validate(drafter, target.n_batch)
     sampling = SamplingSettings(temperature, top_k, top_p, min_p)
     engine = Engine(target, make_drafter(target, draft, drafter, spec), spec, sampling, seed)

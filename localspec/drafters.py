@@ -244,12 +244,23 @@ class HybridDrafter:
 
     def draft(self, tokens: Sequence[int], shape: Shape, settings: SamplingSettings,
               rng: np.random.Generator, without_replacement: bool) -> DraftTree:
-        tree = self.ngram.draft(tokens, shape.truncated(shape.depth), settings, rng, without_replacement)
-        if tree.n >= min(self.min_tokens, shape.depth):
-            self._last = self.ngram
-            return tree
+        return self.draft_shapes(tokens, shape, shape, settings, rng, without_replacement)
+
+    def draft_shapes(self, tokens: Sequence[int], ngram_shape: Shape, model_shape: Shape,
+                     settings: SamplingSettings, rng: np.random.Generator,
+                     without_replacement: bool) -> DraftTree:
+        """The n-gram proposal (a chain up to ngram_shape's depth) when it has at least
+        min_tokens tokens, else a model draft of model_shape (depth 0: no draft)."""
+        tree = DraftTree()
+        if ngram_shape.depth > 0:
+            tree = self.ngram.draft(tokens, ngram_shape, settings, rng, without_replacement)
+            if tree.n and tree.n >= min(self.min_tokens, ngram_shape.depth):
+                self._last = self.ngram
+                return tree
         self._last = self.model_drafter
-        return self.model_drafter.draft(tokens, shape, settings, rng, without_replacement)
+        if model_shape.depth <= 0:
+            return DraftTree()
+        return self.model_drafter.draft(tokens, model_shape, settings, rng, without_replacement)
 
     def commit(self, tokens: Sequence[int], tree: DraftTree, path: tuple[int, ...]) -> None:
         self._last.commit(tokens, tree, path)

@@ -16,8 +16,9 @@ from typing import Sequence
 import numpy as np
 
 from localspec import verifier
-from localspec.drafters import Drafter, SamplingSettings, keep_branch
+from localspec.drafters import Drafter, HybridDrafter, ModelDrafter, SamplingSettings, keep_branch
 from localspec.model import Model, ModelError
+from localspec.planner import Planner
 from localspec.tree import DraftTree, Shape
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 CHAIN_ONLY = {"token", "block"}
 CHAINS = {"gbv", "batch"}  # K root-to-leaf chains
 WITHOUT_REPLACEMENT = {"rrsw", "traversal"}
+PLANS = ("auto", "fixed")
 
 
 class ConfigError(ValueError):
@@ -40,6 +42,7 @@ class SpecConfig:
     paths: int = 1
     tree: tuple[int, ...] | None = None
     lenience: float = 0.0
+    plan: str = "auto"  # auto: choose the draft depth (or none) per step from measured costs; fixed
 
     def shape(self) -> Shape:
         if self.tree:
@@ -47,6 +50,8 @@ class SpecConfig:
         return Shape.k_paths(self.paths, self.num_draft_tokens)
 
     def validate(self, drafter: str | None, n_batch: int) -> None:
+        if self.plan not in PLANS:
+            raise ConfigError(f"plan must be one of {', '.join(PLANS)}, got {self.plan!r}")
         if self.verifier not in verifier.METHODS:
             raise ConfigError(f"unknown verifier {self.verifier!r}; choose one of {', '.join(verifier.METHODS)}")
         if self.num_draft_tokens < 0 or self.num_draft_tokens > 64:
@@ -151,6 +156,15 @@ class Engine:
         self.tokens: list[int] = []
         self.n_cached = 0  # committed tokens in the target KV (sequence 0)
         self.counters = _Counters()
+        self.planner = self._planner() if spec.plan == "auto" else None
+
+    def _planner(self) -> Planner | None:
+        if self.drafter is None:
+            return None
+        d = self.drafter
+        model = d.model_drafter.model if isinstance(d, HybridDrafter) else (
+            d.model if isinstance(d, ModelDrafter) else None)
+        return Planner(self.target, model, self.shape)
 
     # ------------------------------------------------------------------ prompt
 
@@ -192,7 +206,7 @@ class Engine:
         while depth > 0 and L0 + self.shape.truncated(depth).n_nodes > self.target.n_ctx:
             depth -= 1  # every node of a tree takes a KV cell
         t0 = time.perf_counter()
-        tree = self._draft(depth)
+        tree, kind = self._draft(depth)
         t1 = time.perf_counter()
         branches = max((s[-1] for s in tree.seqs), default=0) + 1
         for s in range(1, branches):
@@ -223,12 +237,28 @@ class Engine:
         c.draft_s += t1 - t0
         c.target_s += t2 - t1
         c.verify_s += t3 - t2
+        if self.planner is not None:
+            self.planner.observe(kind, max(tree.depths, default=0), v.n_accepted, tree.n + 1, t2 - t1, t1 - t0)
         return new
 
-    def _draft(self, depth: int) -> DraftTree:
-        if self.drafter is None or depth <= 0:
-            return DraftTree()
-        return self.drafter.draft(self.tokens, self.shape.truncated(depth), self.sampling, self.rng,
-                                  self.spec.verifier in WITHOUT_REPLACEMENT)
+    def _draft(self, depth: int) -> tuple[DraftTree, str | None]:
+        """The step's draft and which drafter made it (None: no draft)."""
+        d = self.drafter
+        if d is None or depth <= 0:
+            return DraftTree(), None
+        without = self.spec.verifier in WITHOUT_REPLACEMENT
+        if self.planner is None:
+            tree = d.draft(self.tokens, self.shape.truncated(depth), self.sampling, self.rng, without)
+            return tree, (d.last if isinstance(d, HybridDrafter) else d.name) if tree.n else None
+        if isinstance(d, HybridDrafter):
+            ngram = self.shape.truncated(self.planner.depth("ngram", depth))
+            model = self.shape.truncated(self.planner.depth("model", depth))
+            tree = d.draft_shapes(self.tokens, ngram, model, self.sampling, self.rng, without)
+            return tree, d.last if tree.n else None
+        planned = self.planner.depth(d.name, depth)
+        if planned <= 0:
+            return DraftTree(), None
+        tree = d.draft(self.tokens, self.shape.truncated(planned), self.sampling, self.rng, without)
+        return tree, d.name if tree.n else None
 
 

@@ -52,10 +52,23 @@ NGRAM_PROMPT = "def add(a, b): return a + b. def add(a, b): return a + b. def ad
 
 
 def tokens_of(target: Model, draft: Model | None, prompt: str, **kw) -> list[int]:
+    kw.setdefault("plan", "fixed")  # always speculate (the planner may decline on tiny models)
     return [r.token for r in stream_generate(target, draft, prompt, **kw) if r.token is not None]
 
 
 # ---------------------------------------------------------------- T = 0: token-identical
+
+
+@pytest.mark.parametrize("verifier,drafter,shape", CONFIGS[:4] + CONFIGS[7:8] + CONFIGS[12:13] + CONFIGS[16:19],
+                         ids=IDS[:4] + IDS[7:8] + IDS[12:13] + IDS[16:19])
+def test_planned_speculation_equals_target_greedy(tiny_target: Model, tiny_draft: Model,
+                                                  verifier: str, drafter: str, shape: dict) -> None:
+    """plan="auto" (the default) picks each step's depth from costs; the output is unchanged."""
+    for prompt in (PROMPT, NGRAM_PROMPT):
+        plain = tokens_of(tiny_target, None, prompt, temperature=0, max_tokens=40)
+        spec = tokens_of(tiny_target, tiny_draft, prompt, temperature=0, max_tokens=40,
+                         verifier=verifier, drafter=drafter, plan="auto", **shape)
+        assert spec == plain
 
 
 @pytest.mark.parametrize("verifier,drafter,shape", CONFIGS, ids=IDS)
@@ -70,11 +83,12 @@ def test_greedy_speculation_equals_target_greedy(tiny_target: Model, tiny_draft:
 
 def test_greedy_speculation_accepts_drafts(tiny_target: Model, tiny_draft: Model) -> None:
     """Not vacuous: the draft's tokens are accepted most of the time (85 % agreement)."""
-    last = list(stream_generate(tiny_target, tiny_draft, PROMPT, temperature=0, max_tokens=60))[-1]
+    last = list(stream_generate(tiny_target, tiny_draft, PROMPT, temperature=0, max_tokens=60,
+                                plan="fixed"))[-1]
     assert last.stats.block_efficiency > 1.8
     assert last.stats.acceptance_rate > 0.4
     ngram = list(stream_generate(tiny_target, None, NGRAM_PROMPT, temperature=0, max_tokens=40,
-                                 drafter="ngram"))[-1]
+                                 drafter="ngram", plan="fixed"))[-1]
     assert ngram.stats.accepted_tokens > 0
 
 
@@ -95,12 +109,14 @@ DIST_CONFIGS = [
     ("rrsw", "model", dict(tree=(2, 2))),
     ("traversal", "model", dict(tree=(2, 2))),
     ("block", "hybrid", dict(num_draft_tokens=3)),
+    ("block", "model", dict(num_draft_tokens=3, plan="auto")),
 ]
 N_BINS = 53
 
 
 def first_tokens_key(target: Model, draft: Model | None, seed: int, prompt: str = "ab",
                      **kw) -> tuple[int, ...]:
+    kw.setdefault("plan", "fixed")
     out = []
     for r in stream_generate(target, draft, prompt, max_tokens=N_FIRST, seed=seed, **SAMPLING, **kw):
         out.append(r.token)
@@ -144,7 +160,8 @@ def test_ngram_drafts_keep_the_target_distribution(tiny_target: Model) -> None:
     prompt = "ab ab ab ab ab ab ab ab ab"
     plain = [first_tokens_key(tiny_target, None, 10**6 + i, prompt) for i in range(N_PLAIN)]
     runs = [list(stream_generate(tiny_target, None, prompt, max_tokens=N_FIRST, seed=i, drafter="ngram",
-                                 verifier="block", num_draft_tokens=3, **SAMPLING)) for i in range(N_SPEC)]
+                                 verifier="block", num_draft_tokens=3, plan="fixed", **SAMPLING))
+            for i in range(N_SPEC)]
     assert sum(r[-1].stats.drafted_tokens for r in runs) > N_SPEC  # the n-gram drafter did propose
     spec = [tuple(x.token for x in r) for r in runs]
     p = two_sample_p(spec, plain)
@@ -166,7 +183,7 @@ def test_negative_control_draft_distribution_fails(tiny_target: Model, far_draft
 
 
 def test_same_seed_same_output(tiny_target: Model, tiny_draft: Model) -> None:
-    kw = dict(max_tokens=30, seed=7, temperature=0.9, verifier="traversal", tree=(2, 2))
+    kw = dict(max_tokens=30, seed=7, temperature=0.9, verifier="traversal", tree=(2, 2), plan="fixed")
     assert generate(tiny_target, tiny_draft, PROMPT, **kw) == generate(tiny_target, tiny_draft, PROMPT, **kw)
 
 
@@ -214,7 +231,7 @@ def test_rollback_then_redecode_equals_fresh_run(tiny_paths: tuple[Path, Path]) 
 
 def test_reused_prompt_prefix_equals_fresh_run(tiny_target: Model, tiny_draft: Model) -> None:
     """Two generations in a row share the KV prefix; the second equals one on fresh models."""
-    kw = dict(temperature=0, max_tokens=20, verifier="rrsw", tree=(2, 2))
+    kw = dict(temperature=0, max_tokens=20, verifier="rrsw", tree=(2, 2), plan="fixed")
     generate(tiny_target, tiny_draft, PROMPT + " + b", **kw)
     reused = generate(tiny_target, tiny_draft, PROMPT + " * b", **kw)
     tiny_target.clear()
@@ -225,7 +242,8 @@ def test_reused_prompt_prefix_equals_fresh_run(tiny_target: Model, tiny_draft: M
 def test_context_full_stops_with_length(tiny_paths: tuple[Path, Path]) -> None:
     with load(tiny_paths[0], n_ctx=32) as t, load(tiny_paths[1], n_ctx=32) as d:
         prompt = t.tokenize(PROMPT)
-        out = list(stream_generate(t, d, PROMPT, temperature=0, max_tokens=500, num_draft_tokens=6))
+        out = list(stream_generate(t, d, PROMPT, temperature=0, max_tokens=500, num_draft_tokens=6,
+                                   plan="fixed"))
         assert out[-1].finish_reason == "length"
         generated = [r.token for r in out if r.token is not None]
         assert len(prompt) + len(generated) == t.n_ctx + 1  # the last token needs no KV cell

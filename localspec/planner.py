@@ -1,0 +1,164 @@
+"""Cost-aware planning: how deep to draft at each step, or whether to speculate at all.
+
+The model (DESIGN.md, "Cost model"): a step that drafts d levels and verifies n(d) + 1 tokens
+yields E(d) = (1 - α^(d+1)) / (1 - α) tokens on average (per-level acceptance α) and costs
+d·c_draft + c_target(n(d) + 1); the target alone yields 1 token per c_target(1). The planner
+picks the d that maximises E(d) / cost(d), and d = 0 (no speculation) unless that beats the
+target alone by a margin.
+
+* target costs per batch size are measured once per model (a short calibration of dummy batches
+  in a scratch KV sequence) and then updated from every step; unmeasured sizes are interpolated
+  with a least-squares line c(n) = a + b·n;
+* the draft model's cost per level is calibrated the same way and then tracked per step;
+  n-gram drafts cost nothing;
+* α is estimated per drafter from accepted lengths, with counts that decay back towards an
+  optimistic prior, so a drafter that stopped being used is probed again after a while
+  (only where speculation can pay at all at the prior's α).
+
+Choosing the draft length from past observations keeps verification lossless: each step is
+verified exactly, whatever length the history chose.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localspec.model import Model, ModelError
+from localspec.tree import Shape
+
+log = logging.getLogger(__name__)
+
+EMA = 0.2  # weight of a new cost observation
+DECAY = 0.97  # per step: acceptance counts fade so the estimate can recover
+PRIOR_ACCEPT, PRIOR_REJECT = 2.0, 1.0  # α prior 2/3, worth three observations
+MARGIN = 1.03  # speculate only when it is predicted to be at least 3 % faster
+
+
+@dataclass
+class CostTable:
+    """Seconds per decode call, by number of tokens in the batch (EMA of measurements)."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, n: int, secs: float) -> None:
+        old = self.seconds.get(n)
+        self.seconds[n] = secs if old is None else (1 - EMA) * old + EMA * secs
+
+    def __call__(self, n: int) -> float:
+        if n in self.seconds:
+            return self.seconds[n]
+        if not self.seconds:
+            return 0.0
+        ns = np.array(sorted(self.seconds), dtype=float)
+        cs = np.array([self.seconds[int(k)] for k in ns])
+        if len(ns) == 1:
+            return float(cs[0] * n / ns[0])  # pessimistic: proportional to the batch size
+        b, a = np.polyfit(ns, cs, 1)
+        return float(max(a + b * n, cs.min()))
+
+
+def _time_decode(model: Model, n: int, seq: int) -> float:
+    tokens = [model.bos if model.bos >= 0 else 0] * n
+    t0 = time.perf_counter()
+    model.decode(tokens, range(n), [(seq,)] * n, outputs="all")
+    secs = time.perf_counter() - t0
+    model.seq_rm(seq, -1, -1)
+    return secs
+
+
+def calibrate(model: Model, sizes: tuple[int, ...]) -> CostTable:
+    """Time dummy batches of the given sizes in a scratch KV sequence (best of two), once per
+    model; the table is kept on the model and refined by later steps."""
+    table: CostTable | None = getattr(model, "step_costs", None)
+    if table is None:
+        table = CostTable()
+        model.step_costs = table  # type: ignore[attr-defined]
+    seq = model.options.n_seq_max - 1
+    missing = [n for n in sizes if n not in table.seconds and n <= model.n_batch]
+    if seq < 1 or not missing:
+        return table
+    try:
+        for n in missing:
+            table.observe(n, min(_time_decode(model, n, seq) for _ in range(2)))
+    except ModelError as exc:  # no free KV cells: learn from real steps instead
+        log.debug("calibration of %s skipped: %s", model.path.name, exc)
+    log.debug("step costs of %s: %s", model.path.name,
+              {n: f"{s * 1e3:.1f} ms" for n, s in sorted(table.seconds.items())})
+    return table
+
+
+@dataclass
+class Acceptance:
+    """Per-level acceptance rate from accepted lengths (decaying Beta-style counts)."""
+
+    accepted: float = 0.0
+    rejected: float = 0.0
+
+    def decay(self) -> None:
+        self.accepted *= DECAY
+        self.rejected *= DECAY
+
+    def observe(self, n_accepted: int, depth: int) -> None:
+        self.accepted += n_accepted
+        self.rejected += 1.0 if n_accepted < depth else 0.0
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + PRIOR_ACCEPT) / (self.accepted + self.rejected + PRIOR_ACCEPT + PRIOR_REJECT)
+
+
+def expected_tokens(alpha: float, depth: int) -> float:
+    """E[tokens per step] for a chain of `depth` drafts with per-level acceptance α."""
+    if alpha >= 1.0:
+        return depth + 1.0
+    return (1.0 - alpha ** (depth + 1)) / (1.0 - alpha)
+
+
+class Planner:
+    """Chooses each step's draft depth for one generation (costs persist on the models)."""
+
+    def __init__(self, target: Model, draft: Model | None, shape: Shape) -> None:
+        self.shape = shape
+        sizes = tuple(sorted({1, shape.truncated(1).n_nodes + 1, shape.n_nodes + 1}))
+        self.target_cost = calibrate(target, sizes)
+        self.draft_cost = calibrate(draft, (1,)) if draft is not None else None
+        self.acceptance = {"model": Acceptance(), "ngram": Acceptance()}
+
+    def draft_level_cost(self) -> float:
+        return self.draft_cost(1) if self.draft_cost is not None else 0.0
+
+    def rate(self, drafter: str, depth: int) -> float:
+        """Predicted tokens per second when drafting `depth` levels with `drafter`."""
+        c_draft = self.draft_level_cost() if drafter == "model" else 0.0
+        nodes = self.shape.truncated(depth).n_nodes
+        cost = depth * c_draft + self.target_cost(nodes + 1)
+        if cost <= 0:
+            return float("inf")
+        return expected_tokens(self.acceptance[drafter].alpha, depth) / cost
+
+    def depth(self, drafter: str, max_depth: int) -> int:
+        """The draft depth to use now (0: decode with the target alone)."""
+        if max_depth <= 0 or self.target_cost(1) <= 0:
+            return max_depth
+        plain = 1.0 / self.target_cost(1)
+        best, best_rate = 0, plain * MARGIN
+        for d in range(1, max_depth + 1):
+            r = self.rate(drafter, d)
+            if r > best_rate:
+                best, best_rate = d, r
+        return best
+
+    def observe(self, drafter: str | None, depth: int, n_accepted: int, n_target_tokens: int,
+                target_seconds: float, draft_seconds: float) -> None:
+        for acc in self.acceptance.values():
+            acc.decay()
+        self.target_cost.observe(n_target_tokens, target_seconds)
+        if drafter is None or depth <= 0:
+            return
+        self.acceptance[drafter].observe(n_accepted, depth)
+        if drafter == "model" and self.draft_cost is not None:
+            self.draft_cost.observe(1, draft_seconds / depth)
