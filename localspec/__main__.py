@@ -1,0 +1,5 @@
+"""``python -m localspec`` runs the command line."""
+
+from localspec.cli import main
+
+main()
