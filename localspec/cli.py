@@ -109,7 +109,10 @@ def sampling_options(f: Callable) -> Callable:
                      help="Top-p (1: off)."),
         click.option("--min-p", type=click.FloatRange(0, 1), default=0.05, show_default=True,
                      help="Min-p (0: off)."),
-        click.option("--seed", type=int, default=None, help="Random seed (default: random)."),
+        click.option("--seed", type=int, default=None,
+                     help="Random seed (default: random). Runs repeat exactly with --plan fixed; --plan auto "
+                          "adapts the draft depth to measured timings, which changes the sample drawn "
+                          "(not its distribution)."),
         click.option("-n", "--max-tokens", type=click.IntRange(1), default=256, show_default=True,
                      help="Most tokens to generate."),
     ]

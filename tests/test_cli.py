@@ -1,0 +1,158 @@
+"""`localspec` / `localspec generate` through click's CliRunner, on the tiny models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from localspec.api import generate
+from localspec.cli import cli
+from localspec.model import Model
+from localspec.models import tiny
+
+PROMPT = "def add(a, b):"
+
+
+def run(*args: str, input: str | None = None, env: dict | None = None):
+    return CliRunner().invoke(cli, list(args), input=input, env=env, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def pair_args(tiny_paths: tuple[Path, Path]) -> list[str]:
+    return ["-m", str(tiny_paths[0]), "-d", str(tiny_paths[1]), "--ctx-size", "512", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_target: Model) -> str:
+    """Target-only greedy text: what every lossless verifier must print at temperature 0."""
+    return generate(tiny_target, None, PROMPT, max_tokens=12, temperature=0.0)
+
+
+def test_help_lists_common_options_and_examples() -> None:
+    result = run("generate", "--help")
+    assert result.exit_code == 0
+    for flag in ("-m, --model", "-d, --draft", "--verifier", "-k, --num-draft-tokens", "--paths", "--tree",
+                 "--drafter", "--plan", "--temperature", "--top-k", "--top-p", "--min-p", "--seed",
+                 "--max-tokens", "--ctx-size", "--n-gpu-layers", "--draft-n-gpu-layers", "--json", "--usage",
+                 "LOCALSPEC_MODEL", "LOCALSPEC_DRAFT"):
+        assert flag in result.output, flag
+    assert "localspec \"def quicksort(xs):\"" in result.output
+    root = run("--help")
+    assert root.exit_code == 0 and "generate" in root.output
+
+
+@pytest.mark.parametrize("spec", [
+    ["--verifier", "block", "-k", "4"],
+    ["--verifier", "match", "-k", "3", "--plan", "fixed"],
+    ["--verifier", "gbv", "--paths", "2", "-k", "3", "--plan", "fixed"],
+    ["--verifier", "traversal", "--tree", "2x2x1", "--plan", "fixed"],
+    ["--drafter", "ngram", "-d", "none", "-k", "3", "--plan", "fixed"],
+])
+def test_root_command_generates_target_greedy_text(pair_args: list[str], expected: str, spec: list[str]) -> None:
+    result = run(*pair_args, *spec, "--raw", "-t", "0", "-n", "12", PROMPT)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected + "\n"
+
+
+def test_prompt_from_stdin(pair_args: list[str], expected: str) -> None:
+    result = run(*pair_args, "--raw", "-t", "0", "-n", "12", input=PROMPT)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected + "\n"
+
+
+def test_json_output(pair_args: list[str], expected: str) -> None:
+    result = run("generate", *pair_args, "--raw", "-t", "0", "-n", "12", "--plan", "fixed", "--json", PROMPT)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["text"] == expected
+    assert data["finish_reason"] in ("stop", "length")
+    assert data["usage"]["completion_tokens"] >= 1
+    assert data["settings"]["verifier"] == "block"
+    stats = data["stats"]
+    assert stats["target_passes"] >= 1 and stats["block_efficiency"] >= 1.0
+    assert 1 <= sum(stats["accept_histogram"]) <= stats["target_passes"]  # speculative steps only
+
+
+def test_usage_goes_to_stderr(pair_args: list[str], expected: str) -> None:
+    result = run(*pair_args, "--raw", "-t", "0", "-n", "12", "--plan", "fixed", "-u", PROMPT)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected + "\n"
+    for part in ("tok/s", "block efficiency", "acceptance", "accepted per step", "speedup estimate"):
+        assert part in result.stderr, part
+
+
+def test_chat_template_and_stop_string(pair_args: list[str], tiny_target: Model) -> None:
+    messages = [{"role": "user", "content": "hello"}]
+    full = generate(tiny_target, None, messages, max_tokens=16, temperature=0.0)
+    result = run(*pair_args, "-t", "0", "-n", "16", "hello")
+    assert result.exit_code == 0 and result.stdout == full + "\n"
+    stop = full[3:5]
+    cut = run(*pair_args, "-t", "0", "-n", "16", "--stop", stop, "hello")
+    assert cut.exit_code == 0 and cut.stdout == full[: full.index(stop)] + "\n"
+
+
+def test_env_vars_name_the_models(tiny_paths: tuple[Path, Path], expected: str) -> None:
+    env = {"LOCALSPEC_MODEL": str(tiny_paths[0]), "LOCALSPEC_DRAFT": str(tiny_paths[1])}
+    result = run("--ctx-size", "512", "--raw", "-t", "0", "-n", "12", PROMPT, env=env)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected + "\n"
+
+
+def test_seeded_sampling_repeats(pair_args: list[str]) -> None:
+    args = (*pair_args, "--raw", "-t", "1", "--plan", "fixed", "-n", "12")
+    a, b, c = (run(*args, "--seed", seed, PROMPT) for seed in ("7", "7", "8"))
+    assert a.exit_code == 0 and a.stdout == b.stdout
+    assert c.stdout != a.stdout  # control: the seed matters
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tree", "2y2"], "Invalid value for --tree"),
+    (["--tree", "2x0"], "every branching factor must be >= 1"),
+    (["--tree", "2x2", "--verifier", "block"], "verifies one chain"),
+    (["--paths", "2", "--verifier", "traversal"], "without replacement"),
+    (["--verifier", "nope"], "Invalid value for '--verifier'"),
+    (["-k", "99"], "Invalid value for '-k'"),
+    (["--drafter", "hybrid", "-d", "none"], "needs a draft model"),
+])
+def test_bad_settings_are_clean_errors(pair_args: list[str], args: list[str], message: str) -> None:
+    result = run(*pair_args, *args, PROMPT)
+    assert result.exit_code in (1, 2)
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_model_files_are_clean_errors(tmp_path: Path, tiny_paths: tuple[Path, Path]) -> None:
+    missing = run("-m", str(tmp_path / "nope.gguf"), "-d", "none", PROMPT)
+    assert missing.exit_code == 1 and "nope.gguf" in missing.output and "known model" in missing.output
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf at all" * 10)
+    bad = run("-m", str(junk), "-d", "none", PROMPT)
+    assert bad.exit_code == 1 and "junk.gguf" in bad.output and "Traceback" not in bad.output
+    other = tiny.make_mismatched_draft(tmp_path)
+    mismatch = run("-m", str(tiny_paths[0]), "-d", str(other), "--ctx-size", "512", PROMPT)
+    assert mismatch.exit_code == 1 and "cannot draft for target" in mismatch.output
+
+
+def test_prompt_longer_than_context(pair_args: list[str]) -> None:
+    result = run(*pair_args[:-4], "--ctx-size", "256", "--raw", "word " * 2000)
+    assert result.exit_code == 1
+    assert "context" in result.output and "Traceback" not in result.output
+
+
+def test_empty_stdin_is_a_usage_error(pair_args: list[str]) -> None:
+    result = run(*pair_args, input="   \n")
+    assert result.exit_code == 2 and "empty" in result.output
+
+
+def test_python_dash_m_entry_point(tiny_paths: tuple[Path, Path], expected: str) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "localspec", "-m", str(tiny_paths[0]), "-d", str(tiny_paths[1]),
+                          "--ctx-size", "512", "--raw", "-t", "0", "-n", "12", PROMPT],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == expected + "\n"
