@@ -213,14 +213,18 @@ def cli(verbose: int) -> None:
 
 
 def _read_prompt(prompt: tuple[str, ...]) -> str:
-    if prompt:
-        return " ".join(prompt)
+    """The prompt argument, followed by piped stdin when there is any (`cat notes | localspec "Summarise:"`)."""
+    text = " ".join(prompt)
+    piped = "" if sys.stdin.isatty() else sys.stdin.read()
+    if text and piped.strip():
+        return f"{text}\n\n{piped}"
+    if text:
+        return text
     if sys.stdin.isatty():
         raise click.UsageError("give a prompt as an argument or on stdin, e.g. localspec \"def fib(n):\"")
-    text = sys.stdin.read()
-    if not text.strip():
+    if not piped.strip():
         raise click.UsageError("the prompt on stdin is empty")
-    return text
+    return piped
 
 
 def format_stats(stats: Any, speculative: bool) -> str:

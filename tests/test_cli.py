@@ -63,6 +63,13 @@ def test_prompt_from_stdin(pair_args: list[str], expected: str) -> None:
     assert result.stdout == expected + "\n"
 
 
+def test_argument_and_stdin_are_joined(pair_args: list[str], tiny_target: Model) -> None:
+    joined = generate(tiny_target, None, "Summarise:\n\nsome notes\n", max_tokens=8, temperature=0.0)
+    result = run(*pair_args, "--raw", "-t", "0", "-n", "8", "Summarise:", input="some notes\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == joined + "\n"
+
+
 def test_json_output(pair_args: list[str], expected: str) -> None:
     result = run("generate", *pair_args, "--raw", "-t", "0", "-n", "12", "--plan", "fixed", "--json", PROMPT)
     assert result.exit_code == 0, result.output
@@ -153,6 +160,6 @@ def test_python_dash_m_entry_point(tiny_paths: tuple[Path, Path], expected: str)
 
     out = subprocess.run([sys.executable, "-m", "localspec", "-m", str(tiny_paths[0]), "-d", str(tiny_paths[1]),
                           "--ctx-size", "512", "--raw", "-t", "0", "-n", "12", PROMPT],
-                         capture_output=True, text=True, timeout=120)
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == expected + "\n"
