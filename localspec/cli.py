@@ -227,12 +227,16 @@ def _read_prompt(prompt: tuple[str, ...]) -> str:
     return piped
 
 
-def format_stats(stats: Any, speculative: bool) -> str:
-    """Human-readable generation statistics (for stderr)."""
+def format_stats(stats: Any, speculative: bool, target: Any = None) -> str:
+    """Human-readable generation statistics (for stderr). With the target model, the speedup
+    estimate uses its measured single-token step cost (from --plan auto's calibration)."""
     lines = [f"{stats.generated_tokens} tokens in {stats.elapsed_seconds:.2f} s: "
              f"{stats.tokens_per_second:.1f} tok/s (prompt {stats.prompt_tokens} tokens, "
              f"{stats.prompt_seconds:.2f} s)"]
-    if speculative and stats.target_passes:
+    if speculative and stats.target_passes and not stats.drafted_tokens:
+        lines.append("no tokens drafted: the planner (--plan auto) found that speculation does not pay with "
+                     "these step costs; --plan fixed forces it")
+    elif speculative and stats.target_passes:
         lines.append(f"block efficiency {stats.block_efficiency:.2f} tokens/target pass, "
                      f"acceptance {stats.acceptance_rate:.1%} ({stats.accepted_tokens}/{stats.drafted_tokens} "
                      f"drafted), verifier {stats.verifier_share:.1%} of step time")
@@ -245,12 +249,11 @@ def format_stats(stats: Any, speculative: bool) -> str:
                 bar = "#" * round(width * count / total) if total else ""
                 lines.append(f"  {n:2d} | {bar} {count}")
         busy = stats.draft_seconds + stats.target_seconds + stats.verify_seconds
-        if busy > 0 and stats.target_passes:
-            # a target-only step costs about one single-token target pass; estimate it from this run
-            per_pass = stats.target_seconds / stats.target_passes
-            est = stats.block_efficiency * per_pass * stats.target_passes / busy if per_pass else 0
-            lines.append(f"speedup estimate vs target alone: {est:.2f}x "
-                         "(assumes a target pass costs the same for one token; run `localspec bench` to measure)")
+        costs = getattr(target, "step_costs", None)
+        if busy > 0 and costs is not None and costs(1) > 0:
+            est = stats.generated_tokens * costs(1) / busy
+            lines.append(f"speedup estimate vs target alone: {est:.2f}x (from the measured one-token step "
+                         "cost; `localspec bench` measures it side by side)")
     return "\n".join(lines)
 
 
@@ -321,9 +324,18 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, ctx_
         click.echo("\ninterrupted", err=True)
     finally:
         stream.close()
+    try:
+        _report(parts, last, as_json, usage, loaded, settings)
+    finally:
         target.close()
         if loaded.draft is not None:
             loaded.draft.close()
+
+
+def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loaded, settings: dict) -> None:
+    """After generation: the final newline or the JSON object on stdout, the statistics on stderr."""
+    from localspec.planner import calibrate
+
     if not as_json and parts:
         click.echo("")
     if last is None:
@@ -332,8 +344,10 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, ctx_
         click.echo(json.dumps(response_json("".join(parts), last.finish_reason, last.stats,
                                             loaded.target_name, settings), default=list))
     if usage:
-        click.echo(format_stats(last.stats, speculative=settings["num_draft_tokens"] > 0 or bool(settings["tree"])),
-                   err=True)
+        speculative = settings["num_draft_tokens"] > 0 or bool(settings["tree"])
+        if speculative:
+            calibrate(loaded.target, (1,))  # the one-token step cost behind the speedup estimate
+        click.echo(format_stats(last.stats, speculative=speculative, target=loaded.target), err=True)
 
 
 def iter_commands() -> Iterator[click.Command]:
