@@ -1,0 +1,324 @@
+"""Losslessness checks a user can run and see (``localspec check``).
+
+(a) Toy checks, seconds in all:
+
+* exact: for every lossless verifier, the one-step output distribution (drafting included,
+  every random draw enumerated; numpy reference of the rule) continued by the target equals the
+  target's own joint distribution to 1e-9 (:func:`localspec.lossless.exact_error`);
+* Monte Carlo: the C verifier's one-step outputs over N seeded steps against that exact
+  joint, Pearson chi-square at significance ``alpha`` (a correct verifier fails with probability
+  ``alpha``);
+* a negative control: ``token`` with ``lenience=0.5`` (the lossy over-acceptance of Yin et al.)
+  must be *detected* by both tests, which shows they can fail.
+
+(b) The model pair: from a fixed prompt, N full speculative steps (draft + verify, plan fixed)
+each record their first token; a one-sample chi-square compares the counts with the target's
+exact next-token distribution after the same sampling transform (temperature, top-k, top-p,
+min-p; :func:`localspec.verifier.probs`, what the verifier and plain sampling use).
+
+The chi-square tail is computed here (regularised incomplete gamma), so this module needs no
+SciPy at run time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import numpy as np
+
+from localspec import lossless, reference
+from localspec.lossless import Settings, Shape, ToyModel
+
+log = logging.getLogger(__name__)
+
+EXACT_TOLERANCE = 1e-9
+CONTROL_MIN_ERROR = 1e-3  # the control's exact error must exceed this to count as detected
+TOY_SAMPLES = 4000  # Monte Carlo steps per toy check
+CONTROL_LENIENCE = 0.5
+LOSSLESS_METHODS = ("match", "token", "block", "gbv", "rrs", "rrsw", "traversal", "batch")
+
+# exact checks: vocabulary 3, a near and a far draft, two sampling settings
+_EXACT_TARGET = ToyModel(3, seed=1)
+_EXACT_DRAFTS = (ToyModel(3, seed=2, base=_EXACT_TARGET, noise=1.0), ToyModel(3, seed=3))
+_EXACT_SETTINGS = (Settings(1.0), Settings(0.7, top_k=2, top_p=0.9))
+_EXACT_SHAPES = {"chain": Shape((1, 1, 1)), "paths": Shape((1, 1), paths=2), "tree": Shape((2, 1)),
+                 "tree-without": Shape((2, 1), without_replacement=True)}
+# Monte Carlo checks: vocabulary 4
+_MC_TARGET = ToyModel(4, seed=41)
+_MC_DRAFT = ToyModel(4, seed=42, base=_MC_TARGET, noise=1.0)
+_MC_SETTINGS = Settings(1.0, top_p=0.95)
+_MC_SHAPES = {"chain": Shape((1, 1, 1)), "paths": Shape((1, 1), paths=2), "tree": Shape((2, 1)),
+              "tree-without": Shape((2, 1), without_replacement=True)}
+
+PAIR_PROMPT = "The best programming language is"
+PAIR_SAMPLES = 200  # about 0.25 s a step on the default 1.5B/0.5B pair on 2 CPU cores (k=4): ~50 s
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check: did it pass, its numbers, and a one-line explanation.
+
+    For a negative control ``passed`` means the lossy rule was detected."""
+
+    name: str
+    passed: bool
+    numbers: Mapping[str, float] = field(default_factory=dict)
+    detail: str = ""
+    control: bool = False
+
+
+# ---------------------------------------------------------------- chi-square without SciPy
+
+
+def _gamma_q(a: float, x: float) -> float:
+    """Regularised upper incomplete gamma Q(a, x) (series / Lentz continued fraction)."""
+    if x <= 0:
+        return 1.0
+    log_pre = -x + a * math.log(x) - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        ap = a
+        for _ in range(10_000):
+            ap += 1
+            term *= x / ap
+            total += term
+            if abs(term) < abs(total) * 1e-15:
+                break
+        return max(0.0, 1.0 - total * math.exp(log_pre))
+    tiny = 1e-300
+    b = x + 1 - a
+    c = 1 / tiny
+    d = 1 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < 1e-15:
+            break
+    return math.exp(log_pre) * h
+
+
+def chi2_sf(statistic: float, dof: int) -> float:
+    """P(X >= statistic) for X ~ chi-square with `dof` degrees of freedom."""
+    if dof < 1:
+        return 1.0
+    return _gamma_q(dof / 2.0, statistic / 2.0)
+
+
+def pearson_pvalue(counts: Mapping[Hashable, int], probs: Mapping[Hashable, float],
+                   min_expected: float = 5.0) -> tuple[float, int, float]:
+    """(statistic, degrees of freedom, p-value) of a one-sample Pearson chi-square test of
+    `counts` against `probs`. Categories with expected count < min_expected are pooled; an
+    observation with probability 0 gives p = 0."""
+    n = sum(counts.values())
+    if n == 0:
+        return 0.0, 0, 1.0
+    if any(c > 0 and probs.get(k, 0.0) <= 0.0 for k, c in counts.items()):
+        return math.inf, 0, 0.0
+    keys = [k for k, p in probs.items() if p > 0]
+    total = sum(probs[k] for k in keys)
+    obs, exp = [], []
+    pooled_o, pooled_e = 0.0, 0.0
+    for k in keys:
+        e = n * probs[k] / total
+        if e >= min_expected:
+            obs.append(counts.get(k, 0))
+            exp.append(e)
+        else:
+            pooled_o += counts.get(k, 0)
+            pooled_e += e
+    if pooled_e > 0:
+        obs.append(pooled_o)
+        exp.append(pooled_e)
+    if len(obs) < 2:
+        return 0.0, 0, 1.0
+    stat = float(sum((o - e) ** 2 / e for o, e in zip(obs, exp)))
+    dof = len(obs) - 1
+    return stat, dof, chi2_sf(stat, dof)
+
+
+# ---------------------------------------------------------------- toy checks
+
+
+def _exact_settings(method: str) -> tuple[Settings, ...]:
+    return (Settings(0.0),) if method == "greedy" else _EXACT_SETTINGS
+
+
+def exact_check(method: str, tolerance: float = EXACT_TOLERANCE) -> CheckResult:
+    """Exact one-step output distribution of `method` vs the target's joint (numpy reference)."""
+    shape = _EXACT_SHAPES[lossless.SHAPES_BY_METHOD[method]]
+    error = max(lossless.exact_error(method, _EXACT_TARGET, d, shape, s)
+                for d in _EXACT_DRAFTS for s in _exact_settings(method))
+    return CheckResult(f"exact {method}", error <= tolerance, {"max_error": error, "tolerance": tolerance},
+                       f"max |P(step) - P(target)| = {error:.1e} (tolerance {tolerance:.0e}); "
+                       f"V=3, {_describe(shape)}, 2 drafts x {len(_exact_settings(method))} sampling settings")
+
+
+def _describe(shape: Shape) -> str:
+    if shape.paths > 1:
+        return f"{shape.paths} paths of {shape.depth}"
+    if all(b == 1 for b in shape.branching):
+        return f"chain of {shape.depth}"
+    return "tree " + "x".join(map(str, shape.branching)) + (" w/o replacement" if shape.without_replacement else "")
+
+
+def monte_carlo_check(method: str, alpha: float, seed: int, n: int = TOY_SAMPLES) -> CheckResult:
+    """The C verifier's one-step outputs vs the exact target joint (Pearson chi-square)."""
+    shape = _MC_SHAPES[lossless.SHAPES_BY_METHOD[method]]
+    p = _toy_pvalue(method, shape, n, seed, None)
+    return CheckResult(f"chi-square {method} (C)", p > alpha, {"p_value": p, "alpha": alpha, "samples": n},
+                       f"p = {p:.3g} vs alpha {alpha:g}; {n} steps, V=4, {_describe(shape)}, T=1 top-p 0.95")
+
+
+def _toy_pvalue(method: str, shape: Shape, n: int, seed: int, step: Callable[..., tuple] | None) -> float:
+    counts = lossless.monte_carlo_counts(method, _MC_TARGET, _MC_DRAFT, shape, _MC_SETTINGS, n, seed, step)
+    joint = lossless.target_joint(_MC_TARGET, (), shape.depth + 1, _MC_SETTINGS)
+    return pearson_pvalue(counts, joint)[2]
+
+
+def negative_control(alpha: float, seed: int, n: int = TOY_SAMPLES,
+                     lenience: float = CONTROL_LENIENCE) -> CheckResult:
+    """`token` with lenience (lossy): detected when its exact error is large AND p < alpha."""
+
+    def ref_step(method: str, tp: np.ndarray, dp: np.ndarray, tree: Any, rng: Any) -> tuple:
+        return reference.verify("token", tp, dp, tree.tokens, tree.parents, rng, lenience)
+
+    def c_step(method: str, logits: np.ndarray, dprobs: np.ndarray, tree: Any, s: int, settings: Settings) -> tuple:
+        return lossless.c_step("token", logits, dprobs, tree, s, settings, lenience=lenience)
+
+    chain = _EXACT_SHAPES["chain"]
+    error = max(lossless.exact_error("token", _EXACT_TARGET, d, chain, Settings(1.0), step=ref_step)
+                for d in _EXACT_DRAFTS)
+    p = _toy_pvalue("token", _MC_SHAPES["chain"], n, seed, c_step)
+    detected = error > CONTROL_MIN_ERROR and p < alpha
+    return CheckResult("control: detected" if detected else "control: NOT detected", detected,
+                       {"exact_error": error, "p_value": p, "alpha": alpha, "lenience": lenience, "samples": n},
+                       f"lossy token verification (lenience {lenience:g}): exact error {error:.3f} "
+                       f"(must exceed {CONTROL_MIN_ERROR:g}), chi-square p = {p:.3g} (must be < {alpha:g})",
+                       control=True)
+
+
+def toy_suite(alpha: float, seed: int = 0, n: int = TOY_SAMPLES,
+              progress: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+    """Exact checks (every lossless method, greedy at T=0), C Monte Carlo checks, the negative control."""
+    jobs: list[Callable[[], CheckResult]] = [lambda m=m: exact_check(m) for m in ("greedy",) + LOSSLESS_METHODS]
+    jobs += [lambda m=m, i=i: monte_carlo_check(m, alpha, seed + i, n) for i, m in enumerate(LOSSLESS_METHODS)]
+    jobs.append(lambda: negative_control(alpha, seed, n))
+    results = []
+    for job in jobs:
+        result = job()
+        results.append(result)
+        if progress is not None:
+            progress(result)
+    return results
+
+
+# ---------------------------------------------------------------- the model pair
+
+
+def target_next_token_probs(target: Any, prompt_tokens: Sequence[int], sampling: Any) -> np.ndarray:
+    """The target's exact next-token distribution after the prompt, after the sampling transform."""
+    from localspec import verifier
+
+    target.clear()
+    target.prefill(list(prompt_tokens), 0)
+    logits = np.array(target.logits_array(1)[0], dtype=np.float32)
+    target.clear()
+    return verifier.probs(logits, **sampling.kwargs())
+
+
+def _step_seed(seed: int, i: int) -> int:
+    return int(np.random.SeedSequence([seed & 0xFFFFFFFF, i]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def speculative_first_tokens(target: Any, draft: Any, prompt_tokens: Sequence[int], spec: Any, sampling: Any,
+                             samples: int, seed: int, progress: bool = False) -> tuple[Counter, int, int]:
+    """(first-token counts, drafted, accepted) of `samples` full speculative steps from the prompt."""
+    from tqdm import tqdm
+
+    from localspec.api import make_drafter
+    from localspec.engine import Engine
+
+    drafter = make_drafter(target, draft, "model", spec)
+    counts: Counter = Counter()
+    drafted = accepted = 0
+    for i in tqdm(range(samples), file=sys.stderr, disable=not progress, desc="pair check", unit="step",
+                  leave=False):
+        engine = Engine(target, drafter, spec, sampling, _step_seed(seed, i))
+        engine.start(prompt_tokens)
+        new = engine.step(spec.num_draft_tokens)
+        engine.finish()
+        counts[new[0]] += 1
+        drafted += engine.counters.drafted
+        accepted += engine.counters.accepted
+    return counts, drafted, accepted
+
+
+def pair_check(target: Any, draft: Any, *, samples: int = PAIR_SAMPLES, alpha: float = 1e-3, seed: int = 0,
+               prompt: str = PAIR_PROMPT, verifier: str = "block", num_draft_tokens: int = 4,
+               sampling: Any = None, lenience: float = 0.0, progress: bool = False) -> CheckResult:
+    """First token of N speculative steps (draft + verify) vs the target's exact next-token distribution.
+
+    `lenience` > 0 makes the verification lossy (verifier `token`): for testing that this check fails."""
+    from localspec.drafters import SamplingSettings
+    from localspec.engine import SpecConfig
+
+    if draft is None:
+        raise ValueError("the model-pair check needs a draft model")
+    sampling = sampling or SamplingSettings()
+    if lenience > 0:
+        verifier = "token"
+    spec = SpecConfig(verifier=verifier, num_draft_tokens=num_draft_tokens, lenience=lenience, plan="fixed")
+    tokens = target.tokenize(prompt, add_special=True, parse_special=False)
+    probs = target_next_token_probs(target, tokens, sampling)
+    counts, drafted, accepted = speculative_first_tokens(target, draft, tokens, spec, sampling, samples, seed,
+                                                         progress)
+    expected = {int(k): float(probs[k]) for k in np.flatnonzero(probs > 0)}
+    stat, dof, p = pearson_pvalue(counts, expected)
+    tv = 0.5 * sum(abs(counts.get(k, 0) / samples - expected.get(k, 0.0)) for k in set(counts) | set(expected))
+    acceptance = accepted / drafted if drafted else 0.0
+    lossy = f", LOSSY lenience {lenience:g}" if lenience > 0 else ""
+    return CheckResult(
+        f"pair first token ({verifier}, k={num_draft_tokens}{lossy})", p > alpha and drafted > 0,
+        {"p_value": p, "alpha": alpha, "samples": samples, "chi2": stat, "dof": dof, "tv": tv,
+         "acceptance": acceptance, "categories": len(expected)},
+        f"p = {p:.3g} vs alpha {alpha:g}; {samples} steps, {len(expected)} tokens possible, TV {tv:.3f}, "
+        f"acceptance {acceptance:.0%}; T={sampling.temperature:g} top-k {sampling.top_k} "
+        f"top-p {sampling.top_p:g} min-p {sampling.min_p:g}, prompt {prompt!r}"
+        + ("" if drafted else "; nothing was drafted, so speculation was not tested"))
+
+
+# ---------------------------------------------------------------- report
+
+
+def status(result: CheckResult) -> str:
+    return "PASS" if result.passed else "FAIL"
+
+
+def format_line(result: CheckResult) -> str:
+    return f"{status(result):<4}  {result.name:<34} {result.detail}"
+
+
+def false_positive_note(results: Sequence[CheckResult], alpha: float) -> str:
+    """How often a correct implementation fails these statistical checks by chance."""
+    stat = sum(1 for r in results if "p_value" in r.numbers and not r.control)
+    return (f"alpha = {alpha:g}: each chi-square check fails a correct verifier with probability {alpha:g}; "
+            f"with {stat} such checks here, a false alarm happens in at most {stat * alpha:.2%} of runs "
+            f"(exact checks have no false alarms).")
+
+
+__all__ = ["CheckResult", "PAIR_PROMPT", "PAIR_SAMPLES", "TOY_SAMPLES", "chi2_sf", "exact_check",
+           "false_positive_note", "format_line", "monte_carlo_check", "negative_control", "pair_check",
+           "pearson_pvalue", "speculative_first_tokens", "target_next_token_probs", "toy_suite"]

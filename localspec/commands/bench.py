@@ -1,0 +1,170 @@
+"""``localspec bench``: verifiers x draft shapes x temperatures, side by side with target-only decoding."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import click
+
+from localspec.cli import DRAFTERS, PLANS, VERIFIERS, load_pair, model_options, user_errors
+
+log = logging.getLogger(__name__)
+
+
+def _items(value: str, param: str) -> list[str]:
+    items = [x.strip() for x in value.split(",")]
+    if not value.strip() or any(not x for x in items):
+        raise click.BadParameter(f"{value!r} is not a comma-separated list (an item is empty)", param_hint=param)
+    return list(dict.fromkeys(items))
+
+
+def _choices(allowed: Sequence[str], param: str) -> Callable[[click.Context, click.Parameter, str], tuple]:
+    def callback(ctx: click.Context, _: click.Parameter, value: str) -> tuple[str, ...]:
+        items = _items(value, param)
+        for item in items:
+            if item not in allowed:
+                raise click.BadParameter(f"unknown item {item!r}; choose from {', '.join(allowed)}",
+                                         param_hint=param)
+        return tuple(items)
+    return callback
+
+
+def _shapes(ctx: click.Context, _: click.Parameter, value: str) -> tuple:
+    from localspec.bench import parse_shape
+
+    shapes = []
+    for item in _items(value, "--shapes"):
+        try:
+            shapes.append(parse_shape(item))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--shapes") from None
+    return tuple(shapes)
+
+
+def _temperatures(ctx: click.Context, _: click.Parameter, value: str) -> tuple[float, ...]:
+    out = []
+    for item in _items(value, "--temperatures"):
+        try:
+            t = float(item)
+        except ValueError:
+            raise click.BadParameter(f"item {item!r} is not a number", param_hint="--temperatures") from None
+        if not t >= 0 or t == float("inf"):
+            raise click.BadParameter(f"item {item!r} must be a finite number >= 0", param_hint="--temperatures")
+        out.append(t)
+    return tuple(dict.fromkeys(out))
+
+
+def _prompts(ctx: click.Context, _: click.Parameter, value: str) -> dict:
+    from localspec.bench import BenchError, load_prompts
+
+    try:
+        return load_prompts(value)
+    except BenchError as exc:
+        raise click.BadParameter(str(exc), param_hint="--prompts") from None
+
+
+@click.command()
+@model_options
+@click.option("--verifiers", default="match,token,block", show_default=True,
+              callback=_choices(VERIFIERS, "--verifiers"),
+              help=f"Comma list of verification rules ({', '.join(VERIFIERS)}).")
+@click.option("--shapes", default="k4", show_default=True, callback=_shapes,
+              help="Comma list of draft shapes: kN = a chain of N draft tokens; pKkN = K paths of N tokens "
+                   "(gbv, batch); tAxBx.. = a tree with A children at depth 1, B at depth 2, ... "
+                   "(rrs, rrsw, traversal). E.g. k4,k8,p3k4,t3x2x1.")
+@click.option("--drafters", default="model", show_default=True, callback=_choices(DRAFTERS, "--drafters"),
+              help=f"Comma list of drafters ({', '.join(DRAFTERS)}).")
+@click.option("--temperatures", default="0,0.8", show_default=True, callback=_temperatures,
+              help="Comma list of sampling temperatures (0: greedy).")
+@click.option("--prompts", "prompt_sets", default="code", show_default=True, callback=_prompts,
+              metavar="SET|FILE",
+              help="Prompt set: code, prose, code-edit (the answer repeats the prompt), all, or a file "
+                   "(one prompt per line, or a JSON list of strings).")
+@click.option("-n", "--max-tokens", type=click.IntRange(1), default=64, show_default=True,
+              help="Tokens to generate per prompt.")
+@click.option("--plan", type=click.Choice(PLANS), default="fixed", show_default=True,
+              help="fixed: always draft the full shape (measures the shape itself); auto: let the planner "
+                   "choose each step's depth.")
+@click.option("--repeat", type=click.IntRange(1), default=1, show_default=True,
+              help="Run every prompt this many times (different seeds) per row.")
+@click.option("--top-k", type=click.IntRange(0), default=40, show_default=True, help="Top-k (0: off).")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True,
+              help="Top-p (1: off).")
+@click.option("--min-p", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Min-p (0: off).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Base seed: prompt i of repeat r uses seed + 1000*r + i in every row.")
+@click.option("--chat/--raw", "chat", default=True, show_default=True,
+              help="Wrap each prompt in the model's chat template (when it has one).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("localspec-bench"),
+              show_default=True, help="Directory for bench.json and bench.png (created if needed).")
+@user_errors
+def bench(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int, draft_n_gpu_layers: int | None,
+          threads: int | None, verifiers: tuple[str, ...], shapes: tuple, drafters: tuple[str, ...],
+          temperatures: tuple[float, ...], prompt_sets: dict, max_tokens: int, plan: str, repeat: int,
+          top_k: int, top_p: float, min_p: float, seed: int, chat: bool, out: Path) -> None:
+    """Benchmark verifiers x draft shapes x temperatures against the target alone.
+
+    Every row runs the same prompts with the same seeds; each prompt set and
+    temperature gets its own target-only baseline row, measured in the same
+    run, and speedup is tok/s against that row. tok/s counts generated tokens
+    over generation time (prompt processing excluded). The markdown table
+    goes to stdout; bench.json and bench.png to --out (paths on stderr).
+    Combinations a verifier cannot take (a tree for block, greedy at T>0)
+    are skipped with a note.
+
+    \b
+    localspec bench
+    localspec bench --prompts all --verifiers block,traversal --shapes k4,t3x2x1
+    localspec bench --verifiers block,gbv --shapes k4,p3k4 --temperatures 0.8
+    localspec bench --drafters ngram -d none --prompts code-edit
+    localspec bench -m target.gguf -d draft.gguf --prompts my-prompts.txt -n 128 --repeat 3
+    """
+    from localspec.bench import BenchError, BenchSettings, plan_matrix, plot, run_bench, to_json, to_markdown
+
+    settings = BenchSettings(verifiers=verifiers, shapes=shapes, drafters=drafters, temperatures=temperatures,
+                             plan=plan, max_tokens=max_tokens, repeat=repeat, seed=seed, top_k=top_k,
+                             top_p=top_p, min_p=min_p, chat=chat)
+    need_draft = any(d != "ngram" for d in drafters)
+    loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
+                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, need_draft=need_draft)
+    try:
+        try:
+            _, notes = plan_matrix(settings, loaded.target.n_batch, loaded.draft is not None)
+        except BenchError as exc:
+            raise click.ClickException(str(exc)) from None
+        for note in notes:
+            click.echo(f"skipped {note}", err=True)
+        try:
+            results = run_bench(loaded.target, loaded.draft, prompt_sets, settings)
+        except BenchError as exc:
+            raise click.ClickException(str(exc)) from None
+    finally:
+        _close(loaded)
+    click.echo(to_markdown(results))
+    names = {"target": loaded.target_name,
+             "draft": str(loaded.draft.path) if loaded.draft is not None else None}
+    _write(out, results, settings, names, to_json, plot)
+
+
+def _close(loaded: Any) -> None:
+    loaded.target.close()
+    if loaded.draft is not None:
+        loaded.draft.close()
+
+
+def _write(out: Path, results: list, settings: Any, names: dict, to_json: Callable, plot: Callable) -> None:
+    """bench.json and bench.png under `out`; their paths on stderr."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        json_path = out / "bench.json"
+        json_path.write_text(to_json(results, settings, names) + "\n", encoding="utf-8")
+        png_path = plot(results, out / "bench.png")
+    except OSError as exc:
+        raise click.ClickException(f"cannot write the results to {out}: {exc}") from None
+    click.echo(f"wrote {json_path}", err=True)
+    click.echo(f"wrote {png_path}", err=True)
+
+
+COMMANDS = (bench,)

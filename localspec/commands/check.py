@@ -1,0 +1,100 @@
+"""``localspec check``: run the losslessness checks and show them pass (or fail)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import click
+
+from localspec.cli import load_pair, model_options, user_errors
+
+log = logging.getLogger(__name__)
+
+
+def _echo(result: Any) -> None:
+    from localspec.check import format_line
+
+    click.echo(format_line(result))
+    sys.stdout.flush()
+
+
+@click.command()
+@click.option("--toy-only", is_flag=True, help="Run the toy-distribution checks only (no models are loaded).")
+@model_options
+@click.option("--samples", type=click.IntRange(10), default=None,
+              help="Speculative steps of the model-pair test (default 200: about 50 s for the default "
+                   "1.5B/0.5B pair on 2 CPU cores; more steps, more power).")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=1e-3, show_default=True,
+              help="Significance level of each chi-square test: the probability that a correct verifier fails it.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the Monte Carlo checks.")
+@click.option("--lenience", type=click.FloatRange(0), default=0.0, hidden=True,
+              help="Make the model-pair test LOSSY (verifier token with this lenience) to see it fail.")
+@user_errors
+def check(toy_only: bool, model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int,
+          draft_n_gpu_layers: int | None, threads: int | None, samples: int | None, alpha: float, seed: int,
+          lenience: float) -> None:
+    """Check that speculative decoding is lossless; exit status 1 if any check fails.
+
+    \b
+    Toy checks (seconds, tiny vocabularies):
+      exact       each lossless verifier's one-step output distribution,
+                  computed exactly, equals the target's (to 1e-9)
+      chi-square  the C verifier's outputs over 4000 seeded steps against
+                  that distribution (Pearson test at --alpha)
+      control     a deliberately lossy rule (token, lenience 0.5) must be
+                  detected by both, so you can see the checks can fail
+    Model pair (skipped with --toy-only): the first token of N full
+    speculative steps (draft + block verification, k=4) against the
+    target's exact next-token distribution (T=0.8, top-k 40, top-p 0.95,
+    min-p 0.05), chi-square at --alpha.
+
+    \b
+    localspec check --toy-only
+    localspec check                                  # + the default pair (fetched on first use)
+    localspec check -m target.gguf -d draft.gguf --samples 1000
+    localspec check --alpha 1e-4 --seed 7
+    """
+    from localspec import check as checks
+
+    started = time.perf_counter()
+    click.echo("toy distributions:")
+    results = checks.toy_suite(alpha, seed, progress=_echo)
+    if not toy_only:
+        click.echo("model pair:")
+        result = _pair(model, draft, ctx_size, n_gpu_layers, draft_n_gpu_layers, threads,
+                       samples or checks.PAIR_SAMPLES, alpha, seed, lenience)
+        _echo(result)
+        results.append(result)
+    failed = [r for r in results if not r.passed]
+    click.echo("")
+    click.echo(checks.false_positive_note(results, alpha))
+    elapsed = time.perf_counter() - started
+    if failed:
+        click.echo(f"{len(failed)} of {len(results)} checks FAILED: {', '.join(r.name for r in failed)} "
+                   f"({elapsed:.1f} s)")
+        sys.exit(1)
+    click.echo(f"all {len(results)} checks passed, the negative control detected ({elapsed:.1f} s)")
+
+
+def _pair(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int, draft_n_gpu_layers: int | None,
+          threads: int | None, samples: int, alpha: float, seed: int, lenience: float) -> Any:
+    from localspec.check import pair_check
+
+    loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
+                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads)
+    try:
+        if loaded.draft is None:
+            raise click.ClickException("the model-pair check needs a draft model: give -d/--draft "
+                                       "(or use --toy-only)")
+        return pair_check(loaded.target, loaded.draft, samples=samples, alpha=alpha, seed=seed,
+                          lenience=lenience, progress=True)
+    finally:
+        loaded.target.close()
+        if loaded.draft is not None:
+            loaded.draft.close()
+
+
+COMMANDS = (check,)
