@@ -110,9 +110,10 @@ def load_prompt_file(path: str | Path) -> tuple[str, ...]:
 
 
 def load_prompts(spec: str) -> dict[str, tuple[str, ...]]:
-    """A built-in set name, "all", or a file path (the set is then named after the file)."""
-    if spec == ALL or spec in PROMPT_SETS:
-        return builtin_prompts(spec)
+    """Built-in set names (comma list, or "all"), or a file path (the set is then named after the file)."""
+    names = [n.strip() for n in spec.split(",")]
+    if all(n == ALL or n in PROMPT_SETS for n in names):
+        return {k: v for n in names for k, v in builtin_prompts(n).items()}
     return {Path(spec).stem or spec: load_prompt_file(spec)}
 
 

@@ -80,8 +80,8 @@ def _prompts(ctx: click.Context, _: click.Parameter, value: str) -> dict:
               help="Comma list of sampling temperatures (0: greedy).")
 @click.option("--prompts", "prompt_sets", default="code", show_default=True, callback=_prompts,
               metavar="SET|FILE",
-              help="Prompt set: code, prose, code-edit (the answer repeats the prompt), all, or a file "
-                   "(one prompt per line, or a JSON list of strings).")
+              help="Prompt sets: code, prose, code-edit (the answer repeats the prompt), a comma list "
+                   "of them, all, or a file (one prompt per line, or a JSON list of strings).")
 @click.option("-n", "--max-tokens", type=click.IntRange(1), default=64, show_default=True,
               help="Tokens to generate per prompt.")
 @click.option("--plan", type=click.Choice(PLANS), default="fixed", show_default=True,
