@@ -1,0 +1,422 @@
+#!/usr/bin/env python3
+"""Head to head: localspec against llama.cpp's own speculative decoding, on the default pair.
+
+    python benchmarks/head_to_head.py                       # builds llama.cpp tools once (~5 min)
+    python benchmarks/head_to_head.py --tokens 64 --out docs/head-to-head.md
+    python benchmarks/head_to_head.py --llama-bin ~/llama.cpp/build/bin
+
+One run measures, on the same prompts (chat-templated code, prose, code-edit, summarise) with
+the same sampling settings and threads: the target alone (localspec, draft=None: the baseline),
+llama.cpp's ``llama-speculative-simple`` with the draft model and with ngram-mod, built from the
+llama.cpp source that the installed llama-cpp-python vendors, and localspec with each verifier
+and drafter. It prints markdown tables (tok/s, speedup against the target alone, block
+efficiency, acceptance, verifier share of step time), a verifier comparison at T = 1, γ = 8,
+a what-if table of predicted speedups for cheaper drafts, and peak memory at an 8k context.
+Progress goes to stderr, tables to stdout (and to --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Sequence
+
+from localspec import registry
+from localspec.api import load_model, stream_generate
+from localspec.planner import calibrate, expected_tokens
+
+log = logging.getLogger("head_to_head")
+
+PROMPTS = {
+    "code": "Write a Python function that checks whether a number is prime, with a docstring.",
+    "prose": "Write a short story (about 150 words) about a lighthouse keeper who finds a message in a bottle.",
+    "code-edit": ("Add type hints to this function and return the whole function, unchanged otherwise:\n\n"
+                  "def mean(numbers):\n    total = 0\n    for n in numbers:\n        total += n\n"
+                  "    if not numbers:\n        return 0.0\n    return total / len(numbers)\n\n"
+                  "def median(numbers):\n    ordered = sorted(numbers)\n    mid = len(ordered) // 2\n"
+                  "    if len(ordered) % 2:\n        return ordered[mid]\n"
+                  "    return (ordered[mid - 1] + ordered[mid]) / 2\n"),
+    "summarise": ("Repeat the key sentences of this paragraph as a bulleted list, keeping their wording:\n\n"
+                  "Speculative decoding speeds up text generation by letting a small draft model propose "
+                  "several tokens, which the large target model then checks in a single forward pass. "
+                  "Tokens the target agrees with are kept; the first disagreement is replaced by a token "
+                  "drawn from a corrected distribution, so the output is distributed exactly as if the "
+                  "target had generated it alone. The speedup depends on how often the draft is right "
+                  "and on how much cheaper the draft is than the target."),
+}
+GROUNDED = ("code-edit", "summarise")  # input-grounded prompts: the answer repeats the prompt
+SAMPLING = dict(top_k=40, top_p=0.95, min_p=0.05)  # llama.cpp's defaults, used on both sides
+K = 4
+
+
+@dataclass(frozen=True)
+class Row:
+    prompt: str
+    temperature: float
+    system: str  # "localspec" or "llama.cpp"
+    drafter: str
+    verifier: str
+    plan: str
+    tokens: int
+    seconds: float
+    block_efficiency: float | None
+    acceptance: float | None
+    verifier_share: float | None
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------- llama.cpp tools
+
+
+def llama_cpp_version() -> str:
+    return metadata.version("llama-cpp-python")
+
+
+def build_llama_tools(cache: Path, version: str, jobs: int) -> Path:
+    """llama-speculative-simple built from the llama.cpp that llama-cpp-python==version vendors."""
+    bindir = cache / f"llama.cpp-{version}" / "build" / "bin"
+    if (bindir / "llama-speculative-simple").exists():
+        return bindir
+    src_root = cache / f"llama.cpp-{version}"
+    src_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        log.warning("downloading the llama-cpp-python %s source (pip download)", version)
+        subprocess.run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={version}",
+                        "--no-binary", ":all:", "--no-deps", "-d", tmp, "-q"], check=True)
+        sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        vendored = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
+        src = src_root / "src"
+        if src.exists():
+            shutil.rmtree(src)
+        shutil.copytree(vendored, src)
+    build = src_root / "build"
+    flags = os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=off").split()
+    log.warning("building llama-speculative-simple (%s; a few minutes)", " ".join(flags))
+    subprocess.run(["cmake", "-S", str(src_root / "src"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_SERVER=OFF", *flags], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-speculative-simple", "-j", str(jobs)],
+                   check=True, stdout=subprocess.DEVNULL)
+    return bindir
+
+
+def run_llama_speculative(bindir: Path, target: Path, draft: Path, prompt_text: str, spec_type: str,
+                          temperature: float, tokens: int, threads: int, seed: int) -> dict:
+    """One llama-speculative-simple run; its decode speed and draft statistics."""
+    cmd = [str(bindir / "llama-speculative-simple"), "-m", str(target), "-p", prompt_text, "-n", str(tokens),
+           "-c", "4096", "-t", str(threads), "--temp", str(temperature), "--top-k", str(SAMPLING["top_k"]),
+           "--top-p", str(SAMPLING["top_p"]), "--min-p", str(SAMPLING["min_p"]), "--seed", str(seed),
+           "--spec-type", spec_type, "--spec-draft-n-max", str(K)]
+    if spec_type.startswith("draft"):
+        cmd += ["-md", str(draft), "-td", str(threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    log_text = out.stdout + out.stderr
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log_text)
+    if out.returncode != 0 or not m:
+        raise RuntimeError(f"llama-speculative-simple failed ({out.returncode}):\n{log_text[-2000:]}")
+    drafted = int(re.search(r"n_drafted\s*=\s*(\d+)", log_text).group(1))
+    accepted = int(re.search(r"n_accept\s*=\s*(\d+)", log_text).group(1))
+    return dict(tokens=int(m.group(1)), seconds=float(m.group(2)), drafted=drafted, accepted=accepted)
+
+
+# ---------------------------------------------------------------- localspec runs
+
+
+def run_localspec(target, draft, prompt_tokens: list[int], temperature: float, tokens: int, seed: int,
+                  **spec) -> dict:
+    last = None
+    for last in stream_generate(target, draft, prompt_tokens, max_tokens=tokens, temperature=temperature,
+                                seed=seed, **SAMPLING, **spec):
+        pass
+    s = last.stats
+    busy = s.draft_seconds + s.target_seconds + s.verify_seconds
+    return dict(tokens=s.generated_tokens, seconds=s.elapsed_seconds, passes=s.target_passes,
+                drafted=s.drafted_tokens, accepted=s.accepted_tokens,
+                verify_share=s.verify_seconds / busy if busy > 0 else 0.0,
+                draft_seconds=s.draft_seconds, target_seconds=s.target_seconds)
+
+
+LOCALSPEC_CONFIGS = [  # (drafter, verifier, plan, uses the draft model)
+    ("model", "match", "fixed"),
+    ("model", "token", "fixed"),
+    ("model", "block", "fixed"),
+    ("model", "block", "auto"),
+    ("ngram", "block", "fixed"),
+    ("ngram", "block", "auto"),
+    ("hybrid", "block", "fixed"),
+    ("hybrid", "block", "auto"),
+]
+
+
+def measure_all(args, target, draft, target_path: Path, draft_path: Path, bindir: Path | None) -> list[Row]:
+    rows: list[Row] = []
+    total = len(PROMPTS) * len(args.temperatures) * (1 + len(LOCALSPEC_CONFIGS) + (2 if bindir else 0))
+    done = 0
+    for name, prompt in PROMPTS.items():
+        text = target.apply_chat_template([{"role": "user", "content": prompt}])
+        ptoks = target.tokenize(text, add_special=True, parse_special=True)
+        for t in args.temperatures:
+            def progress(what: str) -> None:
+                nonlocal done
+                done += 1
+                print(f"\r[{done}/{total}] {name} T={t:g} {what:<40}", end="", file=sys.stderr, flush=True)
+
+            progress("target only")
+            r = run_localspec(target, None, ptoks, t, args.tokens, args.seed, num_draft_tokens=0)
+            rows.append(Row(name, t, "localspec", "-", "target only", "-", r["tokens"], r["seconds"], 1.0,
+                            None, r["verify_share"]))
+            for drafter, verifier, plan in LOCALSPEC_CONFIGS:
+                progress(f"localspec {drafter} {verifier} {plan}")
+                r = run_localspec(target, None if drafter == "ngram" else draft, ptoks, t, args.tokens, args.seed,
+                                  verifier=verifier, num_draft_tokens=K, drafter=drafter, plan=plan)
+                rows.append(Row(name, t, "localspec", drafter, verifier, plan, r["tokens"], r["seconds"],
+                                r["tokens"] / r["passes"], r["accepted"] / r["drafted"] if r["drafted"] else None,
+                                r["verify_share"]))
+            if bindir is None:
+                continue
+            for spec_type, drafter in (("draft-simple", "model"), ("ngram-mod", "ngram")):
+                progress(f"llama.cpp {spec_type}")
+                r = run_llama_speculative(bindir, target_path, draft_path, text, spec_type, t, args.tokens,
+                                          args.threads, args.seed)
+                steps = r["tokens"] - r["accepted"]  # each step commits its accepted tokens + one
+                rows.append(Row(name, t, "llama.cpp", drafter, "match", "fixed", r["tokens"], r["seconds"],
+                                r["tokens"] / steps if steps > 0 else None,
+                                r["accepted"] / r["drafted"] if r["drafted"] else None, None))
+    print("", file=sys.stderr)
+    return rows
+
+
+# ---------------------------------------------------------------- verifier comparison (T = 1, γ = 8)
+
+EFFICIENCY_CONFIGS = [  # (label, verifier, spec) — same draft model, T = 1, plan fixed
+    ("token k8", "token", dict(num_draft_tokens=8)),
+    ("block k8", "block", dict(num_draft_tokens=8)),
+    ("gbv 3 paths k8", "gbv", dict(num_draft_tokens=8, paths=3)),
+    ("rrsw tree 3x2x1x1x1x1x1x1", "rrsw", dict(tree=(3, 2, 1, 1, 1, 1, 1, 1))),
+    ("traversal tree 3x2x1x1x1x1x1x1", "traversal", dict(tree=(3, 2, 1, 1, 1, 1, 1, 1))),
+]
+
+
+def verifier_efficiency(args, target, draft) -> list[tuple[str, float, int]]:
+    """Block efficiency of each verifier at T = 1 over the prompts and several seeds."""
+    out = []
+    for i, (label, verifier, spec) in enumerate(EFFICIENCY_CONFIGS):
+        tokens = passes = 0
+        for name, prompt in PROMPTS.items():
+            for seed in range(args.efficiency_seeds):
+                print(f"\r[{i + 1}/{len(EFFICIENCY_CONFIGS)}] efficiency {label} {name} seed {seed:<10}",
+                      end="", file=sys.stderr, flush=True)
+                r = run_localspec(target, draft, [{"role": "user", "content": prompt}], 1.0,
+                                  args.efficiency_tokens, seed, verifier=verifier, plan="fixed", **spec)
+                tokens += r["tokens"]
+                passes += r["passes"]
+        out.append((label, tokens / passes, passes))
+    print("", file=sys.stderr)
+    return out
+
+
+# ---------------------------------------------------------------- memory at 8k context
+
+
+def peak_rss_8k(target_path: Path, draft_path: Path, threads: int) -> dict:
+    """Peak RSS of a fresh process that loads the pair at an 8k context and generates."""
+    code = (
+        "import resource, sys\n"
+        "from localspec.api import load_model, generate\n"
+        f"t = load_model({str(target_path)!r}, ctx_size=8192, threads={threads})\n"
+        f"d = load_model({str(draft_path)!r}, ctx_size=8192, threads={threads})\n"
+        "generate(t, d, 'def fib(n):', max_tokens=32, temperature=0.8, seed=0)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         stdin=subprocess.DEVNULL, check=True)
+    rss = int(out.stdout.strip().splitlines()[-1]) * 1024
+    files = target_path.stat().st_size + draft_path.stat().st_size
+    return dict(rss=rss, files=files, overhead=rss - files)
+
+
+# ---------------------------------------------------------------- reports
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def main_table(rows: Sequence[Row]) -> str:
+    base = {(r.prompt, r.temperature): r.tps for r in rows if r.verifier == "target only"}
+    lines = ["| prompt | T | system | drafter | verifier | plan | tok/s | speedup | block eff. | acceptance | verifier % |",
+             "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        b = base.get((r.prompt, r.temperature), 0.0)
+        lines.append(f"| {r.prompt} | {r.temperature:g} | {r.system} | {r.drafter} | {r.verifier} | {r.plan} | "
+                     f"{r.tps:.1f} | {r.tps / b if b else 0:.2f}× | {_f(r.block_efficiency, '.2f')} | "
+                     f"{_f(None if r.acceptance is None else 100 * r.acceptance, '.0f')}{'' if r.acceptance is None else ' %'} | "
+                     f"{_f(None if r.verifier_share is None else 100 * r.verifier_share, '.2f')} |")
+    return "\n".join(lines)
+
+
+def ratios(rows: Sequence[Row]) -> str:
+    """The issue's targets as measured ratios."""
+    def tps(prompt: str, t: float, system: str, drafter: str, verifier: str, plan: str) -> float | None:
+        for r in rows:
+            if (r.prompt, r.temperature, r.system, r.drafter, r.verifier, r.plan) == (prompt, t, system, drafter,
+                                                                                      verifier, plan):
+                return r.tps
+        return None
+
+    lines = ["| check | prompt | T | ratio |", "| --- | --- | --- | ---: |"]
+    temps = sorted({r.temperature for r in rows})
+    for p in PROMPTS:
+        for t in temps:
+            base = tps(p, t, "localspec", "-", "target only", "-")
+            auto = tps(p, t, "localspec", "model", "block", "auto")
+            if base and auto:
+                lines.append(f"| default (auto) / target only (≥ 0.97) | {p} | {t:g} | {auto / base:.2f}× |")
+            lc = tps(p, t, "llama.cpp", "model", "match", "fixed")
+            for verifier in ("match", "block"):
+                ours = tps(p, t, "localspec", "model", verifier, "fixed")
+                if lc and ours:
+                    goal = "1.1" if t == 0 else "1.3"
+                    lines.append(f"| localspec {verifier} k{K} / llama.cpp draft k{K} (≥ {goal}) | {p} | {t:g} | "
+                                 f"{ours / lc:.2f}× |")
+            if p in GROUNDED and base:
+                for drafter in ("ngram", "hybrid"):
+                    best = max(filter(None, (tps(p, t, "localspec", drafter, "block", plan)
+                                             for plan in ("fixed", "auto"))), default=None)
+                    if best:
+                        lines.append(f"| {drafter} / target only (≥ 1.5) | {p} | {t:g} | {best / base:.2f}× |")
+                lcn = tps(p, t, "llama.cpp", "ngram", "match", "fixed")
+                if lcn:
+                    lines.append(f"| llama.cpp ngram-mod / target only | {p} | {t:g} | {lcn / base:.2f}× |")
+    return "\n".join(lines)
+
+
+def what_if(rows: Sequence[Row]) -> str:
+    """Predicted speedup for draft/target cost ratios c when verifying γ+1 tokens costs one target
+    step (the memory-bound regime of 7B–70B targets on GPUs): max over γ of E[tokens]/(γ·c + 1),
+    with α the measured acceptance of the model drafter (block, k=4, plan fixed)."""
+    alphas = {}
+    for r in rows:
+        if (r.system, r.drafter, r.verifier, r.plan) == ("localspec", "model", "block", "fixed") and r.acceptance:
+            alphas[(r.prompt, r.temperature)] = r.acceptance
+    keys = sorted(alphas)
+    head = "| c = draft/target cost | " + " | ".join(f"{p} T={t:g} (α={alphas[(p, t)]:.2f})" for p, t in keys) + " |"
+    lines = [head, "| --- |" + " ---: |" * len(keys)]
+    for c in (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
+        cells = []
+        for key in keys:
+            best = max(((expected_tokens(alphas[key], g) / (g * c + 1), g) for g in range(1, 17)))
+            cells.append(f"{best[0]:.2f}× (γ={best[1]})")
+        lines.append(f"| {c:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.system()} {platform.release()}; "
+            f"Python {platform.python_version()}, llama-cpp-python {llama_cpp_version()}")
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=128, help="tokens generated per run (default 128)")
+    p.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.8],
+                   help="comma list (default 0,0.8)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both tools")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--llama-bin", type=Path, default=None,
+                   help="directory with llama-speculative-simple (default: build it from the vendored source)")
+    p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp's runs")
+    p.add_argument("--efficiency-tokens", type=int, default=64, help="tokens per run in the T=1, γ=8 table")
+    p.add_argument("--efficiency-seeds", type=int, default=2, help="seeds per prompt in the T=1, γ=8 table")
+    p.add_argument("--skip-efficiency", action="store_true")
+    p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--out", type=Path, default=None, help="also write the markdown report here")
+    p.add_argument("--json", type=Path, default=None, help="write the raw rows as JSON here")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
+    args = parse_args(argv)
+    reg = registry.load_registry()
+    pair = reg.pairs[reg.default_pair]
+    target_path, draft_path = registry.resolve(pair.target), registry.resolve(pair.draft)
+    bindir = None
+    if not args.no_llama_cpp:
+        bindir = args.llama_bin or build_llama_tools(registry.cache_dir().parent, llama_cpp_version(),
+                                                     args.threads)
+    target = load_model(target_path, threads=args.threads)
+    draft = load_model(draft_path, threads=args.threads)
+    calibrate(target, (1,))
+    started = time.time()
+    rows = measure_all(args, target, draft, target_path, draft_path, bindir)
+    report = [f"Machine: {machine()}.",
+              f"Pair: {pair.target} (target) + {pair.draft} (draft); {args.tokens} tokens per run, "
+              f"seed {args.seed}, threads {args.threads}, top-k {SAMPLING['top_k']}, top-p {SAMPLING['top_p']}, "
+              f"min-p {SAMPLING['min_p']}, draft length {K}.", "",
+              "## Throughput", "", main_table(rows), "", "## Targets as ratios", "", ratios(rows), "",
+              "## What if the draft were cheaper", "",
+              "Predicted speedup = max over γ of E[tokens per step] / (γ·c + 1): verifying γ+1 tokens costs one "
+              "target step (memory-bound GPUs), α = the acceptance measured above (model drafter, block, k=4).",
+              "", what_if(rows)]
+    if not args.skip_efficiency:
+        eff = verifier_efficiency(args, target, draft)
+        report += ["", "## Block efficiency at T = 1, γ = 8 (same draft model)", "",
+                   "| verifier | block efficiency | target passes |", "| --- | ---: | ---: |"]
+        report += [f"| {label} | {be:.3f} | {n} |" for label, be, n in eff]
+        by = {label: be for label, be, _ in eff}
+        report += ["", f"block / token = {by['block k8'] / by['token k8']:.3f} (target ≥ 1.05); "
+                   f"gbv K=3 / block = {by['gbv 3 paths k8'] / by['block k8']:.3f} (≥ 1.15); "
+                   f"traversal / rrsw = {by['traversal tree 3x2x1x1x1x1x1x1'] / by['rrsw tree 3x2x1x1x1x1x1x1']:.3f}"
+                   " (≥ 1.02)"]
+    target.close()
+    draft.close()
+    if not args.skip_memory:
+        m = peak_rss_8k(target_path, draft_path, args.threads)
+        report += ["", "## Memory at an 8k context", "",
+                   f"peak RSS {m['rss'] / 2**20:.0f} MiB; model files {m['files'] / 2**20:.0f} MiB; "
+                   f"overhead {m['overhead'] / 2**20:.0f} MiB (target ≤ 300 MiB)"]
+    report += ["", f"_Measured in {time.time() - started:.0f} s with `python benchmarks/head_to_head.py"
+               f"{' ' + ' '.join(sys.argv[1:]) if sys.argv[1:] else ''}`._"]
+    text = "\n".join(report)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    if args.json:
+        args.json.write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
