@@ -36,6 +36,7 @@ EMA = 0.2  # weight of a new cost observation
 DECAY = 0.97  # per step: acceptance counts fade so the estimate can recover
 PRIOR_ACCEPT, PRIOR_REJECT = 2.0, 1.0  # α prior 2/3, worth three observations
 MARGIN = 1.03  # speculate only when it is predicted to be at least 3 % faster
+OPTIMISM = 1.0  # decide with α + OPTIMISM·sd (explores a drafter until its acceptance is known)
 
 
 @dataclass
@@ -110,6 +111,14 @@ class Acceptance:
     def alpha(self) -> float:
         return (self.accepted + PRIOR_ACCEPT) / (self.accepted + self.rejected + PRIOR_ACCEPT + PRIOR_REJECT)
 
+    @property
+    def optimistic(self) -> float:
+        """α plus one standard deviation of its Beta posterior: an upper confidence bound, so a
+        drafter with few (or decayed) observations gets tried, and one measured to lose does not."""
+        a, b = self.accepted + PRIOR_ACCEPT, self.rejected + PRIOR_REJECT
+        sd = (a * b / ((a + b) ** 2 * (a + b + 1))) ** 0.5
+        return min(1.0, self.alpha + OPTIMISM * sd)
+
 
 def expected_tokens(alpha: float, depth: int) -> float:
     """E[tokens per step] for a chain of `depth` drafts with per-level acceptance α."""
@@ -138,7 +147,7 @@ class Planner:
         cost = depth * c_draft + self.target_cost(nodes + 1)
         if cost <= 0:
             return float("inf")
-        return expected_tokens(self.acceptance[drafter].alpha, depth) / cost
+        return expected_tokens(self.acceptance[drafter].optimistic, depth) / cost
 
     def depth(self, drafter: str, max_depth: int) -> int:
         """The draft depth to use now (0: decode with the target alone)."""

@@ -66,6 +66,17 @@ def test_planner_drafts_with_a_free_accurate_drafter() -> None:
     assert p.depth("ngram", 4) >= 3
 
 
+def test_fresh_planner_explores_a_free_drafter_but_not_a_costly_one() -> None:
+    """No observations yet: the optimistic estimate tries n-gram drafts (free) on the CPU costs,
+    while even a perfect model drafter cannot pay there; repeated misses stop the n-gram drafts."""
+    fresh = planner_with(CPU, 0.021, Shape.chain(4), alpha_runs=0, accepted=0)
+    assert fresh.acceptance["ngram"].optimistic > fresh.acceptance["ngram"].alpha
+    assert fresh.depth("ngram", 4) >= 1
+    assert fresh.depth("model", 4) == 0
+    missing = planner_with(CPU, None, Shape.chain(4), alpha_runs=20, accepted=0)
+    assert missing.depth("ngram", 4) == 0
+
+
 def test_planner_drafts_where_the_draft_is_cheap() -> None:
     """A GPU-like regime: verifying 9 tokens costs ~2x one, the draft 5 % of a target step."""
     gpu = {1: 0.0023, 2: 0.0025, 5: 0.0033, 9: 0.0047}
