@@ -30,10 +30,15 @@ class DefaultGroup(click.Group):
     default_command = "generate"
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
-            args = [self.default_command, *args]
-        elif not args and not sys.stdin.isatty():
-            args = [self.default_command]  # `echo prompt | localspec`
+        n_root = 0  # leading root options (-v, -vv, --verbose) stay with the group
+        while n_root < len(args) and (args[n_root] == "--verbose" or
+                                      (args[n_root].startswith("-v") and set(args[n_root][1:]) == {"v"})):
+            n_root += 1
+        root, rest = args[:n_root], args[n_root:]
+        if rest and rest[0] not in self.commands and rest[0] not in ("--help", "-h", "--version"):
+            args = [*root, self.default_command, *rest]
+        elif not rest and not sys.stdin.isatty():
+            args = [*root, self.default_command]  # `echo prompt | localspec`
         return super().parse_args(ctx, args)
 
 

@@ -57,6 +57,13 @@ def test_root_command_generates_target_greedy_text(pair_args: list[str], expecte
     assert result.stdout == expected + "\n"
 
 
+def test_root_verbose_option_before_the_prompt(pair_args: list[str], expected: str) -> None:
+    result = run("-v", *pair_args, "--raw", "-t", "0", "-n", "12", PROMPT)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected + "\n"
+    assert run("-vv", "models", "--help").exit_code == 0
+
+
 def test_prompt_from_stdin(pair_args: list[str], expected: str) -> None:
     result = run(*pair_args, "--raw", "-t", "0", "-n", "12", input=PROMPT)
     assert result.exit_code == 0, result.output
