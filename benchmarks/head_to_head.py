@@ -37,7 +37,7 @@ from typing import Sequence
 
 from localspec import registry
 from localspec.api import load_model, stream_generate
-from localspec.planner import calibrate, expected_tokens
+from localspec.planner import expected_tokens
 
 log = logging.getLogger("head_to_head")
 
@@ -102,7 +102,8 @@ def build_llama_tools(cache: Path, version: str, jobs: int) -> Path:
                         "--no-binary", ":all:", "--no-deps", "-d", tmp, "-q"], check=True)
         sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(sdist) as tar:
-            tar.extractall(tmp, filter="data")
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.10.12
+            tar.extractall(tmp, **safe)
         vendored = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
         src = src_root / "src"
         if src.exists():
@@ -378,7 +379,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                      args.threads)
     target = load_model(target_path, threads=args.threads)
     draft = load_model(draft_path, threads=args.threads)
-    calibrate(target, (1,))
     started = time.time()
     rows = measure_all(args, target, draft, target_path, draft_path, bindir)
     report = [f"Machine: {machine()}.",
