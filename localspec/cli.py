@@ -317,20 +317,20 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, ctx_
                     max_tokens=max_tokens, **spec)
     parts: list[str] = []
     last = None
-    stream = stream_generate(target, loaded.draft, message, stop=list(stop), **settings)
     try:
-        for r in stream:
-            last = r
-            parts.append(r.text)
-            if not as_json and r.text:
-                click.echo(r.text, nl=False)
-                sys.stdout.flush()
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-    finally:
-        stream.close()
-    try:
-        _report(parts, last, as_json, usage, loaded, settings)
+        stream = stream_generate(target, loaded.draft, message, stop=list(stop), **settings)
+        try:
+            for r in stream:
+                last = r
+                parts.append(r.text)
+                if not as_json and r.text:
+                    click.echo(r.text, nl=False)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+        finally:
+            stream.close()
+        _report(parts, last, as_json, usage, loaded, settings)  # also after Ctrl-C: nothing generated is lost
     finally:
         target.close()
         if loaded.draft is not None:
