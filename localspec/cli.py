@@ -317,6 +317,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, ctx_
                     max_tokens=max_tokens, **spec)
     parts: list[str] = []
     last = None
+    interrupted = False
     try:
         stream = stream_generate(target, loaded.draft, message, stop=list(stop), **settings)
         try:
@@ -327,6 +328,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, ctx_
                     click.echo(r.text, nl=False)
                     sys.stdout.flush()
         except KeyboardInterrupt:
+            interrupted = True
             click.echo("\ninterrupted", err=True)
         finally:
             stream.close()
@@ -335,6 +337,8 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, ctx_
         target.close()
         if loaded.draft is not None:
             loaded.draft.close()
+    if interrupted:
+        sys.exit(130)  # the shell's convention for SIGINT
 
 
 def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loaded, settings: dict) -> None:
