@@ -149,11 +149,8 @@ def run_localspec(target, draft, prompt_tokens: list[int], temperature: float, t
                                 seed=seed, **SAMPLING, **spec):
         pass
     s = last.stats
-    busy = s.draft_seconds + s.target_seconds + s.verify_seconds
     return dict(tokens=s.generated_tokens, seconds=s.elapsed_seconds, passes=s.target_passes,
-                drafted=s.drafted_tokens, accepted=s.accepted_tokens,
-                verify_share=s.verify_seconds / busy if busy > 0 else 0.0,
-                draft_seconds=s.draft_seconds, target_seconds=s.target_seconds)
+                drafted=s.drafted_tokens, accepted=s.accepted_tokens, verify_share=s.verifier_share)
 
 
 LOCALSPEC_CONFIGS = [  # (drafter, verifier, plan, uses the draft model)

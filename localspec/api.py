@@ -70,6 +70,14 @@ def default_pair(*, draft_n_gpu_layers: int | None = None, **options) -> tuple[M
     return target, draft
 
 
+def target_alone_without_draft(settings: dict, has_draft: bool) -> dict:
+    """Speculative settings as they apply: the model drafter with no draft model loaded decodes
+    with the target alone (no draft tokens, no tree)."""
+    if not has_draft and settings.get("drafter", "model") == "model":
+        return {**settings, "num_draft_tokens": 0, "tree": None}
+    return settings
+
+
 def make_drafter(target: Model, draft: Model | None, drafter: str, spec: SpecConfig) -> Drafter | None:
     """The drafter named by `drafter` for this pair (None: no speculation)."""
     if drafter not in DRAFTERS:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from localspec.engine import ConfigError, GenerationStats, SpecConfig
+from localspec.engine import ConfigError, GenerationStats, SpecConfig, combine
 
 log = logging.getLogger(__name__)
 
@@ -263,30 +263,8 @@ class BenchResult:
     generations: int
 
 
-@dataclass
-class _Totals:
-    generated: int = 0
-    seconds: float = 0.0
-    passes: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    verify_s: float = 0.0
-    busy_s: float = 0.0
-    runs: int = 0
-
-    def add(self, s: GenerationStats) -> None:
-        self.generated += s.generated_tokens
-        self.seconds += s.elapsed_seconds
-        self.passes += s.target_passes
-        self.drafted += s.drafted_tokens
-        self.accepted += s.accepted_tokens
-        self.verify_s += s.verify_seconds
-        self.busy_s += s.draft_seconds + s.target_seconds + s.verify_seconds
-        self.runs += 1
-
-
-def _result(name: str, config: BenchConfig, t: _Totals, baseline_tps: float) -> BenchResult:
-    tps = t.generated / t.seconds if t.seconds > 0 else 0.0
+def _result(name: str, config: BenchConfig, runs: Sequence[GenerationStats], baseline_tps: float) -> BenchResult:
+    t = combine(runs)
     shape = config.shape
     return BenchResult(
         prompts=name, temperature=config.temperature,
@@ -294,12 +272,11 @@ def _result(name: str, config: BenchConfig, t: _Totals, baseline_tps: float) -> 
         drafter="-" if config.baseline else str(config.drafter),
         shape="-" if shape is None else shape.label,
         plan="-" if config.baseline else config.plan, baseline=config.baseline,
-        tokens_per_second=tps, speedup=tps / baseline_tps if baseline_tps > 0 else 0.0,
-        block_efficiency=t.generated / t.passes if t.passes else 0.0,
-        acceptance_rate=t.accepted / t.drafted if t.drafted else 0.0,
-        verifier_share=t.verify_s / t.busy_s if t.busy_s > 0 else 0.0,
-        generated_tokens=t.generated, generation_seconds=t.seconds, target_passes=t.passes,
-        drafted_tokens=t.drafted, accepted_tokens=t.accepted, generations=t.runs)
+        tokens_per_second=t.tokens_per_second,
+        speedup=t.tokens_per_second / baseline_tps if baseline_tps > 0 else 0.0,
+        block_efficiency=t.block_efficiency, acceptance_rate=t.acceptance_rate, verifier_share=t.verifier_share,
+        generated_tokens=t.generated_tokens, generation_seconds=t.elapsed_seconds, target_passes=t.target_passes,
+        drafted_tokens=t.drafted_tokens, accepted_tokens=t.accepted_tokens, generations=len(runs))
 
 
 # ---------------------------------------------------------------- running
@@ -327,15 +304,15 @@ def _generate_stats(target: Any, draft: Any, prompt: Any, config: BenchConfig, s
 
 
 def _measure(target: Any, draft: Any, prompts: Sequence[str], config: BenchConfig, settings: BenchSettings,
-             bar: Any) -> _Totals:
-    totals = _Totals()
+             bar: Any) -> list[GenerationStats]:
+    runs = []
     for r in range(settings.repeat):
         for i, prompt in enumerate(prompts):
             seed = settings.seed + 1000 * r + i  # the same seeds for every row
-            totals.add(_generate_stats(target, draft, _message(target, prompt, settings.chat), config,
-                                       settings, seed, settings.max_tokens))
+            runs.append(_generate_stats(target, draft, _message(target, prompt, settings.chat), config,
+                                        settings, seed, settings.max_tokens))
             bar.update(1)
-    return totals
+    return runs
 
 
 def _warm_up(target: Any, draft: Any, prompt: str, rows: Sequence[BenchConfig], settings: BenchSettings) -> None:
@@ -367,10 +344,10 @@ def run_bench(target: Any, draft: Any, prompt_sets: Mapping[str, Sequence[str]],
             for config in rows:
                 bar.set_postfix_str(f"{name} T={config.temperature:g} "
                                     f"{'target only' if config.baseline else config.verifier}")
-                totals = _measure(target, draft, prompts, config, settings, bar)
+                runs = _measure(target, draft, prompts, config, settings, bar)
                 if config.baseline:
-                    baseline_tps = totals.generated / totals.seconds if totals.seconds > 0 else 0.0
-                results.append(_result(name, config, totals, baseline_tps))
+                    baseline_tps = combine(runs).tokens_per_second
+                results.append(_result(name, config, runs, baseline_tps))
     return results
 
 

@@ -19,6 +19,8 @@ from localspec import __version__
 
 log = logging.getLogger(__name__)
 
+# copies of verifier.METHODS, api.DRAFTERS and engine.PLANS, so that `localspec --help` need not load
+# numpy and llama.cpp (tests/test_cli.py checks they stay equal)
 VERIFIERS = ("greedy", "match", "token", "block", "gbv", "rrs", "rrsw", "traversal", "batch")
 DRAFTERS = ("model", "ngram", "hybrid")
 PLANS = ("auto", "fixed")
@@ -166,14 +168,11 @@ def load_pair(model: str | None, draft: str | None, *, ctx_size: int, n_gpu_laye
 
 
 def spec_kwargs(verifier: str, num_draft_tokens: int, paths: int, tree: str | None, drafter: str,
-                plan: str, draft_loaded: bool) -> dict:
-    """Keyword arguments of stream_generate for the speculative options."""
-    kw = dict(verifier=verifier, num_draft_tokens=num_draft_tokens, paths=paths, tree=_tree(tree),
-              drafter=drafter, plan=plan)
-    if not draft_loaded and drafter == "model":
-        kw["num_draft_tokens"] = 0  # target alone
-        kw["tree"] = None
-    return kw
+                plan: str) -> dict:
+    """Keyword arguments of stream_generate for the speculative options (before the models load:
+    api.target_alone_without_draft adapts them to the loaded pair)."""
+    return dict(verifier=verifier, num_draft_tokens=num_draft_tokens, paths=paths, tree=_tree(tree),
+                drafter=drafter, plan=plan)
 
 
 def user_errors(f: Callable) -> Callable:
@@ -300,15 +299,14 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, ctx_
     localspec -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1 "..."
     localspec --drafter ngram -d none --raw -n 100 "$(cat file.py) # refactor:"
     """
-    from localspec.api import stream_generate
+    from localspec.api import stream_generate, target_alone_without_draft
 
     text = _read_prompt(prompt)
-    spec = spec_kwargs(verifier, num_draft_tokens, paths, tree, drafter, plan, draft_loaded=not _is_none(draft))
+    spec = spec_kwargs(verifier, num_draft_tokens, paths, tree, drafter, plan)
     loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
                        draft_n_gpu_layers=draft_n_gpu_layers, threads=threads,
                        need_draft=drafter != "ngram")
-    if loaded.draft is None and drafter == "model":
-        spec.update(num_draft_tokens=0, tree=None)
+    spec = target_alone_without_draft(spec, loaded.draft is not None)
     target = loaded.target
     message: Any = text
     if chat_template and target.chat_template:

@@ -117,6 +117,21 @@ class GenerationStats:
         return self.verify_seconds / busy if busy > 0 else 0.0
 
 
+def combine(stats: Sequence[GenerationStats]) -> GenerationStats:
+    """The statistics of several generations taken together (sums; histograms added bin by bin),
+    so rates and shares of a session or a benchmark row come from the same properties."""
+    hist = [0] * max((len(s.accept_histogram) for s in stats), default=0)
+    for s in stats:
+        for n, count in enumerate(s.accept_histogram):
+            hist[n] += count
+    return GenerationStats(
+        sum(s.prompt_tokens for s in stats), sum(s.generated_tokens for s in stats),
+        sum(s.target_passes for s in stats), sum(s.drafted_tokens for s in stats),
+        sum(s.accepted_tokens for s in stats), sum(s.prompt_seconds for s in stats),
+        sum(s.elapsed_seconds for s in stats), sum(s.draft_seconds for s in stats),
+        sum(s.target_seconds for s in stats), sum(s.verify_seconds for s in stats), tuple(hist))
+
+
 @dataclass
 class _Counters:
     prompt_tokens: int = 0

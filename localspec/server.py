@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Seque
 import click
 
 from localspec import __version__
-from localspec.api import DRAFTERS, Response, stream_generate
+from localspec.api import DRAFTERS, Response, stream_generate, target_alone_without_draft
 from localspec.engine import PLANS, ConfigError, GenerationStats, SpecConfig
 from localspec.model import Model, ModelError
 from localspec.verifier import METHODS as VERIFIERS, VerifierError
@@ -254,9 +254,7 @@ def parse_settings(body: dict, defaults: dict, *, draft_loaded: bool, n_batch: i
         spec.validate(settings["drafter"], n_batch)
     except ConfigError as exc:
         raise RequestError(str(exc), _config_param(str(exc))) from None
-    if not draft_loaded and settings["drafter"] == "model":
-        settings.update(num_draft_tokens=0, tree=None)  # no draft model: the target alone
-    return settings
+    return target_alone_without_draft(settings, draft_loaded)
 
 
 def _config_param(message: str) -> str | None:

@@ -170,3 +170,12 @@ def test_python_dash_m_entry_point(tiny_paths: tuple[Path, Path], expected: str)
                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == expected + "\n"
+
+
+def test_option_choices_match_the_library() -> None:
+    """cli keeps its own choice lists (a light start-up); they must equal the library's."""
+    from localspec import api, cli as cli_module, engine, verifier
+
+    assert cli_module.VERIFIERS == verifier.METHODS
+    assert cli_module.DRAFTERS == api.DRAFTERS
+    assert cli_module.PLANS == engine.PLANS

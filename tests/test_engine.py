@@ -365,3 +365,18 @@ def test_recurrent_model_refused(tmp_path: Path) -> None:
 def test_hybrid_without_draft_model(tiny_target: Model) -> None:
     with pytest.raises(ConfigError, match="needs a draft model"):
         generate(tiny_target, None, PROMPT, drafter="hybrid", max_tokens=3)
+
+
+def test_combine_sums_generations() -> None:
+    from localspec.engine import GenerationStats, combine
+
+    a = GenerationStats(5, 10, 4, 12, 6, 0.1, 1.0, 0.2, 0.6, 0.05, (1, 0, 3))
+    b = GenerationStats(7, 6, 6, 0, 0, 0.2, 0.5, 0.0, 0.4, 0.01, ())
+    t = combine([a, b])
+    assert (t.prompt_tokens, t.generated_tokens, t.target_passes, t.drafted_tokens, t.accepted_tokens) == \
+        (12, 16, 10, 12, 6)
+    assert t.accept_histogram == (1, 0, 3)
+    assert t.tokens_per_second == pytest.approx(16 / 1.5)
+    assert t.block_efficiency == pytest.approx(1.6)
+    assert t.verifier_share == pytest.approx(0.06 / 1.26)
+    assert combine([]).generated_tokens == 0

@@ -36,38 +36,17 @@ End a line with \\ to continue the message on the next line; start it with // to
 # ---------------------------------------------------------------- session state
 
 
-@dataclass
-class Totals:
-    """Sums over every reply of the session."""
+def describe_session(replies: list[Any], speculative: bool) -> str:
+    """Totals over every reply of the session."""
+    from localspec.engine import combine
 
-    replies: int = 0
-    prompt_tokens: int = 0
-    prompt_seconds: float = 0.0
-    generated_tokens: int = 0
-    elapsed_seconds: float = 0.0
-    target_passes: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-
-    def add(self, stats: Any) -> None:
-        self.replies += 1
-        self.prompt_tokens += stats.prompt_tokens
-        self.prompt_seconds += stats.prompt_seconds
-        self.generated_tokens += stats.generated_tokens
-        self.elapsed_seconds += stats.elapsed_seconds
-        self.target_passes += stats.target_passes
-        self.drafted_tokens += stats.drafted_tokens
-        self.accepted_tokens += stats.accepted_tokens
-
-    def describe(self, speculative: bool) -> str:
-        tps = self.generated_tokens / self.elapsed_seconds if self.elapsed_seconds > 0 else 0.0
-        line = (f"session: {self.replies} replies, {self.generated_tokens} tokens in {self.elapsed_seconds:.2f} s "
-                f"({tps:.1f} tok/s); prompts {self.prompt_tokens} tokens in {self.prompt_seconds:.2f} s")
-        if speculative and self.target_passes:
-            acc = self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-            line += (f"\nsession block efficiency {self.generated_tokens / self.target_passes:.2f} tokens/target "
-                     f"pass, acceptance {acc:.1%} ({self.accepted_tokens}/{self.drafted_tokens} drafted)")
-        return line
+    t = combine(replies)
+    line = (f"session: {len(replies)} replies, {t.generated_tokens} tokens in {t.elapsed_seconds:.2f} s "
+            f"({t.tokens_per_second:.1f} tok/s); prompts {t.prompt_tokens} tokens in {t.prompt_seconds:.2f} s")
+    if speculative and t.target_passes:
+        line += (f"\nsession block efficiency {t.block_efficiency:.2f} tokens/target pass, acceptance "
+                 f"{t.acceptance_rate:.1%} ({t.accepted_tokens}/{t.drafted_tokens} drafted)")
+    return line
 
 
 @dataclass
@@ -76,8 +55,11 @@ class Session:
 
     system: str | None
     history: list[dict] = field(default_factory=list)
-    last_stats: Any = None
-    totals: Totals = field(default_factory=Totals)
+    replies: list[Any] = field(default_factory=list)  # GenerationStats of every reply, in order
+
+    @property
+    def last_stats(self) -> Any:
+        return self.replies[-1] if self.replies else None
 
     def __post_init__(self) -> None:
         self.reset()
@@ -197,7 +179,7 @@ def _show_stats(session: Session, loaded: Loaded, settings: dict) -> None:
         _note("no reply yet")
         return
     _note("last reply: " + format_stats(session.last_stats, _speculative(settings), loaded.target))
-    _note(session.totals.describe(_speculative(settings)))
+    _note(describe_session(session.replies, _speculative(settings)))
 
 
 def _command(line: str, session: Session, loaded: Loaded, settings: dict) -> bool:
@@ -226,7 +208,7 @@ def _turn(text: str, session: Session, loaded: Loaded, settings: dict, seed: int
     from localspec.model import ModelError
 
     session.history.append({"role": "user", "content": text})
-    turn_settings = dict(settings, seed=None if seed is None else seed + session.totals.replies)
+    turn_settings = dict(settings, seed=None if seed is None else seed + len(session.replies))
 
     written: list[str] = []
 
@@ -251,8 +233,7 @@ def _turn(text: str, session: Session, loaded: Loaded, settings: dict, seed: int
         _note("[interrupted: the partial reply stays in the history; /reset to start over]")
     session.history.append(message)
     if reply.stats is not None:
-        session.last_stats = reply.stats
-        session.totals.add(reply.stats)
+        session.replies.append(reply.stats)
     if reply.finish_reason == "length" and not reply.interrupted:
         if reply.stats is not None and reply.stats.generated_tokens < settings["max_tokens"]:
             _note(_context_note(loaded))
@@ -360,13 +341,14 @@ def chat(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int,
     localspec chat -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1
     printf 'Write fizzbuzz\\n/stats\\n' | localspec chat -t 0
     """
-    spec = spec_kwargs(verifier, num_draft_tokens, paths, tree, drafter, plan, draft_loaded=True)
+    from localspec.api import target_alone_without_draft
+
+    spec = spec_kwargs(verifier, num_draft_tokens, paths, tree, drafter, plan)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_tokens=max_tokens)
     loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
                        draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, need_draft=drafter != "ngram")
     try:
-        if loaded.draft is None and drafter == "model":
-            spec.update(num_draft_tokens=0, tree=None)
+        spec = target_alone_without_draft(spec, loaded.draft is not None)
         _validate(loaded, spec, drafter, sampling)
         if _interactive():
             with contextlib.suppress(ImportError):

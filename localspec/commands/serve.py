@@ -53,7 +53,7 @@ def serve(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int
     from localspec.engine import SpecConfig
 
     server.require_server_deps()
-    spec = spec_kwargs(verifier, num_draft_tokens, paths, tree, drafter, plan, draft_loaded=True)
+    spec = spec_kwargs(verifier, num_draft_tokens, paths, tree, drafter, plan)
     defaults = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                     max_tokens=max_tokens, **spec)
     config = SpecConfig(verifier=verifier, num_draft_tokens=num_draft_tokens, paths=paths, tree=spec["tree"],
