@@ -284,25 +284,13 @@ def monte_carlo_counts(method: str, target: ToyModel, draft: ToyModel, shape: Sh
 
 
 def chi_square_pvalue(counts: dict, expected: dict, n: int, min_expected: float = 5.0) -> float:
-    """Pearson goodness of fit; categories with expected count < min_expected are pooled."""
-    from localspec.check import chi2_sf  # no SciPy at run time
+    """Pearson goodness of fit of `counts` (n samples) against the probabilities `expected`;
+    categories with expected count < min_expected are pooled (localspec.check.pearson_pvalue)."""
+    from localspec.check import pearson_pvalue  # no SciPy at run time
 
-    keys = sorted(set(expected) | set(counts))
-    obs = np.array([counts.get(k, 0) for k in keys], dtype=np.float64)
-    exp = np.array([expected.get(k, 0.0) * n for k in keys])
-    big = exp >= min_expected
-    o = list(obs[big])
-    e = list(exp[big])
-    if (~big).any():
-        o.append(obs[~big].sum())
-        e.append(exp[~big].sum())
-    o_arr, e_arr = np.array(o), np.array(e)
-    if (e_arr == 0).any():  # an impossible outcome was observed
-        return 0.0 if o_arr[e_arr == 0].sum() > 0 else 1.0
-    if len(o_arr) == 1:  # a deterministic target, and every observation is its sequence
-        return 1.0
-    e_arr *= o_arr.sum() / e_arr.sum()
-    return chi2_sf(float(((o_arr - e_arr) ** 2 / e_arr).sum()), len(o_arr) - 1)
+    if sum(counts.values()) != n:
+        raise ValueError(f"counts hold {sum(counts.values())} samples, not n = {n}")
+    return pearson_pvalue(counts, expected, min_expected)[2]
 
 
 def monte_carlo_pvalue(method: str, target: ToyModel, draft: ToyModel, shape: Shape,
