@@ -41,14 +41,14 @@ class Response:
 
 def load_model(model: str | Path, *, ctx_size: int = 4096, n_gpu_layers: int = 0,
                threads: int | None = None, flash_attn: str = "auto", cache_type: str = "f16",
-               batch_size: int = 512, n_seq_max: int = 16) -> Model:
+               batch_size: int = 512, n_seq_max: int = 16, load_mode: str = "read") -> Model:
     """Load a GGUF file, or a registry model by name (fetched and cached on first use)."""
     from localspec import registry
 
     path = registry.resolve(str(model))
     return Model(path, ModelOptions(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads,
                                     n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                                    cache_type=cache_type, n_seq_max=n_seq_max))
+                                    cache_type=cache_type, n_seq_max=n_seq_max, load_mode=load_mode))
 
 
 def default_pair(*, draft_n_gpu_layers: int | None = None, **options) -> tuple[Model, Model]:

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 VERIFIERS = ("greedy", "match", "token", "block", "gbv", "rrs", "rrsw", "traversal", "batch")
 DRAFTERS = ("model", "ngram", "hybrid")
 PLANS = ("auto", "fixed")
+CACHE_TYPES = ("f16", "f32", "q8_0")
+LOAD_MODES = ("read", "mmap", "auto")
 
 
 class DefaultGroup(click.Group):
@@ -76,6 +78,14 @@ def model_options(f: Callable) -> Callable:
         click.option("--draft-n-gpu-layers", type=int, default=None,
                      help="Draft layers to offload to the GPU (default: as --n-gpu-layers)."),
         click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads (default: all cores)."),
+        click.option("--cache-type", type=click.Choice(CACHE_TYPES), default="f16", show_default=True,
+                     envvar="LOCALSPEC_CACHE_TYPE",
+                     help="KV cache type of both models; q8_0 halves its memory (env LOCALSPEC_CACHE_TYPE)."),
+        click.option("--load-mode", type=click.Choice(LOAD_MODES), default="read", show_default=True,
+                     envvar="LOCALSPEC_LOAD_MODE",
+                     help="read: copy the weights into memory (no second resident copy where llama.cpp "
+                          "repacks them for its CPU kernels); mmap: map the file; auto: llama.cpp decides "
+                          "(env LOCALSPEC_LOAD_MODE)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -140,7 +150,8 @@ def _is_none(value: str | None) -> bool:
 
 
 def load_pair(model: str | None, draft: str | None, *, ctx_size: int, n_gpu_layers: int,
-              draft_n_gpu_layers: int | None, threads: int | None, need_draft: bool = True,
+              draft_n_gpu_layers: int | None, threads: int | None, cache_type: str = "f16",
+              load_mode: str = "read", need_draft: bool = True,
               **extra: Any) -> Loaded:
     """Load the target and draft the options name; errors become click errors."""
     from localspec import registry
@@ -152,7 +163,7 @@ def load_pair(model: str | None, draft: str | None, *, ctx_size: int, n_gpu_laye
         pair = reg.pairs[reg.default_pair]
         target_name = model or pair.target
         draft_name = None if (_is_none(draft) or not need_draft) else (draft or (None if model else pair.draft))
-        common = dict(ctx_size=ctx_size, threads=threads, **extra)
+        common = dict(ctx_size=ctx_size, threads=threads, cache_type=cache_type, load_mode=load_mode, **extra)
         target = load_model(target_name, n_gpu_layers=n_gpu_layers, **common)
         try:
             dm = None
@@ -286,7 +297,8 @@ def response_json(text: str, finish: str | None, stats: Any, model: str, setting
 @click.option("-u", "--usage", is_flag=True, help="Print statistics to stderr when done.")
 @user_errors
 def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, ctx_size: int,
-             n_gpu_layers: int, draft_n_gpu_layers: int | None, threads: int | None, verifier: str,
+             n_gpu_layers: int, draft_n_gpu_layers: int | None, threads: int | None, cache_type: str,
+             load_mode: str, verifier: str,
              num_draft_tokens: int, paths: int, tree: str | None, drafter: str, plan: str, temperature: float,
              top_k: int, top_p: float, min_p: float, seed: int | None, max_tokens: int,
              chat_template: bool, system: str | None, stop: tuple[str, ...], as_json: bool,
@@ -304,7 +316,8 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, ctx_
     text = _read_prompt(prompt)
     spec = spec_kwargs(verifier, num_draft_tokens, paths, tree, drafter, plan)
     loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
-                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads,
+                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, cache_type=cache_type,
+                       load_mode=load_mode,
                        need_draft=drafter != "ngram")
     spec = target_alone_without_draft(spec, loaded.draft is not None)
     target = loaded.target

@@ -223,13 +223,7 @@ class Engine:
         t0 = time.perf_counter()
         tree, kind = self._draft(depth)
         t1 = time.perf_counter()
-        branches = max((s[-1] for s in tree.seqs), default=0) + 1
-        for s in range(1, branches):
-            self.target.seq_cp(0, s)
-        root_seqs = tuple(range(branches))
-        self.target.decode([self.tokens[-1]] + tree.tokens,
-                           [L0 - 1] + [L0 - 1 + d for d in tree.depths],
-                           [root_seqs] + tree.seqs, outputs="all")
+        branches = self._target_pass(tree)
         t2 = time.perf_counter()
         v = verifier.verify(self.spec.verifier, self.target.logits(tree.n + 1),
                             tree.probs if tree.n else None, tree.tokens, tree.parents,
@@ -255,6 +249,50 @@ class Engine:
         if self.planner is not None:
             self.planner.observe(kind, max(tree.depths, default=0), v.n_accepted, tree.n + 1, t2 - t1, t1 - t0)
         return new
+
+    def _target_pass(self, tree: DraftTree) -> int:
+        """ONE target decode over the root and every draft node (each root-to-leaf path a KV
+        sequence sharing the prefix); returns the number of sequences used."""
+        L0 = len(self.tokens)
+        branches = max((s[-1] for s in tree.seqs), default=0) + 1
+        for s in range(1, branches):
+            self.target.seq_cp(0, s)
+        self.target.decode([self.tokens[-1]] + tree.tokens,
+                           [L0 - 1] + [L0 - 1 + d for d in tree.depths],
+                           [tuple(range(branches))] + tree.seqs, outputs="all")
+        return branches
+
+    def score(self, methods: Sequence[tuple[str, int | None]], draws: int) -> list[float]:
+        """Tokens per target pass of several verifiers on ONE draft of the full shape from the
+        current context, committing nothing (paired verifier comparisons, benchmarks/).
+
+        Each (verifier, branch) verifies the whole draft (branch None) or only the chain that
+        ends in that leaf branch; each runs `draws` times with the same seeds, and its value is
+        the mean of accepted tokens + 1 over the draws."""
+        if draws < 1:
+            raise ConfigError(f"draws must be >= 1, got {draws}")
+        if self.drafter is None or len(self.tokens) + self.shape.n_nodes > self.target.n_ctx:
+            raise ConfigError("score needs a drafter and room for the whole draft in the context")
+        L0 = len(self.tokens)
+        tree = self.drafter.draft(self.tokens, self.shape, self.sampling, self.rng,
+                                  self.spec.verifier in WITHOUT_REPLACEMENT)
+        branches = self._target_pass(tree)
+        logits = self.target.logits_array(tree.n + 1)
+        seeds = [int(s) for s in self.rng.integers(0, 2**63, size=draws)]
+        values = []
+        for method, branch in methods:
+            nodes = list(range(tree.n)) if branch is None else tree.chain_nodes(branch)
+            index = {j: i for i, j in enumerate(nodes)}
+            rows = [0] + [j + 1 for j in nodes]
+            target_rows, draft_rows = np.ascontiguousarray(logits[rows]), np.ascontiguousarray(tree.probs[rows])
+            tokens, parents = tree.path_tokens(tuple(nodes)), [index.get(tree.parents[j], -1) for j in nodes]
+            total = sum(verifier.verify(method, target_rows, draft_rows if nodes else None, tokens, parents,
+                                        seed=s, **self.sampling.kwargs()).n_accepted + 1 for s in seeds)
+            values.append(total / draws)
+        keep_branch(self.target, 0, L0 - 1, branches)
+        if tree.n:
+            self.drafter.commit(self.tokens, tree, ())
+        return values
 
     def _draft(self, depth: int) -> tuple[DraftTree, str | None]:
         """The step's draft and which drafter made it (None: no draft)."""

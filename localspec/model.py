@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 CACHE_TYPES = {"f32": lc.GGML_TYPE_F32, "f16": lc.GGML_TYPE_F16, "q8_0": lc.GGML_TYPE_Q8_0}
 FLASH_ATTN = {"auto": lc.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
               "off": lc.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+LOAD_MODES = {"auto": lc.LLAMA_LOAD_MODE_AUTO, "mmap": lc.LLAMA_LOAD_MODE_MMAP,
+              "read": lc.LLAMA_LOAD_MODE_NONE}  # read: copy the weights into memory (no mapped duplicates)
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp common/speculative: tolerated n_vocab gap
 VOCAB_CHECK_START_TOKEN_ID = 5  # ... and tokens compared from this id on
 
@@ -47,6 +49,7 @@ class ModelOptions:
     flash_attn: str = "auto"  # auto | on | off
     cache_type: str = "f16"  # KV cache type: f16 | f32 | q8_0
     n_seq_max: int = 16  # sequences (tree branches) in flight
+    load_mode: str = "read"  # read | mmap | auto (see LOAD_MODES)
 
     def __post_init__(self) -> None:
         if self.n_ctx < 16:
@@ -57,6 +60,8 @@ class ModelOptions:
             raise ModelError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}")
         if self.cache_type not in CACHE_TYPES:
             raise ModelError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {self.cache_type!r}")
+        if self.load_mode not in LOAD_MODES:
+            raise ModelError(f"load_mode must be one of {', '.join(LOAD_MODES)}, got {self.load_mode!r}")
         if not 1 <= self.n_seq_max <= 256:
             raise ModelError(f"n_seq_max must lie in [1, 256], got {self.n_seq_max}")
         if self.n_threads is not None and self.n_threads < 1:
@@ -143,6 +148,7 @@ class Model:
     def _load_model(self) -> None:
         params = lc.llama_model_default_params()
         params.n_gpu_layers = self.options.n_gpu_layers if self.options.n_gpu_layers >= 0 else 999
+        params.load_mode = LOAD_MODES[self.options.load_mode]
         model = lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
             raise ModelError(f"llama.cpp could not load {self.path} (unsupported architecture, "

@@ -37,7 +37,7 @@ def test_help_lists_common_options_and_examples() -> None:
     for flag in ("-m, --model", "-d, --draft", "--verifier", "-k, --num-draft-tokens", "--paths", "--tree",
                  "--drafter", "--plan", "--temperature", "--top-k", "--top-p", "--min-p", "--seed",
                  "--max-tokens", "--ctx-size", "--n-gpu-layers", "--draft-n-gpu-layers", "--json", "--usage",
-                 "LOCALSPEC_MODEL", "LOCALSPEC_DRAFT"):
+                 "--cache-type", "--load-mode", "LOCALSPEC_MODEL", "LOCALSPEC_DRAFT", "LOCALSPEC_CACHE_TYPE"):
         assert flag in result.output, flag
     assert "localspec \"def quicksort(xs):\"" in result.output
     root = run("--help")
@@ -50,6 +50,8 @@ def test_help_lists_common_options_and_examples() -> None:
     ["--verifier", "gbv", "--paths", "2", "-k", "3", "--plan", "fixed"],
     ["--verifier", "traversal", "--tree", "2x2x1", "--plan", "fixed"],
     ["--drafter", "ngram", "-d", "none", "-k", "3", "--plan", "fixed"],
+    ["--load-mode", "mmap", "--cache-type", "f32"],
+    ["--load-mode", "auto"],
 ])
 def test_root_command_generates_target_greedy_text(pair_args: list[str], expected: str, spec: list[str]) -> None:
     result = run(*pair_args, *spec, "--raw", "-t", "0", "-n", "12", PROMPT)
@@ -174,8 +176,10 @@ def test_python_dash_m_entry_point(tiny_paths: tuple[Path, Path], expected: str)
 
 def test_option_choices_match_the_library() -> None:
     """cli keeps its own choice lists (a light start-up); they must equal the library's."""
-    from localspec import api, cli as cli_module, engine, verifier
+    from localspec import api, cli as cli_module, engine, model, verifier
 
     assert cli_module.VERIFIERS == verifier.METHODS
     assert cli_module.DRAFTERS == api.DRAFTERS
     assert cli_module.PLANS == engine.PLANS
+    assert set(cli_module.CACHE_TYPES) == set(model.CACHE_TYPES)
+    assert set(cli_module.LOAD_MODES) == set(model.LOAD_MODES)

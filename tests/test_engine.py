@@ -280,6 +280,21 @@ def test_end_of_generation_token_stops(tiny_target: Model, tiny_draft: Model) ->
 # ---------------------------------------------------------------- bad input
 
 
+@pytest.mark.parametrize("load_mode", ["mmap", "auto"])
+def test_load_modes_give_the_same_logits(tiny_paths: tuple[Path, Path], load_mode: str) -> None:
+    """Weights read into memory (the default) or mapped from the file compute the same logits."""
+    with load(tiny_paths[0], load_mode="read") as read, load(tiny_paths[0], load_mode=load_mode) as other:
+        prompt = read.tokenize(PROMPT)
+        read.prefill(prompt, 0)
+        other.prefill(prompt, 0)
+        np.testing.assert_array_equal(read.logits_array(1), other.logits_array(1))
+
+
+def test_bad_load_mode(tiny_paths: tuple[Path, Path]) -> None:
+    with pytest.raises(ModelError, match="load_mode must be one of .*got .lazy."):
+        load(tiny_paths[0], load_mode="lazy")
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="model file not found: .*nope.gguf"):
         load(tmp_path / "nope.gguf")

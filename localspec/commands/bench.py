@@ -101,7 +101,8 @@ def _prompts(ctx: click.Context, _: click.Parameter, value: str) -> dict:
               show_default=True, help="Directory for bench.json and bench.png (created if needed).")
 @user_errors
 def bench(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int, draft_n_gpu_layers: int | None,
-          threads: int | None, verifiers: tuple[str, ...], shapes: tuple, drafters: tuple[str, ...],
+          threads: int | None, cache_type: str, load_mode: str, verifiers: tuple[str, ...], shapes: tuple,
+          drafters: tuple[str, ...],
           temperatures: tuple[float, ...], prompt_sets: dict, max_tokens: int, plan: str, repeat: int,
           top_k: int, top_p: float, min_p: float, seed: int, chat: bool, out: Path) -> None:
     """Benchmark verifiers x draft shapes x temperatures against the target alone.
@@ -128,7 +129,8 @@ def bench(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int
                              top_p=top_p, min_p=min_p, chat=chat)
     need_draft = any(d != "ngram" for d in drafters)
     loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
-                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, need_draft=need_draft)
+                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, cache_type=cache_type,
+                       load_mode=load_mode, need_draft=need_draft)
     try:
         try:
             _, notes = plan_matrix(settings, loaded.target.n_batch, loaded.draft is not None)

@@ -317,7 +317,8 @@ def _close(loaded: Loaded) -> None:
 @click.option("-s", "--system", default=None, help="System message, kept across /reset.")
 @user_errors
 def chat(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int, draft_n_gpu_layers: int | None,
-         threads: int | None, verifier: str, num_draft_tokens: int, paths: int, tree: str | None, drafter: str,
+         threads: int | None, cache_type: str, load_mode: str, verifier: str, num_draft_tokens: int,
+         paths: int, tree: str | None, drafter: str,
          plan: str, temperature: float, top_k: int, top_p: float, min_p: float, seed: int | None,
          max_tokens: int, system: str | None) -> None:
     """Chat with the model in the terminal, using its chat template.
@@ -346,7 +347,8 @@ def chat(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int,
     spec = spec_kwargs(verifier, num_draft_tokens, paths, tree, drafter, plan)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_tokens=max_tokens)
     loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
-                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, need_draft=drafter != "ngram")
+                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, cache_type=cache_type,
+                       load_mode=load_mode, need_draft=drafter != "ngram")
     try:
         spec = target_alone_without_draft(spec, loaded.draft is not None)
         _validate(loaded, spec, drafter, sampling)

@@ -34,7 +34,8 @@ def _echo(result: Any) -> None:
               help="Make the model-pair test LOSSY (verifier token with this lenience) to see it fail.")
 @user_errors
 def check(toy_only: bool, model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int,
-          draft_n_gpu_layers: int | None, threads: int | None, samples: int | None, alpha: float, seed: int,
+          draft_n_gpu_layers: int | None, threads: int | None, cache_type: str, load_mode: str,
+          samples: int | None, alpha: float, seed: int,
           lenience: float) -> None:
     """Check that speculative decoding is lossless; exit status 1 if any check fails.
 
@@ -64,7 +65,7 @@ def check(toy_only: bool, model: str | None, draft: str | None, ctx_size: int, n
     results = checks.toy_suite(alpha, seed, progress=_echo)
     if not toy_only:
         click.echo("model pair:")
-        result = _pair(model, draft, ctx_size, n_gpu_layers, draft_n_gpu_layers, threads,
+        result = _pair(model, draft, ctx_size, n_gpu_layers, draft_n_gpu_layers, threads, cache_type, load_mode,
                        samples or checks.PAIR_SAMPLES, alpha, seed, lenience)
         _echo(result)
         results.append(result)
@@ -80,11 +81,13 @@ def check(toy_only: bool, model: str | None, draft: str | None, ctx_size: int, n
 
 
 def _pair(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int, draft_n_gpu_layers: int | None,
-          threads: int | None, samples: int, alpha: float, seed: int, lenience: float) -> Any:
+          threads: int | None, cache_type: str, load_mode: str, samples: int, alpha: float, seed: int,
+          lenience: float) -> Any:
     from localspec.check import pair_check
 
     loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
-                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads)
+                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, cache_type=cache_type,
+                       load_mode=load_mode)
     try:
         if loaded.draft is None:
             raise click.ClickException("the model-pair check needs a draft model: give -d/--draft "

@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
               help="Port to listen on (0: any free port).")
 @user_errors
 def serve(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int,
-          draft_n_gpu_layers: int | None, threads: int | None, verifier: str, num_draft_tokens: int,
+          draft_n_gpu_layers: int | None, threads: int | None, cache_type: str, load_mode: str,
+          verifier: str, num_draft_tokens: int,
           paths: int, tree: str | None, drafter: str, plan: str, temperature: float, top_k: int,
           top_p: float, min_p: float, seed: int | None, max_tokens: int, host: str, port: int) -> None:
     """Serve the model pair over an OpenAI-compatible HTTP API.
@@ -62,7 +63,8 @@ def serve(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int
     sock = server.bind_socket(host, port)
     try:
         loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
-                           draft_n_gpu_layers=draft_n_gpu_layers, threads=threads,
+                           draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, cache_type=cache_type,
+                           load_mode=load_mode,
                            need_draft=drafter != "ngram" or draft is not None)
     except BaseException:
         sock.close()

@@ -1,0 +1,121 @@
+"""Paired block-efficiency comparison of verifiers: the same contexts, the same drafts.
+
+Block efficiency (tokens per target pass) of one verifier measured by running it alone is noisy:
+every run samples different text, so two verifiers are compared on different contexts and
+different drafts, and ~100 target passes give a standard error near 4 % on their ratio. Here
+every verifier of a :class:`Group` is run on the SAME draft (chains are cut out of a K-path
+draft for token/block, GBV takes all K paths; RRSw and traversal share one tree) at the SAME
+contexts, which are prefixes of text the target generated alone, so the ratio's noise comes only
+from the verifiers themselves and a paired bootstrap over contexts gives its confidence interval.
+
+The estimand is the mean over target-distributed contexts of E[accepted + 1 | context], the
+papers' block efficiency E[τ + 1] (GBV paper, Sec. 3; traversal paper, Sec. 4) averaged over
+contexts instead of weighted by where a speculative run happens to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from localspec.drafters import SamplingSettings
+from localspec.engine import Engine, SpecConfig
+from localspec.model import Model
+
+log = logging.getLogger(__name__)
+
+PLAIN_T1 = SamplingSettings(1.0, 0, 1.0, 0.0)  # the papers' setting: temperature 1, no truncation
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str
+    verifier: str
+    branch: int | None = None  # verify only the chain ending in this leaf branch (None: all)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One draft shape (spec) and the verifiers scored on each of its drafts."""
+
+    spec: SpecConfig
+    methods: tuple[Method, ...]
+
+
+def default_groups(gamma: int = 8, paths: int = 3,
+                   trees: Sequence[tuple[int, ...]] = ((3, 2, 1, 1, 1, 1, 1, 1), (2, 2, 2, 2))) -> list[Group]:
+    """token and block on path 0 of a K-path draft, GBV on all K; RRSw and traversal per tree."""
+    groups = [Group(SpecConfig(verifier="gbv", num_draft_tokens=gamma, paths=paths, plan="fixed"),
+                    (Method(f"token k{gamma}", "token", 0), Method(f"block k{gamma}", "block", 0),
+                     Method(f"gbv K={paths} k{gamma}", "gbv")))]
+    for tree in trees:
+        name = "x".join(map(str, tree))
+        groups.append(Group(SpecConfig(verifier="traversal", tree=tuple(tree), plan="fixed"),
+                            (Method(f"rrsw tree {name}", "rrsw"), Method(f"traversal tree {name}", "traversal"))))
+    return groups
+
+
+def target_contexts(target: Model, prompts: Sequence[Sequence[int]], tokens: int, seeds: Sequence[int],
+                    stride: int, sampling: SamplingSettings = PLAIN_T1) -> list[list[int]]:
+    """Prefixes (every `stride` tokens) of continuations the target samples alone from each prompt."""
+    from localspec.api import stream_generate
+
+    if stride < 1 or tokens < 1:
+        raise ValueError(f"tokens and stride must be >= 1, got {tokens} and {stride}")
+    out: list[list[int]] = []
+    for prompt in prompts:
+        for seed in seeds:
+            cont = [r.token for r in stream_generate(target, None, list(prompt), max_tokens=tokens, seed=seed,
+                                                     temperature=sampling.temperature, top_k=sampling.top_k,
+                                                     top_p=sampling.top_p, min_p=sampling.min_p)
+                    if r.token is not None]
+            out += [list(prompt) + cont[:i] for i in range(0, len(cont), stride)]
+    return out
+
+
+def paired_scores(target: Model, draft: Model, contexts: Sequence[Sequence[int]], groups: Sequence[Group],
+                  draws: int = 16, sampling: SamplingSettings = PLAIN_T1, seed: int = 0,
+                  progress: bool = False) -> dict[str, np.ndarray]:
+    """Per method label, its tokens per target pass at each context (one draft per group and context)."""
+    from tqdm import tqdm
+
+    from localspec.api import make_drafter
+
+    scores: dict[str, list[float]] = {}
+    bar = tqdm(total=len(groups) * len(contexts), file=sys.stderr, disable=not progress, unit="draft",
+               desc="paired efficiency", leave=False)
+    for g, group in enumerate(groups):
+        engine = Engine(target, make_drafter(target, draft, "model", group.spec), group.spec, sampling,
+                        seed + g)
+        for ctx in contexts:
+            engine.start(ctx)
+            values = engine.score([(m.verifier, m.branch) for m in group.methods], draws)
+            engine.finish()
+            for m, v in zip(group.methods, values):
+                scores.setdefault(m.label, []).append(v)
+            bar.update()
+    bar.close()
+    return {label: np.asarray(v) for label, v in scores.items()}
+
+
+@dataclass(frozen=True)
+class Ratio:
+    value: float  # mean(numerator) / mean(denominator)
+    low: float  # 95 % paired-bootstrap interval over contexts
+    high: float
+
+
+def paired_ratio(numerator: np.ndarray, denominator: np.ndarray, resamples: int = 4000,
+                 seed: int = 0) -> Ratio:
+    """Ratio of means with a paired percentile-bootstrap 95 % interval (contexts resampled together)."""
+    if numerator.shape != denominator.shape or numerator.size == 0:
+        raise ValueError("paired_ratio needs two equally long, non-empty score arrays")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, numerator.size, size=(resamples, numerator.size))
+    boot = numerator[idx].mean(axis=1) / denominator[idx].mean(axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return Ratio(float(numerator.mean() / denominator.mean()), float(low), float(high))
