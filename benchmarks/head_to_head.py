@@ -35,8 +35,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from localspec import registry
 from localspec.api import load_model, stream_generate
+from localspec.efficiency import default_groups, paired_ratio, paired_scores, target_contexts
 from localspec.planner import expected_tokens
 
 log = logging.getLogger("head_to_head")
@@ -153,6 +156,12 @@ def run_localspec(target, draft, prompt_tokens: list[int], temperature: float, t
                 drafted=s.drafted_tokens, accepted=s.accepted_tokens, verify_share=s.verifier_share)
 
 
+def chat_tokens(target, prompt: str) -> list[int]:
+    """The prompt as one chat-templated user message, tokenized."""
+    text = target.apply_chat_template([{"role": "user", "content": prompt}])
+    return target.tokenize(text, add_special=True, parse_special=True)
+
+
 LOCALSPEC_CONFIGS = [  # (drafter, verifier, plan, uses the draft model)
     ("model", "match", "fixed"),
     ("model", "token", "fixed"),
@@ -167,16 +176,18 @@ LOCALSPEC_CONFIGS = [  # (drafter, verifier, plan, uses the draft model)
 
 def measure_all(args, target, draft, target_path: Path, draft_path: Path, bindir: Path | None) -> list[Row]:
     rows: list[Row] = []
-    total = len(PROMPTS) * len(args.temperatures) * (1 + len(LOCALSPEC_CONFIGS) + (2 if bindir else 0))
+    total = (len(PROMPTS) * len(args.temperatures) * args.repeat
+             * (1 + len(LOCALSPEC_CONFIGS) + (2 if bindir else 0)))
     done = 0
     for name, prompt in PROMPTS.items():
         text = target.apply_chat_template([{"role": "user", "content": prompt}])
-        ptoks = target.tokenize(text, add_special=True, parse_special=True)
-        for t in args.temperatures:
+        ptoks = chat_tokens(target, prompt)
+        for t, rep in ((t, rep) for t in args.temperatures for rep in range(args.repeat)):
             def progress(what: str) -> None:
                 nonlocal done
                 done += 1
-                print(f"\r[{done}/{total}] {name} T={t:g} {what:<40}", end="", file=sys.stderr, flush=True)
+                print(f"\r[{done}/{total}] {name} T={t:g} #{rep + 1} {what:<40}", end="", file=sys.stderr,
+                      flush=True)
 
             progress("target only")
             r = run_localspec(target, None, ptoks, t, args.tokens, args.seed, num_draft_tokens=0)
@@ -200,48 +211,75 @@ def measure_all(args, target, draft, target_path: Path, draft_path: Path, bindir
                                 r["tokens"] / steps if steps > 0 else None,
                                 r["accepted"] / r["drafted"] if r["drafted"] else None, None))
     print("", file=sys.stderr)
-    return rows
+    return merge_repeats(rows)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def merge_repeats(rows: Sequence[Row]) -> list[Row]:
+    """One row per configuration: tokens and seconds summed over the repeats (so tok/s is their
+    total rate), the other columns averaged; first-seen order."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.prompt, r.temperature, r.system, r.drafter, r.verifier, r.plan), []).append(r)
+    return [Row(*key, sum(r.tokens for r in rs), sum(r.seconds for r in rs),
+                _mean([r.block_efficiency for r in rs]), _mean([r.acceptance for r in rs]),
+                _mean([r.verifier_share for r in rs])) for key, rs in groups.items()]
 
 
 # ---------------------------------------------------------------- verifier comparison (T = 1, γ = 8)
 
-EFFICIENCY_CONFIGS = [  # (label, verifier, spec) — same draft model, T = 1, plan fixed
-    ("token k8", "token", dict(num_draft_tokens=8)),
-    ("block k8", "block", dict(num_draft_tokens=8)),
-    ("gbv 3 paths k8", "gbv", dict(num_draft_tokens=8, paths=3)),
-    ("rrsw tree 3x2x1x1x1x1x1x1", "rrsw", dict(tree=(3, 2, 1, 1, 1, 1, 1, 1))),
-    ("traversal tree 3x2x1x1x1x1x1x1", "traversal", dict(tree=(3, 2, 1, 1, 1, 1, 1, 1))),
+RATIO_TARGETS = [  # (numerator, denominator, issue target)
+    ("block k8", "token k8", 1.05),
+    ("gbv K=3 k8", "block k8", 1.15),
+    ("traversal tree 3x2x1x1x1x1x1x1", "rrsw tree 3x2x1x1x1x1x1x1", 1.02),
 ]
 
 
-def verifier_efficiency(args, target, draft) -> list[tuple[str, float, int]]:
-    """Block efficiency of each verifier at T = 1 over the prompts and several seeds."""
-    out = []
-    for i, (label, verifier, spec) in enumerate(EFFICIENCY_CONFIGS):
-        tokens = passes = 0
-        for name, prompt in PROMPTS.items():
-            for seed in range(args.efficiency_seeds):
-                print(f"\r[{i + 1}/{len(EFFICIENCY_CONFIGS)}] efficiency {label} {name} seed {seed:<10}",
-                      end="", file=sys.stderr, flush=True)
-                r = run_localspec(target, draft, [{"role": "user", "content": prompt}], 1.0,
-                                  args.efficiency_tokens, seed, verifier=verifier, plan="fixed", **spec)
-                tokens += r["tokens"]
-                passes += r["passes"]
-        out.append((label, tokens / passes, passes))
-    print("", file=sys.stderr)
-    return out
+def verifier_efficiency(args, target, draft) -> tuple[dict[str, np.ndarray], int]:
+    """Paired block efficiencies at T = 1, γ = 8 (localspec.efficiency): every verifier on the same
+    drafts at the same contexts (prefixes of text the target sampled alone from each prompt)."""
+    prompts = [chat_tokens(target, p) for p in PROMPTS.values()]
+    log.info("sampling efficiency contexts")
+    contexts = target_contexts(target, prompts, args.efficiency_tokens, range(args.efficiency_seeds),
+                               args.efficiency_stride)
+    groups = default_groups(gamma=8, paths=3, trees=((3, 2, 1, 1, 1, 1, 1, 1),))
+    return paired_scores(target, draft, contexts, groups, draws=args.efficiency_draws, seed=args.seed,
+                         progress=True), len(contexts)
+
+
+def efficiency_report(scores: dict[str, np.ndarray], n_contexts: int, args) -> list[str]:
+    lines = ["| verifier | block efficiency (tokens per target pass) |", "| --- | ---: |"]
+    lines += [f"| {label} | {v.mean():.3f} |" for label, v in scores.items()]
+    lines += ["", "| ratio | measured | 95 % interval | target | status |", "| --- | ---: | ---: | ---: | --- |"]
+    for num, den, goal in RATIO_TARGETS:
+        r = paired_ratio(scores[num], scores[den], seed=args.seed)
+        status = ("met" if r.low >= goal else "met at the estimate (interval reaches below)" if r.value >= goal
+                  else "below at the estimate (interval reaches it)" if r.high >= goal else "missed")
+        lines.append(f"| {num} / {den} | {r.value:.3f} | {r.low:.3f}–{r.high:.3f} | ≥ {goal} | {status} |")
+    lines += ["", f"{n_contexts} contexts ({len(PROMPTS)} prompts × {args.efficiency_seeds} target sample(s) × 1 in "
+              f"{args.efficiency_stride} of {args.efficiency_tokens} tokens), one draft per context and shape "
+              f"(token and block verify path 0 of the 3 i.i.d. paths GBV verifies), {args.efficiency_draws} "
+              "verifier draws per draft; T = 1 without truncation, as in the papers."]
+    return lines
 
 
 # ---------------------------------------------------------------- memory at 8k context
 
+MEMORY_CONFIGS = [("read", "f16"), ("mmap", "f16"), ("read", "q8_0")]  # (load_mode, cache_type); first = default
 
-def peak_rss_8k(target_path: Path, draft_path: Path, threads: int) -> dict:
+
+def peak_rss_8k(target_path: Path, draft_path: Path, threads: int, load_mode: str, cache_type: str) -> dict:
     """Peak RSS of a fresh process that loads the pair at an 8k context and generates."""
+    options = f"ctx_size=8192, threads={threads}, load_mode={load_mode!r}, cache_type={cache_type!r}"
     code = (
         "import resource, sys\n"
         "from localspec.api import load_model, generate\n"
-        f"t = load_model({str(target_path)!r}, ctx_size=8192, threads={threads})\n"
-        f"d = load_model({str(draft_path)!r}, ctx_size=8192, threads={threads})\n"
+        f"t = load_model({str(target_path)!r}, {options})\n"
+        f"d = load_model({str(draft_path)!r}, {options})\n"
         "generate(t, d, 'def fib(n):', max_tokens=32, temperature=0.8, seed=0)\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
     )
@@ -250,6 +288,19 @@ def peak_rss_8k(target_path: Path, draft_path: Path, threads: int) -> dict:
     rss = int(out.stdout.strip().splitlines()[-1]) * 1024
     files = target_path.stat().st_size + draft_path.stat().st_size
     return dict(rss=rss, files=files, overhead=rss - files)
+
+
+def memory_report(target_path: Path, draft_path: Path, threads: int) -> list[str]:
+    lines = ["| load mode | KV cache | peak RSS | model files | overhead (target ≤ 300 MB) |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    for load_mode, cache_type in MEMORY_CONFIGS:
+        print(f"\rmemory at 8k: {load_mode} {cache_type:<10}", end="", file=sys.stderr, flush=True)
+        m = peak_rss_8k(target_path, draft_path, threads, load_mode, cache_type)
+        default = " (default)" if (load_mode, cache_type) == MEMORY_CONFIGS[0] else ""
+        lines.append(f"| {load_mode}{default} | {cache_type} | {m['rss'] / 1e6:,.0f} MB | {m['files'] / 1e6:,.0f} MB | "
+                     f"{m['overhead'] / 1e6:,.0f} MB |")
+    print("", file=sys.stderr)
+    return lines
 
 
 # ---------------------------------------------------------------- reports
@@ -350,18 +401,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=128, help="tokens generated per run (default 128)")
     p.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.8],
                    help="comma list (default 0,0.8)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="time every run this many times, interleaved, and report the totals (default 1)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both tools")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--llama-bin", type=Path, default=None,
                    help="directory with llama-speculative-simple (default: build it from the vendored source)")
     p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp's runs")
-    p.add_argument("--efficiency-tokens", type=int, default=64, help="tokens per run in the T=1, γ=8 table")
-    p.add_argument("--efficiency-seeds", type=int, default=2, help="seeds per prompt in the T=1, γ=8 table")
-    p.add_argument("--skip-efficiency", action="store_true")
-    p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--efficiency-tokens", type=int, default=96,
+                   help="tokens the target samples per prompt for the T=1, γ=8 comparison's contexts")
+    p.add_argument("--efficiency-stride", type=int, default=2, help="every Nth of those tokens is a context")
+    p.add_argument("--efficiency-seeds", type=int, default=1, help="target samples per prompt")
+    p.add_argument("--efficiency-draws", type=int, default=64, help="verifier draws per draft")
+    p.add_argument("--skip-throughput", action="store_true", help="skip the tok/s tables (and llama.cpp)")
+    p.add_argument("--skip-efficiency", action="store_true", help="skip the T=1, γ=8 verifier comparison")
+    p.add_argument("--skip-memory", action="store_true", help="skip the RSS measurements")
     p.add_argument("--out", type=Path, default=None, help="also write the markdown report here")
     p.add_argument("--json", type=Path, default=None, help="write the raw rows as JSON here")
     return p.parse_args(argv)
+
+
+def throughput_report(args, rows: Sequence[Row]) -> list[str]:
+    return ["## Throughput", "", main_table(rows), "", "## Targets as ratios", "", ratios(rows), "",
+            "## What if the draft were cheaper", "",
+            "Predicted speedup = max over γ of E[tokens per step] / (γ·c + 1): verifying γ+1 tokens costs one "
+            "target step (memory-bound GPUs), α = the acceptance measured above (model drafter, block, k=4).",
+            "", what_if(rows)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -371,39 +436,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     pair = reg.pairs[reg.default_pair]
     target_path, draft_path = registry.resolve(pair.target), registry.resolve(pair.draft)
     bindir = None
-    if not args.no_llama_cpp:
+    if not (args.no_llama_cpp or args.skip_throughput):
         bindir = args.llama_bin or build_llama_tools(registry.cache_dir().parent, llama_cpp_version(),
                                                      args.threads)
-    target = load_model(target_path, threads=args.threads)
-    draft = load_model(draft_path, threads=args.threads)
     started = time.time()
-    rows = measure_all(args, target, draft, target_path, draft_path, bindir)
     report = [f"Machine: {machine()}.",
               f"Pair: {pair.target} (target) + {pair.draft} (draft); {args.tokens} tokens per run, "
               f"seed {args.seed}, threads {args.threads}, top-k {SAMPLING['top_k']}, top-p {SAMPLING['top_p']}, "
-              f"min-p {SAMPLING['min_p']}, draft length {K}.", "",
-              "## Throughput", "", main_table(rows), "", "## Targets as ratios", "", ratios(rows), "",
-              "## What if the draft were cheaper", "",
-              "Predicted speedup = max over γ of E[tokens per step] / (γ·c + 1): verifying γ+1 tokens costs one "
-              "target step (memory-bound GPUs), α = the acceptance measured above (model drafter, block, k=4).",
-              "", what_if(rows)]
-    if not args.skip_efficiency:
-        eff = verifier_efficiency(args, target, draft)
-        report += ["", "## Block efficiency at T = 1, γ = 8 (same draft model)", "",
-                   "| verifier | block efficiency | target passes |", "| --- | ---: | ---: |"]
-        report += [f"| {label} | {be:.3f} | {n} |" for label, be, n in eff]
-        by = {label: be for label, be, _ in eff}
-        report += ["", f"block / token = {by['block k8'] / by['token k8']:.3f} (target ≥ 1.05); "
-                   f"gbv K=3 / block = {by['gbv 3 paths k8'] / by['block k8']:.3f} (≥ 1.15); "
-                   f"traversal / rrsw = {by['traversal tree 3x2x1x1x1x1x1x1'] / by['rrsw tree 3x2x1x1x1x1x1x1']:.3f}"
-                   " (≥ 1.02)"]
-    target.close()
-    draft.close()
+              f"min-p {SAMPLING['min_p']}, draft length {K}.", ""]
+    rows: list[Row] = []
+    if not (args.skip_throughput and args.skip_efficiency):
+        target = load_model(target_path, threads=args.threads)
+        draft = load_model(draft_path, threads=args.threads)
+        try:
+            if not args.skip_throughput:
+                rows = measure_all(args, target, draft, target_path, draft_path, bindir)
+                report += throughput_report(args, rows)
+            if not args.skip_efficiency:
+                scores, n_contexts = verifier_efficiency(args, target, draft)
+                report += ["", "## Block efficiency at T = 1, γ = 8 (paired: same contexts, same drafts)", ""]
+                report += efficiency_report(scores, n_contexts, args)
+        finally:
+            target.close()
+            draft.close()
     if not args.skip_memory:
-        m = peak_rss_8k(target_path, draft_path, args.threads)
-        report += ["", "## Memory at an 8k context", "",
-                   f"peak RSS {m['rss'] / 2**20:.0f} MiB; model files {m['files'] / 2**20:.0f} MiB; "
-                   f"overhead {m['overhead'] / 2**20:.0f} MiB (target ≤ 300 MiB)"]
+        report += ["", "## Memory at an 8k context", ""] + memory_report(target_path, draft_path, args.threads)
     report += ["", f"_Measured in {time.time() - started:.0f} s with `python benchmarks/head_to_head.py"
                f"{' ' + ' '.join(sys.argv[1:]) if sys.argv[1:] else ''}`._"]
     text = "\n".join(report)
