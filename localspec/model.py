@@ -60,6 +60,9 @@ class ModelOptions:
             raise ModelError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}")
         if self.cache_type not in CACHE_TYPES:
             raise ModelError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {self.cache_type!r}")
+        if self.cache_type == "q8_0" and self.flash_attn == "off":
+            raise ModelError("cache_type q8_0 (a quantized KV cache) needs flash attention: "
+                             "use flash_attn 'auto' or 'on', or cache_type f16")
         if self.load_mode not in LOAD_MODES:
             raise ModelError(f"load_mode must be one of {', '.join(LOAD_MODES)}, got {self.load_mode!r}")
         if not 1 <= self.n_seq_max <= 256:
@@ -181,9 +184,11 @@ class Model:
         params.no_perf = True
         ctx = lc.llama_init_from_model(self._model, params)
         if not ctx:
+            hint = ("; a quantized KV cache also needs head sizes that its blocks divide: try --cache-type f16"
+                    if o.cache_type == "q8_0" else "")
             raise ModelError(f"llama.cpp could not create a context for {self.path.name} with "
                              f"ctx_size={o.n_ctx}, cache_type={o.cache_type}: not enough memory? "
-                             "Try a smaller --ctx-size")
+                             f"Try a smaller --ctx-size{hint}")
         self._ctx = ctx
         self._mem = lc.llama_get_memory(ctx)
         self.n_ctx = int(lc.llama_n_ctx(ctx))

@@ -290,6 +290,14 @@ def test_load_modes_give_the_same_logits(tiny_paths: tuple[Path, Path], load_mod
         np.testing.assert_array_equal(read.logits_array(1), other.logits_array(1))
 
 
+def test_quantized_kv_cache_needs_flash_attention(tiny_paths: tuple[Path, Path]) -> None:
+    with pytest.raises(ModelError, match="q8_0 .*needs flash attention"):
+        load(tiny_paths[0], cache_type="q8_0", flash_attn="off")
+    # the tiny models' heads are too small for q8_0 blocks: a clear error, not a crash
+    with pytest.raises(ModelError, match="try --cache-type f16"):
+        load(tiny_paths[0], cache_type="q8_0", flash_attn="auto")
+
+
 def test_bad_load_mode(tiny_paths: tuple[Path, Path]) -> None:
     with pytest.raises(ModelError, match="load_mode must be one of .*got .lazy."):
         load(tiny_paths[0], load_mode="lazy")
