@@ -2,7 +2,8 @@
 """Head to head: localspec against llama.cpp's own speculative decoding, on the default pair.
 
     python benchmarks/head_to_head.py                       # builds llama.cpp tools once (~5 min)
-    python benchmarks/head_to_head.py --tokens 64 --out docs/head-to-head.md
+    python benchmarks/head_to_head.py --repeat 2 --out docs/head-to-head.md   # the committed report
+    python benchmarks/head_to_head.py --skip-throughput --skip-memory        # verifier comparison only
     python benchmarks/head_to_head.py --llama-bin ~/llama.cpp/build/bin
 
 One run measures, on the same prompts (chat-templated code, prose, code-edit, summarise) with
@@ -10,8 +11,10 @@ the same sampling settings and threads: the target alone (localspec, draft=None:
 llama.cpp's ``llama-speculative-simple`` with the draft model and with ngram-mod, built from the
 llama.cpp source that the installed llama-cpp-python vendors, and localspec with each verifier
 and drafter. It prints markdown tables (tok/s, speedup against the target alone, block
-efficiency, acceptance, verifier share of step time), a verifier comparison at T = 1, γ = 8,
-a what-if table of predicted speedups for cheaper drafts, and peak memory at an 8k context.
+efficiency, acceptance, verifier share of step time), a what-if table of predicted speedups for
+cheaper drafts, a paired verifier comparison at T = 1, γ = 8 (every verifier on the same drafts
+at the same contexts, with bootstrap intervals: localspec.efficiency), and peak memory at an 8k
+context per load mode and KV cache type.
 Progress goes to stderr, tables to stdout (and to --out).
 """
 
