@@ -111,7 +111,9 @@ class Ratio:
 
 def paired_ratio(numerator: np.ndarray, denominator: np.ndarray, resamples: int = 4000,
                  seed: int = 0) -> Ratio:
-    """Ratio of means with a paired percentile-bootstrap 95 % interval (contexts resampled together)."""
+    """Ratio of means with a paired percentile-bootstrap 95 % interval (contexts resampled together).
+    It treats contexts as independent; prefixes of one sampled text are correlated, so the interval
+    is somewhat too narrow when contexts are taken close together."""
     if numerator.shape != denominator.shape or numerator.size == 0:
         raise ValueError("paired_ratio needs two equally long, non-empty score arrays")
     rng = np.random.default_rng(seed)
