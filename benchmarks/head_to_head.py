@@ -423,10 +423,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-memory", action="store_true", help="skip the RSS measurements")
     p.add_argument("--out", type=Path, default=None, help="also write the markdown report here")
     p.add_argument("--json", type=Path, default=None, help="write the raw rows as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("tokens", "repeat", "threads", "efficiency_tokens", "efficiency_stride", "efficiency_seeds",
+                 "efficiency_draws"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    return args
 
 
-def throughput_report(args, rows: Sequence[Row]) -> list[str]:
+def throughput_report(rows: Sequence[Row]) -> list[str]:
     return ["## Throughput", "", main_table(rows), "", "## Targets as ratios", "", ratios(rows), "",
             "## What if the draft were cheaper", "",
             "Predicted speedup = max over γ of E[tokens per step] / (γ·c + 1): verifying γ+1 tokens costs one "
@@ -456,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if not args.skip_throughput:
                 rows = measure_all(args, target, draft, target_path, draft_path, bindir)
-                report += throughput_report(args, rows)
+                report += throughput_report(rows)
             if not args.skip_efficiency:
                 scores, n_contexts = verifier_efficiency(args, target, draft)
                 report += ["", "## Block efficiency at T = 1, γ = 8 (paired: same contexts, same drafts)", ""]

@@ -45,3 +45,12 @@ def test_peak_rss_reads_the_child_process_own_high_water_mark(tiny_paths: tuple[
     assert m["files"] == tiny_paths[0].stat().st_size + tiny_paths[1].stat().st_size
     assert 10e6 < m["rss"] < 4e9  # a Python process with llama.cpp loaded, not this test's parent
     assert m["overhead"] == m["rss"] - m["files"]
+
+
+def test_nonpositive_counts_are_usage_errors(capsys) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        h2h.parse_args(["--efficiency-draws", "0"])
+    assert exc.value.code == 2
+    assert "--efficiency-draws must be at least 1" in capsys.readouterr().err
