@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from localspec import registry
-from localspec.api import load_model, stream_generate
+from localspec.api import load_model, prompt_tokens, stream_generate
 from localspec.efficiency import default_groups, paired_ratio, paired_scores, target_contexts
 from localspec.planner import expected_tokens
 
@@ -160,9 +160,8 @@ def run_localspec(target, draft, prompt_tokens: list[int], temperature: float, t
 
 
 def chat_tokens(target, prompt: str) -> list[int]:
-    """The prompt as one chat-templated user message, tokenized."""
-    text = target.apply_chat_template([{"role": "user", "content": prompt}])
-    return target.tokenize(text, add_special=True, parse_special=True)
+    """The prompt as one chat-templated user message, tokenized as stream_generate would."""
+    return prompt_tokens(target, [{"role": "user", "content": prompt}])
 
 
 LOCALSPEC_CONFIGS = [  # (drafter, verifier, plan, uses the draft model)

@@ -99,7 +99,8 @@ def make_drafter(target: Model, draft: Model | None, drafter: str, spec: SpecCon
     return model_drafter
 
 
-def _prompt_tokens(target: Model, prompt: Prompt) -> list[int]:
+def prompt_tokens(target: Model, prompt: Prompt) -> list[int]:
+    """A prompt (text, chat messages or token ids) as the token ids generation starts from."""
     if isinstance(prompt, str):
         return target.tokenize(prompt, add_special=True, parse_special=False)
     items = list(prompt)
@@ -160,7 +161,7 @@ def stream_generate(target: Model, draft: Model | None, prompt: Prompt, *, max_t
     spec.validate(drafter, target.n_batch)
     sampling = SamplingSettings(temperature, top_k, top_p, min_p)
     engine = Engine(target, make_drafter(target, draft, drafter, spec), spec, sampling, seed)
-    engine.start(_prompt_tokens(target, prompt))
+    engine.start(prompt_tokens(target, prompt))
     detok = target.detokenizer()
     stops = _StopFilter(stop)
     try:
