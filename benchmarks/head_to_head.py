@@ -42,8 +42,9 @@ import numpy as np
 
 from localspec import registry
 from localspec.api import load_model, prompt_tokens, stream_generate
+from localspec.drafters import NGramDrafter
 from localspec.efficiency import default_groups, paired_ratio, paired_scores, target_contexts
-from localspec.planner import expected_tokens
+from localspec.planner import expected_tokens, time_decode
 
 log = logging.getLogger("head_to_head")
 
@@ -150,13 +151,15 @@ def run_llama_speculative(bindir: Path, target: Path, draft: Path, prompt_text: 
 
 def run_localspec(target, draft, prompt_tokens: list[int], temperature: float, tokens: int, seed: int,
                   **spec) -> dict:
-    last = None
+    last, output = None, []
     for last in stream_generate(target, draft, prompt_tokens, max_tokens=tokens, temperature=temperature,
                                 seed=seed, **SAMPLING, **spec):
-        pass
+        if last.token is not None:
+            output.append(last.token)
     s = last.stats
     return dict(tokens=s.generated_tokens, seconds=s.elapsed_seconds, passes=s.target_passes,
-                drafted=s.drafted_tokens, accepted=s.accepted_tokens, verify_share=s.verifier_share)
+                drafted=s.drafted_tokens, accepted=s.accepted_tokens, verify_share=s.verifier_share,
+                output=output)
 
 
 def chat_tokens(target, prompt: str) -> list[int]:
@@ -176,8 +179,12 @@ LOCALSPEC_CONFIGS = [  # (drafter, verifier, plan, uses the draft model)
 ]
 
 
-def measure_all(args, target, draft, target_path: Path, draft_path: Path, bindir: Path | None) -> list[Row]:
+def measure_all(args, target, draft, target_path: Path, draft_path: Path,
+                bindir: Path | None) -> tuple[list[Row], dict[tuple[str, float], tuple[list[int], list[int]]]]:
+    """Every throughput row (repeats merged), and per (prompt, T) the prompt tokens and the target-only
+    run's output tokens."""
     rows: list[Row] = []
+    outputs: dict[tuple[str, float], tuple[list[int], list[int]]] = {}
     total = (len(PROMPTS) * len(args.temperatures) * args.repeat
              * (1 + len(LOCALSPEC_CONFIGS) + (2 if bindir else 0)))
     done = 0
@@ -195,6 +202,7 @@ def measure_all(args, target, draft, target_path: Path, draft_path: Path, bindir
             r = run_localspec(target, None, ptoks, t, args.tokens, args.seed, num_draft_tokens=0)
             rows.append(Row(name, t, "localspec", "-", "target only", "-", r["tokens"], r["seconds"], 1.0,
                             None, r["verify_share"]))
+            outputs.setdefault((name, t), (ptoks, r["output"]))
             for drafter, verifier, plan in LOCALSPEC_CONFIGS:
                 progress(f"localspec {drafter} {verifier} {plan}")
                 r = run_localspec(target, None if drafter == "ngram" else draft, ptoks, t, args.tokens, args.seed,
@@ -213,7 +221,7 @@ def measure_all(args, target, draft, target_path: Path, draft_path: Path, bindir
                                 r["tokens"] / steps if steps > 0 else None,
                                 r["accepted"] / r["drafted"] if r["drafted"] else None, None))
     print("", file=sys.stderr)
-    return merge_repeats(rows)
+    return merge_repeats(rows), outputs
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -266,6 +274,103 @@ def efficiency_report(scores: dict[str, np.ndarray], n_contexts: int, args) -> l
               f"{args.efficiency_stride} of {args.efficiency_tokens} tokens), one draft per context and shape "
               f"(token and block verify path 0 of the 3 i.i.d. paths GBV verifies), {args.efficiency_draws} "
               "verifier draws per draft; T = 1 without truncation, as in the papers."]
+    return lines
+
+
+# ---------------------------------------------------------------- cost curve and n-gram ceiling
+
+CURVE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 24, 32)  # tokens per target decode
+NGRAM_HORIZON = 31  # longest n-gram draft the ceiling considers (decodes of up to 32 tokens)
+
+
+def cost_curve(target, sizes: Sequence[int] = CURVE_SIZES, rounds: int = 3) -> dict[int, float]:
+    """Seconds per target decode of n tokens with every row's logits (a verification pass),
+    best of `rounds` interleaved rounds in a scratch KV sequence, after one warm-up decode."""
+    seq = target.options.n_seq_max - 1
+    time_decode(target, 1, seq)
+    best: dict[int, float] = {}
+    for _ in range(rounds):
+        for n in sizes:
+            if n <= target.n_batch:
+                best[n] = min(best.get(n, float("inf")), time_decode(target, n, seq))
+    return best
+
+
+def curve_cost(curve: dict[int, float], n: int) -> float:
+    """c(n) from the measured curve, linearly interpolated between measured sizes (a line through
+    the last two beyond them)."""
+    ns = sorted(curve)
+    if n in curve:
+        return curve[n]
+    if n > ns[-1]:
+        a, b = ns[-2], ns[-1]
+        return curve[b] + (curve[b] - curve[a]) * (n - b) / (b - a)
+    return float(np.interp(n, ns, [curve[k] for k in ns]))
+
+
+def ngram_runs(prompt: Sequence[int], output: Sequence[int], horizon: int = NGRAM_HORIZON) -> list[int]:
+    """For each output position i: how many of output[i], output[i+1], ... the prompt-lookup
+    drafter (localspec's, default n-gram sizes) proposes correctly in a row from the context
+    prompt + output[:i]."""
+    drafter = NGramDrafter(n_vocab=1, max_nodes=1)
+    context = list(prompt)
+    runs = []
+    for i, token in enumerate(output):
+        run = 0
+        for proposed, actual in zip(drafter.lookup(context, horizon), output[i:]):
+            if proposed != actual:
+                break
+            run += 1
+        runs.append(run)
+        context.append(token)
+    return runs
+
+
+def oracle_seconds(runs: Sequence[int], cost, max_depth: int) -> float:
+    """Least target time that produces the output when every step drafts j <= min(run, max_depth)
+    tokens the lookup got right and all of them are accepted (j + 1 tokens for c(j + 1); n-gram
+    drafts cost nothing): an upper bound on the speed of any planner with this drafter."""
+    n = len(runs)
+    best = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        best[i] = min(cost(j + 1) + best[min(n, i + j + 1)] for j in range(min(runs[i], max_depth) + 1))
+    return best[0]
+
+
+def cost_curve_report(curve: dict[int, float]) -> list[str]:
+    c1 = curve[1]
+    lines = ["| tokens per target pass n | c(n) | c(n) / c(1) | tok/s if every draft is accepted | vs target alone |",
+             "| ---: | ---: | ---: | ---: | ---: |"]
+    for n in sorted(curve):
+        lines.append(f"| {n} | {curve[n] * 1e3:.1f} ms | {curve[n] / c1:.2f} | {n / curve[n]:.1f} | "
+                     f"{n * c1 / curve[n]:.2f}× |")
+    return lines
+
+
+def ngram_ceiling_report(outputs: dict[tuple[str, float], tuple[list[int], list[int]]], curve: dict[int, float],
+                         rows: Sequence[Row]) -> list[str]:
+    """Per input-grounded prompt and temperature: the n-gram drafter's ceiling on the target-only
+    run's output with the measured cost curve, beside the best measured n-gram/hybrid speedup."""
+    def cost(n: int) -> float:
+        return curve_cost(curve, n)
+
+    def tps(prompt: str, t: float, drafter: str, plan: str) -> float | None:
+        return next((r.tps for r in rows if (r.prompt, r.temperature, r.system, r.drafter, r.plan)
+                     == (prompt, t, "localspec", drafter, plan)), None)
+
+    lines = ["| prompt | T | output tokens | lookup's next token right | ceiling, k ≤ 4 | ceiling, k ≤ 31 | "
+             "measured best (n-gram or hybrid) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for (prompt, t), (ptoks, output) in sorted(outputs.items()):
+        if prompt not in GROUNDED or not output:
+            continue
+        runs = ngram_runs(ptoks, output)
+        plain = len(output) * cost(1)
+        base = tps(prompt, t, "-", "-")
+        measured = [x for x in (tps(prompt, t, d, p) for d in ("ngram", "hybrid") for p in ("fixed", "auto")) if x]
+        best = f"{max(measured) / base:.2f}×" if base and measured else "—"
+        lines.append(f"| {prompt} | {t:g} | {len(output)} | {sum(r > 0 for r in runs) / len(runs):.0%} | "
+                     f"{plain / oracle_seconds(runs, cost, K):.2f}× | "
+                     f"{plain / oracle_seconds(runs, cost, NGRAM_HORIZON):.2f}× | {best} |")
     return lines
 
 
@@ -459,8 +564,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         draft = load_model(draft_path, threads=args.threads)
         try:
             if not args.skip_throughput:
-                rows = measure_all(args, target, draft, target_path, draft_path, bindir)
+                rows, outputs = measure_all(args, target, draft, target_path, draft_path, bindir)
+                print("target cost curve ...", file=sys.stderr, flush=True)
+                curve = cost_curve(target)
                 report += throughput_report(rows)
+                report += ["", "## What one target pass costs (the cost model)", "",
+                           "One decode of n tokens with every row's logits, as a verification pass makes; best of 3, "
+                           "measured after the runs above. The last column is the speedup of a drafter that is "
+                           "always right and free: the ceiling of any speculation with n - 1 drafts on this "
+                           "machine.", ""]
+                report += cost_curve_report(curve)
+                report += ["", "## N-gram ceiling on the input-grounded prompts", "",
+                           "On the target-only run's output: the share of positions where prompt lookup's first "
+                           "proposal is right, and the best speedup any planner could reach with this drafter "
+                           "(every step drafts only tokens the lookup gets right, all accepted, n-gram drafts free, "
+                           "costs from the curve above).", ""]
+                report += ngram_ceiling_report(outputs, curve, rows)
             if not args.skip_efficiency:
                 scores, n_contexts = verifier_efficiency(args, target, draft)
                 report += ["", "## Block efficiency at T = 1, γ = 8 (paired: same contexts, same drafts)", ""]

@@ -7,8 +7,9 @@ picks the d that maximises E(d) / cost(d), and d = 0 (no speculation) unless tha
 target alone by a margin.
 
 * target costs per batch size are measured once per model (a short calibration of dummy batches
-  in a scratch KV sequence) and then updated from every step; unmeasured sizes are interpolated
-  with a least-squares line c(n) = a + b·n;
+  of 1, 2, 4, 8, ... tokens and the shape's own sizes, in a scratch KV sequence) and then updated
+  from every step; unmeasured sizes are interpolated between measured neighbours (the CPU curve
+  has kinks: see docs/head-to-head.md);
 * the draft model's cost per level is calibrated the same way and then tracked per step;
   n-gram drafts cost nothing;
 * α is estimated per drafter from accepted lengths, with counts that decay back towards an
@@ -21,11 +22,10 @@ verified exactly, whatever length the history chose.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from localspec.model import Model, ModelError
 from localspec.tree import Shape
@@ -41,7 +41,11 @@ OPTIMISM = 1.0  # decide with α + OPTIMISM·sd (explores a drafter until its ac
 
 @dataclass
 class CostTable:
-    """Seconds per decode call, by number of tokens in the batch (EMA of measurements)."""
+    """Seconds per decode call, by number of tokens in the batch (EMA of measurements).
+
+    Unmeasured sizes are interpolated linearly between their measured neighbours (CPU costs are
+    not a line: on the 2-core reference machine a batch of 16 costs about what 9 cost), and beyond
+    the measured range extended along the line through the two nearest sizes."""
 
     seconds: dict[int, float] = field(default_factory=dict)
 
@@ -54,15 +58,22 @@ class CostTable:
             return self.seconds[n]
         if not self.seconds:
             return 0.0
-        ns = np.array(sorted(self.seconds), dtype=float)
-        cs = np.array([self.seconds[int(k)] for k in ns])
-        if len(ns) == 1:
-            return float(cs[0] * n / ns[0])  # pessimistic: proportional to the batch size
-        b, a = np.polyfit(ns, cs, 1)
-        return float(max(a + b * n, cs.min()))
+        sizes = sorted(self.seconds)
+        if len(sizes) == 1:
+            return self.seconds[sizes[0]] * n / sizes[0]  # pessimistic: proportional to the batch size
+        i = min(max(bisect.bisect_left(sizes, n), 1), len(sizes) - 1)  # sizes[i-1] < n < sizes[i] inside
+        lo, hi = sizes[i - 1], sizes[i]
+        c_lo, c_hi = self.seconds[lo], self.seconds[hi]
+        line = c_lo + (c_hi - c_lo) * (n - lo) / (hi - lo)
+        if n > hi:  # beyond the largest measured size: never cheaper than it
+            return max(line, c_hi)
+        if n < lo:  # below the smallest: never cheaper per token than it
+            return max(line, c_lo * n / lo)
+        return line
 
 
-def _time_decode(model: Model, n: int, seq: int) -> float:
+def time_decode(model: Model, n: int, seq: int) -> float:
+    """Seconds for one decode of n dummy tokens (all logits) in scratch KV sequence `seq`."""
     tokens = [model.bos if model.bos >= 0 else 0] * n
     t0 = time.perf_counter()
     model.decode(tokens, range(n), [(seq,)] * n, outputs="all")
@@ -72,8 +83,8 @@ def _time_decode(model: Model, n: int, seq: int) -> float:
 
 
 def calibrate(model: Model, sizes: tuple[int, ...]) -> CostTable:
-    """Time dummy batches of the given sizes in a scratch KV sequence (best of two), once per
-    model; the table is kept on the model and refined by later steps."""
+    """Time dummy batches of the given sizes in a scratch KV sequence (best of two, after one
+    warm-up decode), once per model; the table is kept on the model and refined by later steps."""
     table: CostTable | None = getattr(model, "step_costs", None)
     if table is None:
         table = CostTable()
@@ -83,8 +94,9 @@ def calibrate(model: Model, sizes: tuple[int, ...]) -> CostTable:
     if seq < 1 or not missing:
         return table
     try:
+        time_decode(model, 1, seq)  # warm-up: a cold first decode would inflate c(1)
         for n in missing:
-            table.observe(n, min(_time_decode(model, n, seq) for _ in range(2)))
+            table.observe(n, min(time_decode(model, n, seq) for _ in range(2)))
     except ModelError as exc:  # no free KV cells: learn from real steps instead
         log.debug("calibration of %s skipped: %s", model.path.name, exc)
     log.debug("step costs of %s: %s", model.path.name,
@@ -132,7 +144,9 @@ class Planner:
 
     def __init__(self, target: Model, draft: Model | None, shape: Shape) -> None:
         self.shape = shape
-        sizes = tuple(sorted({1, shape.truncated(1).n_nodes + 1, shape.n_nodes + 1}))
+        top = shape.n_nodes + 1
+        powers = {2 ** i for i in range(top.bit_length()) if 2 ** i <= top}  # 1, 2, 4, 8, ... (the curve's shape)
+        sizes = tuple(sorted(powers | {shape.truncated(1).n_nodes + 1, top}))
         self.target_cost = calibrate(target, sizes)
         self.draft_cost = calibrate(draft, (1,)) if draft is not None else None
         self.acceptance = {"model": Acceptance(), "ngram": Acceptance()}

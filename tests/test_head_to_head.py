@@ -7,6 +7,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -54,3 +55,35 @@ def test_nonpositive_counts_are_usage_errors(capsys) -> None:
         h2h.parse_args(["--efficiency-draws", "0"])
     assert exc.value.code == 2
     assert "--efficiency-draws must be at least 1" in capsys.readouterr().err
+
+
+def test_ngram_runs_count_the_lookups_right_proposals_in_a_row() -> None:
+    # from the context ...1,2 the lookup proposes 3,4,5,6,...: right three times, then 9 differs
+    assert h2h.ngram_runs([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 9]) == [0, 0, 3, 2, 1, 0]
+
+
+def test_oracle_seconds_is_the_cheapest_segmentation() -> None:
+    runs = [0, 0, 3, 2, 1, 0]
+    assert h2h.oracle_seconds(runs, lambda n: float(n), 31) == 6.0  # linear cost: drafting cannot help
+    assert h2h.oracle_seconds(runs, lambda n: 1.0, 31) == 3.0  # free batches: 1 + 1 + (3 drafts + 1)
+    assert h2h.oracle_seconds(runs, lambda n: 1.0, 1) == 4.0  # at most one draft per step
+    assert h2h.oracle_seconds([], lambda n: 1.0, 4) == 0.0
+
+
+def test_curve_cost_interpolates_and_extends() -> None:
+    curve = {1: 0.03, 2: 0.05, 4: 0.09}
+    assert h2h.curve_cost(curve, 2) == 0.05
+    assert h2h.curve_cost(curve, 3) == pytest.approx(0.07)
+    assert h2h.curve_cost(curve, 6) == pytest.approx(0.13)
+
+
+def test_ngram_ceiling_report_against_the_measured_rows() -> None:
+    prompt, output = [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 9]
+    rows = [h2h.Row("code-edit", 0.0, "localspec", "-", "target only", "-", 6, 6.0, 1.0, None, None),
+            h2h.Row("code-edit", 0.0, "localspec", "ngram", "block", "fixed", 6, 5.0, 1.5, 0.8, None)]
+    curve = {1: 1.0, 2: 1.0, 32: 1.0}  # batches cost one step: the ceiling is the step count
+    text = "\n".join(h2h.ngram_ceiling_report({("code-edit", 0.0): (prompt, output),
+                                               ("code", 0.0): (prompt, output)}, curve, rows))
+    assert "| code-edit | 0 | 6 | 50% | 2.00× | 2.00× | 1.20× |" in text  # 3 steps instead of 6
+    assert "| code |" not in text  # only the input-grounded prompts
+    assert "| 1 | 1000.0 ms | 1.00 | 1.0 | 1.00× |" in "\n".join(h2h.cost_curve_report(curve))

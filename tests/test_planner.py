@@ -92,3 +92,16 @@ def test_auto_plan_runs_and_measures_costs(tiny_target: Model, tiny_draft: Model
     assert out[-1].finish_reason in ("length", "stop")
     costs = tiny_target.step_costs.seconds
     assert 1 in costs and 5 in costs and all(v > 0 for v in costs.values())
+
+
+def test_cost_table_follows_a_kinked_curve() -> None:
+    """Measured CPU costs are not a line (a batch of 16 costs about what 9 cost): unmeasured sizes
+    come from their neighbours, not from a least-squares line through all of them."""
+    t = CostTable({1: 0.040, 7: 0.175, 9: 0.350, 16: 0.343})
+    assert t(8) == pytest.approx(0.2625)
+    assert t(12) == pytest.approx(0.350 - 0.007 * 3 / 7)
+    assert t(32) == pytest.approx(0.343)  # beyond: the falling last segment is floored at c(16)
+    assert t(4) == pytest.approx(0.040 + 0.135 * 3 / 6)
+    below = CostTable({2: 0.06, 4: 0.10})
+    assert below(1) == pytest.approx(0.04)
+    assert CostTable({4: 0.1, 8: 0.3})(1) == pytest.approx(0.025)  # the line would go negative: per token
