@@ -358,7 +358,7 @@ def ngram_ceiling_report(outputs: dict[tuple[str, float], tuple[list[int], list[
         return next((r.tps for r in rows if (r.prompt, r.temperature, r.system, r.drafter, r.plan)
                      == (prompt, t, "localspec", drafter, plan)), None)
 
-    lines = ["| prompt | T | output tokens | lookup's next token right | ceiling, k ≤ 4 | ceiling, k ≤ 31 | "
+    lines = [f"| prompt | T | output tokens | lookup's next token right | ceiling, k ≤ {K} | ceiling, k ≤ {NGRAM_HORIZON} | "
              "measured best (n-gram or hybrid) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for (prompt, t), (ptoks, output) in sorted(outputs.items()):
         if prompt not in GROUNDED or not output:
