@@ -34,7 +34,7 @@ def test_efficiency_report_states_each_target() -> None:
     scores = {"token k8": token, "block k8": token * 1.10,  # clearly above 1.05
               "gbv K=3 k8": token * 1.10,  # equal to block: clearly below 1.15
               "rrsw tree 3x2x1x1x1x1x1x1": token, "traversal tree 3x2x1x1x1x1x1x1": token * 1.02}
-    args = Namespace(seed=0, efficiency_seeds=1, efficiency_stride=2, efficiency_tokens=96, efficiency_draws=64)
+    args = Namespace(seed=0, prompts=list(h2h.PROMPTS), efficiency_seeds=1, efficiency_stride=2, efficiency_tokens=96, efficiency_draws=64)
     text = "\n".join(h2h.efficiency_report(scores, 300, args))
     assert "| block k8 / token k8 | 1.100 | 1.100–1.100 | ≥ 1.05 | met |" in text
     assert "| gbv K=3 k8 / block k8 | 1.000 | 1.000–1.000 | ≥ 1.15 | missed |" in text
@@ -87,3 +87,24 @@ def test_ngram_ceiling_report_against_the_measured_rows() -> None:
     assert "| code-edit | 0 | 6 | 50% | 2.00× | 2.00× | 1.20× |" in text  # 3 steps instead of 6
     assert "| code |" not in text  # only the input-grounded prompts
     assert "| 1 | 1000.0 ms | 1.00 | 1.0 | 1.00× |" in "\n".join(h2h.cost_curve_report(curve))
+
+
+def test_prompt_selection_and_extra_ngram_runs(capsys) -> None:
+    import pytest
+
+    args = h2h.parse_args(["--prompts", "code-edit,prose", "--ngram-k", "15"])
+    assert args.prompts == ["code-edit", "prose"]
+    extra = [c for c in h2h.localspec_configs("code-edit", 15) if c[3] == 15]
+    assert extra == [("ngram", "block", "auto k15", 15), ("hybrid", "block", "auto k15", 15)]
+    assert all(c[3] == h2h.K for c in h2h.localspec_configs("prose", 15))  # not an input-grounded prompt
+    assert len(h2h.localspec_configs("code-edit", 0)) == len(h2h.LOCALSPEC_CONFIGS)
+    with pytest.raises(SystemExit):
+        h2h.parse_args(["--prompts", "code,poetry"])
+    assert "unknown prompt(s) poetry in --prompts" in capsys.readouterr().err
+
+
+def test_ngram_ratio_takes_the_best_plan() -> None:
+    rows = [h2h.Row("code-edit", 0.0, "localspec", "-", "target only", "-", 100, 4.0, 1.0, None, None),
+            h2h.Row("code-edit", 0.0, "localspec", "ngram", "block", "fixed", 100, 3.0, 2.0, 0.8, None),
+            h2h.Row("code-edit", 0.0, "localspec", "ngram", "block", "auto k15", 100, 2.5, 3.0, 0.8, None)]
+    assert "| ngram / target only (≥ 1.5) | code-edit | 0 | 1.60× |" in h2h.ratios(rows)
