@@ -44,7 +44,7 @@ from localspec import registry
 from localspec.api import load_model, prompt_tokens, stream_generate
 from localspec.drafters import NGramDrafter
 from localspec.efficiency import default_groups, paired_ratio, paired_scores, target_contexts
-from localspec.planner import expected_tokens, time_decode
+from localspec.planner import CostTable, expected_tokens, time_decode
 
 log = logging.getLogger("head_to_head")
 
@@ -307,18 +307,6 @@ def cost_curve(target, sizes: Sequence[int] = CURVE_SIZES, rounds: int = 5) -> d
     return {n: float(np.median(ts)) for n, ts in times.items()}
 
 
-def curve_cost(curve: dict[int, float], n: int) -> float:
-    """c(n) from the measured curve, linearly interpolated between measured sizes (a line through
-    the last two beyond them)."""
-    ns = sorted(curve)
-    if n in curve:
-        return curve[n]
-    if n > ns[-1]:
-        a, b = ns[-2], ns[-1]
-        return curve[b] + (curve[b] - curve[a]) * (n - b) / (b - a)
-    return float(np.interp(n, ns, [curve[k] for k in ns]))
-
-
 def ngram_runs(prompt: Sequence[int], output: Sequence[int], horizon: int = NGRAM_HORIZON) -> list[int]:
     """For each output position i: how many of output[i], output[i+1], ... the prompt-lookup
     drafter (localspec's, default n-gram sizes) proposes correctly in a row from the context
@@ -362,8 +350,7 @@ def ngram_ceiling_report(outputs: dict[tuple[str, float], tuple[list[int], list[
                          rows: Sequence[Row]) -> list[str]:
     """Per input-grounded prompt and temperature: the n-gram drafter's ceiling on the target-only
     run's output with the measured cost curve, beside the best measured n-gram/hybrid speedup."""
-    def cost(n: int) -> float:
-        return curve_cost(curve, n)
+    cost = CostTable(dict(curve))  # the planner's interpolation between measured sizes
 
     def tps(prompt: str, t: float, drafter: str) -> list[float]:
         return [r.tps for r in rows if (r.prompt, r.temperature, r.system, r.drafter) == (prompt, t, "localspec", drafter)]

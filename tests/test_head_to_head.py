@@ -70,13 +70,6 @@ def test_oracle_seconds_is_the_cheapest_segmentation() -> None:
     assert h2h.oracle_seconds([], lambda n: 1.0, 4) == 0.0
 
 
-def test_curve_cost_interpolates_and_extends() -> None:
-    curve = {1: 0.03, 2: 0.05, 4: 0.09}
-    assert h2h.curve_cost(curve, 2) == 0.05
-    assert h2h.curve_cost(curve, 3) == pytest.approx(0.07)
-    assert h2h.curve_cost(curve, 6) == pytest.approx(0.13)
-
-
 def test_ngram_ceiling_report_against_the_measured_rows() -> None:
     prompt, output = [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 9]
     rows = [h2h.Row("code-edit", 0.0, "localspec", "-", "target only", "-", 6, 6.0, 1.0, None, None),
