@@ -338,7 +338,11 @@ def oracle_seconds(runs: Sequence[int], cost, max_depth: int) -> float:
 
 def cost_curve_report(curve: dict[int, float]) -> list[str]:
     c1 = curve[1]
-    lines = ["| tokens per target pass n | c(n) | c(n) / c(1) | tok/s if every draft is accepted | vs target alone |",
+    lines = ["## What one target pass costs (the cost model)", "",
+             "One decode of n tokens with every row's logits, as a verification pass makes; median of 5, "
+             "measured after the runs above. The last column is the speedup of a drafter that is "
+             "always right and free: the ceiling of any speculation with n - 1 drafts on this machine.", "",
+             "| tokens per target pass n | c(n) | c(n) / c(1) | tok/s if every draft is accepted | vs target alone |",
              "| ---: | ---: | ---: | ---: | ---: |"]
     for n in sorted(curve):
         lines.append(f"| {n} | {curve[n] * 1e3:.1f} ms | {curve[n] / c1:.2f} | {n / curve[n]:.1f} | "
@@ -355,7 +359,12 @@ def ngram_ceiling_report(outputs: dict[tuple[str, float], tuple[list[int], list[
     def tps(prompt: str, t: float, drafter: str) -> list[float]:
         return [r.tps for r in rows if (r.prompt, r.temperature, r.system, r.drafter) == (prompt, t, "localspec", drafter)]
 
-    lines = [f"| prompt | T | output tokens | lookup's next token right | ceiling, k ≤ {K} | ceiling, k ≤ {NGRAM_HORIZON} | "
+    lines = ["## N-gram ceiling on the input-grounded prompts", "",
+             "On the target-only run's output: the share of positions where prompt lookup's first "
+             "proposal is right, and the best speedup any planner could reach with this drafter "
+             "(every step drafts only tokens the lookup gets right, all accepted, n-gram drafts free, "
+             "costs from the curve above).", "",
+             f"| prompt | T | output tokens | lookup's next token right | ceiling, k ≤ {K} | ceiling, k ≤ {NGRAM_HORIZON} | "
              "measured best (n-gram or hybrid) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for (prompt, t), (ptoks, output) in sorted(outputs.items()):
         if prompt not in GROUNDED or not output:
@@ -575,18 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("target cost curve ...", file=sys.stderr, flush=True)
                 curve = cost_curve(target)
                 report += throughput_report(rows)
-                report += ["", "## What one target pass costs (the cost model)", "",
-                           "One decode of n tokens with every row's logits, as a verification pass makes; median of 5, "
-                           "measured after the runs above. The last column is the speedup of a drafter that is "
-                           "always right and free: the ceiling of any speculation with n - 1 drafts on this "
-                           "machine.", ""]
-                report += cost_curve_report(curve)
-                report += ["", "## N-gram ceiling on the input-grounded prompts", "",
-                           "On the target-only run's output: the share of positions where prompt lookup's first "
-                           "proposal is right, and the best speedup any planner could reach with this drafter "
-                           "(every step drafts only tokens the lookup gets right, all accepted, n-gram drafts free, "
-                           "costs from the curve above).", ""]
-                report += ngram_ceiling_report(outputs, curve, rows)
+                report += [""] + cost_curve_report(curve) + [""] + ngram_ceiling_report(outputs, curve, rows)
             if not args.skip_efficiency:
                 scores, n_contexts = verifier_efficiency(args, target, draft)
                 report += ["", "## Block efficiency at T = 1, γ = 8 (paired: same contexts, same drafts)", ""]
