@@ -8,7 +8,9 @@
     print(r.stats.block_efficiency, r.stats.tokens_per_second)
 
 ``draft=None`` decodes with the target alone through the same code path (the baseline).
-Keyword names equal the CLI flags.
+Keyword names equal the CLI flags. As in mlx-lm, :class:`Generation` is the eager set-up (it
+validates the settings, tokenizes the prompt and builds the engine, so bad input raises at once)
+and iterating over it runs the generation; ``stream_generate`` and ``generate`` wrap it.
 """
 
 from __future__ import annotations
@@ -16,17 +18,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence, Union
+from typing import Any, Iterator, Sequence
 
-from localspec.drafters import (Drafter, HybridDrafter, ModelDrafter, NGramDrafter,
-                                SamplingSettings)
-from localspec.engine import ConfigError, Engine, GenerationStats, SpecConfig
-from localspec.model import Model, ModelError, ModelOptions, check_pair
+from localspec.config import GenerationConfig, ModelOptions
+from localspec.drafters import make_drafters
+from localspec.engine import Engine, GenerationStats
+from localspec.errors import ModelError
+from localspec.model import Model
+from localspec.prompt import Prompt, prompt_tokens
 
 log = logging.getLogger(__name__)
-
-Prompt = Union[str, Sequence[int], Sequence[dict]]
-DRAFTERS = ("model", "ngram", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -39,19 +40,17 @@ class Response:
     stats: GenerationStats
 
 
-def load_model(model: str | Path, *, ctx_size: int = 4096, n_gpu_layers: int = 0,
-               threads: int | None = None, flash_attn: str = "auto", cache_type: str = "f16",
-               batch_size: int = 512, n_seq_max: int = 16, load_mode: str = "read") -> Model:
-    """Load a GGUF file, or a registry model by name (fetched and cached on first use)."""
+def load_model(model: str | Path, **options: Any) -> Model:
+    """Load a GGUF file, or a registry model by name (fetched and cached on first use).
+    Options: ctx_size, batch_size, threads, n_gpu_layers, flash_attn, cache_type, n_seq_max,
+    load_mode (see localspec.config.ModelOptions)."""
     from localspec import registry
 
-    path = registry.resolve(str(model))
-    return Model(path, ModelOptions(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads,
-                                    n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                                    cache_type=cache_type, n_seq_max=n_seq_max, load_mode=load_mode))
+    model_options = ModelOptions.from_options(options)
+    return Model(registry.resolve(str(model)), model_options)
 
 
-def default_pair(*, draft_n_gpu_layers: int | None = None, **options) -> tuple[Model, Model]:
+def default_pair(*, draft_n_gpu_layers: int | None = None, **options: Any) -> tuple[Model, Model]:
     """The default (target, draft) pair of the registry, fetched if needed. Options as for
     load_model; draft_n_gpu_layers defaults to n_gpu_layers."""
     from localspec import registry
@@ -64,57 +63,18 @@ def default_pair(*, draft_n_gpu_layers: int | None = None, **options) -> tuple[M
         draft_options["n_gpu_layers"] = draft_n_gpu_layers
     try:
         draft = load_model(pair.draft, **draft_options)
-    except Exception:
+    except BaseException:
         target.close()
         raise
     return target, draft
 
 
-def target_alone_without_draft(settings: dict, has_draft: bool) -> dict:
-    """Speculative settings as they apply: the model drafter with no draft model loaded decodes
+def applied_config(config: GenerationConfig, has_draft: bool) -> GenerationConfig:
+    """The settings as they apply to a pair: the model drafter with no draft model loaded decodes
     with the target alone (no draft tokens, no tree)."""
-    if not has_draft and settings.get("drafter", "model") == "model":
-        return {**settings, "num_draft_tokens": 0, "tree": None}
-    return settings
-
-
-def make_drafter(target: Model, draft: Model | None, drafter: str, spec: SpecConfig) -> Drafter | None:
-    """The drafter named by `drafter` for this pair (None: no speculation)."""
-    if drafter not in DRAFTERS:
-        raise ConfigError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
-    shape = spec.shape()
-    if spec.num_draft_tokens == 0 and not spec.tree:
-        return None
-    max_nodes = max(shape.n_nodes, 1)
-    if drafter == "ngram":
-        return NGramDrafter(target.n_vocab, max_nodes)
-    if draft is None:
-        if drafter == "hybrid":
-            raise ConfigError("the hybrid drafter needs a draft model (-d/--draft); use --drafter ngram without one")
-        return None
-    check_pair(target, draft)
-    model_drafter = ModelDrafter(draft, target.n_vocab, max_nodes)
-    if drafter == "hybrid":
-        return HybridDrafter(model_drafter, NGramDrafter(target.n_vocab, max_nodes))
-    return model_drafter
-
-
-def prompt_tokens(target: Model, prompt: Prompt) -> list[int]:
-    """A prompt (text, chat messages or token ids) as the token ids generation starts from."""
-    if isinstance(prompt, str):
-        return target.tokenize(prompt, add_special=True, parse_special=False)
-    items = list(prompt)
-    if items and all(isinstance(m, dict) for m in items):
-        text = target.apply_chat_template(items, add_generation_prompt=True)
-        return target.tokenize(text, add_special=not text.startswith(_bos_text(target)), parse_special=True)
-    if all(isinstance(t, int) and 0 <= t < target.n_vocab for t in items):
-        return list(items)
-    raise ModelError("prompt must be a string, a list of chat messages ({'role', 'content'}) "
-                     f"or a list of token ids in [0, {target.n_vocab})")
-
-
-def _bos_text(model: Model) -> str:
-    return model.token_text(model.bos).decode("utf-8", "replace") if model.add_bos else "\0"
+    if not has_draft and config.drafter == "model":
+        return config.target_alone()
+    return config
 
 
 class _StopFilter:
@@ -144,61 +104,62 @@ class _StopFilter:
         return out
 
 
-def stream_generate(target: Model, draft: Model | None, prompt: Prompt, *, max_tokens: int = 256,
-                    temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                    seed: int | None = None, verifier: str = "block", num_draft_tokens: int = 4,
-                    paths: int = 1, tree: Sequence[int] | None = None, drafter: str = "model",
-                    lenience: float = 0.0, stop: Sequence[str] = (), plan: str = "auto") -> Iterator[Response]:
+class Generation:
+    """One generation, set up eagerly: settings validated, prompt tokenized, engine built.
+    Iterate over it (once) for one :class:`Response` per token; the last carries the finish reason."""
+
+    def __init__(self, target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig) -> None:
+        self.target = target
+        self.config = applied_config(config, draft is not None)
+        self.prompt = prompt_tokens(target, prompt)
+        if len(self.prompt) >= target.n_ctx:
+            raise ModelError(f"the prompt has {len(self.prompt)} tokens but the context holds {target.n_ctx}; "
+                             "shorten the prompt or raise --ctx-size")
+        self.engine = Engine(target, make_drafters(target, draft, self.config.drafter, self.config.shape),
+                             self.config)
+
+    def __iter__(self) -> Iterator[Response]:
+        self.engine.start(self.prompt)
+        try:
+            yield from self._responses()
+        except GeneratorExit:  # the caller stopped between steps: the caches are consistent
+            self.engine.finish()
+            raise
+        self.engine.finish()
+
+    def _responses(self) -> Iterator[Response]:
+        engine, detok, stops = self.engine, self.target.detokenizer(), _StopFilter(self.config.stop)
+        while True:
+            new = engine.step()
+            if not new:  # the context is full
+                yield Response(stops.flush() + detok.flush(), None, "length", engine.stats())
+                return
+            for i, tok in enumerate(new):
+                finish = engine.finish_reason if i == len(new) - 1 else None
+                text = "" if finish == "stop" and self.target.is_eog(tok) else stops.push(detok.add(tok))
+                if stops.stopped:
+                    finish = "stop"
+                elif finish:
+                    text += stops.flush() + detok.flush()
+                yield Response(text, tok, finish, engine.stats())
+                if finish:
+                    return
+
+
+def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig | None = None,
+                    **options: Any) -> Iterator[Response]:
     """Yield one Response per generated token; the last one carries the finish reason.
 
+    Settings come from `config` and/or the flat keywords of the CLI flags (max_tokens,
+    temperature, top_k, top_p, min_p, seed, verifier, num_draft_tokens, paths, tree, drafter, plan,
+    lenience, stop); they are checked here, before the first token (ConfigError, ModelError).
     plan="auto" (default) drafts at most num_draft_tokens levels and picks each step's depth, or
-    no speculation at all, from measured step costs and acceptance (localspec.planner);
-    plan="fixed" always drafts the full shape."""
-    if max_tokens < 1:
-        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
-    spec = SpecConfig(verifier=verifier, num_draft_tokens=num_draft_tokens, paths=paths,
-                      tree=tuple(tree) if tree else None, lenience=lenience, plan=plan)
-    spec.validate(drafter, target.n_batch)
-    sampling = SamplingSettings(temperature, top_k, top_p, min_p)
-    engine = Engine(target, make_drafter(target, draft, drafter, spec), spec, sampling, seed)
-    engine.start(prompt_tokens(target, prompt))
-    detok = target.detokenizer()
-    stops = _StopFilter(stop)
-    try:
-        yield from _run(engine, target, detok, stops, max_tokens)
-    except GeneratorExit:  # the caller stopped between steps: the caches are consistent
-        engine.finish()
-        raise
+    no speculation at all, from measured step costs and acceptance; plan="fixed" always drafts
+    the full shape."""
+    return iter(Generation(target, draft, prompt, GenerationConfig.from_options(config, **options)))
 
 
-def _run(engine: Engine, target: Model, detok, stops: _StopFilter, max_tokens: int) -> Iterator[Response]:
-    generated = 0
-    while True:
-        if engine.room() < 0:
-            yield Response(stops.flush() + detok.flush(), None, "length", engine.counters.snapshot())
-            break
-        new = engine.step(max_tokens - generated - 1)
-        finish = None
-        for tok in new:
-            generated += 1
-            engine.counters.generated = generated
-            if target.is_eog(tok):
-                finish = "stop"
-            text = "" if finish else stops.push(detok.add(tok))
-            if stops.stopped:
-                finish = "stop"
-            elif finish is None and generated >= max_tokens:
-                finish = "length"
-            if finish and not stops.stopped:
-                text += stops.flush() + detok.flush()
-            yield Response(text, tok, finish, engine.counters.snapshot())
-            if finish:
-                break
-        if finish:
-            break
-    engine.finish()
-
-
-def generate(target: Model, draft: Model | None, prompt: Prompt, **kwargs) -> str:
-    """The whole completion as a string (see stream_generate for the keywords)."""
-    return "".join(r.text for r in stream_generate(target, draft, prompt, **kwargs))
+def generate(target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig | None = None,
+             **options: Any) -> str:
+    """The whole completion as a string (see stream_generate for the settings)."""
+    return "".join(r.text for r in stream_generate(target, draft, prompt, config, **options))

@@ -2,156 +2,39 @@
 
 Every row is measured in the same process, on the same prompts and seeds, side by side with a
 target-only baseline row of the same prompt set and temperature, so the speedup column compares
-like with like (see DESIGN.md, "Metrics")::
+like with like (see docs/design.md, "Metrics")::
 
-    from localspec.bench import BenchSettings, builtin_prompts, parse_shape, run_bench, to_markdown
+    from localspec.bench import BenchSettings, run_bench, to_markdown
+    from localspec.config import Shape
+    from localspec.prompt_sets import builtin_prompts
 
-    settings = BenchSettings(verifiers=("block",), shapes=(parse_shape("k4"),), temperatures=(0.0,))
+    settings = BenchSettings(verifiers=("block",), shapes=(Shape.parse("k4"),), temperatures=(0.0,))
     results = run_bench(target, draft, builtin_prompts("code"), settings)
     print(to_markdown(results))
 
 No click here: the ``bench`` command (localspec/commands/bench.py) turns errors into messages.
+Prompt sets live in :mod:`localspec.prompt_sets`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from localspec.engine import ConfigError, GenerationStats, SpecConfig, combine
-
-log = logging.getLogger(__name__)
-
-# ---------------------------------------------------------------- prompts
-
-PROMPT_SETS: dict[str, tuple[str, ...]] = {
-    # fresh code: the draft must guess what comes next
-    "code": (
-        "Write a Python function that returns the n-th Fibonacci number iteratively.",
-        "Write a Python class for a stack with push, pop and peek methods.",
-        "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.",
-        "Write a Python function that merges two sorted lists into one sorted list.",
-    ),
-    # free text: lower agreement between draft and target
-    "prose": (
-        "Explain in a short paragraph why the sky is blue.",
-        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-        "Describe the water cycle to a ten-year-old.",
-        "Give three tips for writing clear technical documentation.",
-    ),
-    # input-grounded: the answer largely repeats the prompt (n-gram drafting shines here)
-    "code-edit": (
-        "Add type hints to this function and return it unchanged otherwise:\n\n"
-        "def scale(values, factor, offset=0):\n"
-        "    result = []\n"
-        "    for value in values:\n"
-        "        result.append(value * factor + offset)\n"
-        "    return result\n",
-        "Rename the variable `tmp` to `total` in this code and show the whole code:\n\n"
-        "def mean(numbers):\n"
-        "    tmp = 0\n"
-        "    for n in numbers:\n"
-        "        tmp += n\n"
-        "    return tmp / len(numbers) if numbers else 0.0\n",
-        "Summarise this paragraph in two sentences, reusing its wording:\n\n"
-        "Speculative decoding speeds up text generation by letting a small draft model propose "
-        "several tokens, which the large target model then checks in a single forward pass. "
-        "Tokens the target agrees with are kept; the first disagreement is replaced by a token "
-        "drawn from a corrected distribution, so the output is distributed exactly as if the "
-        "target had generated it alone.",
-    ),
-}
-ALL = "all"
+from localspec.config import DEFAULT_SAMPLING, GenerationConfig, SamplingParams, Shape
+from localspec.engine import GenerationStats, combine
+from localspec.errors import ConfigError, DependencyError
 
 
-class BenchError(ValueError):
+class BenchError(ConfigError):
     """A benchmark input that cannot be used (the message names the option or file)."""
 
 
-def builtin_prompts(name: str) -> dict[str, tuple[str, ...]]:
-    """The built-in prompt set `name` (or every set for "all"), keyed by set name."""
-    if name == ALL:
-        return dict(PROMPT_SETS)
-    if name not in PROMPT_SETS:
-        raise BenchError(f"unknown prompt set {name!r}; choose one of {', '.join(PROMPT_SETS)}, {ALL}, "
-                         "or give a file path")
-    return {name: PROMPT_SETS[name]}
-
-
-def load_prompt_file(path: str | Path) -> tuple[str, ...]:
-    """Prompts from a file: a JSON list of strings, or one prompt per (non-empty) line."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise BenchError(f"prompt file {str(p)!r} does not exist (give code, prose, code-edit, all, "
-                         "or the path of a file with one prompt per line or a JSON list of strings)")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BenchError(f"cannot read prompt file {str(p)!r}: {exc}") from None
-    if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BenchError(f"prompt file {str(p)!r} is not valid JSON ({exc.msg} at line {exc.lineno}); "
-                             "give a JSON list of strings or one prompt per line") from None
-        if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
-            raise BenchError(f"prompt file {str(p)!r} must hold a JSON list of strings")
-        prompts = tuple(x for x in data if x.strip())
-    else:
-        prompts = tuple(line.strip() for line in text.splitlines() if line.strip())
-    if not prompts:
-        raise BenchError(f"prompt file {str(p)!r} holds no prompts")
-    return prompts
-
-
-def load_prompts(spec: str) -> dict[str, tuple[str, ...]]:
-    """Built-in set names (comma list, or "all"), or a file path (the set is then named after the file)."""
-    names = [n.strip() for n in spec.split(",")]
-    if all(n == ALL or n in PROMPT_SETS for n in names):
-        return {k: v for n in names for k, v in builtin_prompts(n).items()}
-    return {Path(spec).stem or spec: load_prompt_file(spec)}
-
-
-# ---------------------------------------------------------------- draft shapes
-
-_SHAPE_RE = re.compile(r"^(?:k(\d+)|p(\d+)k(\d+)|t(\d+(?:x\d+)*))$")
-SHAPE_SYNTAX = ("kN (a chain of N draft tokens), pKkN (K paths of N tokens), "
-                "tAxBx.. (a tree, A children at depth 1, ...)")
-
-
-@dataclass(frozen=True)
-class DraftShape:
-    """What to draft per step: a chain, K independent paths, or a tree."""
-
-    label: str
-    num_draft_tokens: int
-    paths: int = 1
-    tree: tuple[int, ...] | None = None
-
-
-def parse_shape(text: str) -> DraftShape:
-    """"k4" -> chain of 4, "p3k4" -> 3 paths of 4, "t3x2x1" -> tree; ValueError if malformed."""
-    label = text.strip().lower()
-    m = _SHAPE_RE.match(label)
-    if not m:
-        raise ValueError(f"{text!r} is not a draft shape; use {SHAPE_SYNTAX}")
-    if m.group(1) is not None:
-        shape = DraftShape(label, int(m.group(1)))
-    elif m.group(2) is not None:
-        shape = DraftShape(label, int(m.group(3)), paths=int(m.group(2)))
-    else:
-        tree = tuple(int(b) for b in m.group(4).split("x"))
-        shape = DraftShape(label, len(tree), tree=tree)
-    if shape.num_draft_tokens < 1 or shape.paths < 1 or (shape.tree and min(shape.tree) < 1):
-        raise ValueError(f"{text!r}: lengths, path counts and branching factors must be >= 1 "
-                         "(the target-only baseline is always included)")
-    return shape
-
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- configurations
 
@@ -161,16 +44,14 @@ class BenchSettings:
     """The matrix to run and the sampling settings shared by every row."""
 
     verifiers: tuple[str, ...] = ("match", "token", "block")
-    shapes: tuple[DraftShape, ...] = (DraftShape("k4", 4),)
+    shapes: tuple[Shape, ...] = (Shape.chain(4),)
     drafters: tuple[str, ...] = ("model",)
     temperatures: tuple[float, ...] = (0.0, 0.8)
     plan: str = "fixed"
     max_tokens: int = 64
     repeat: int = 1
     seed: int = 0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
+    sampling: SamplingParams = DEFAULT_SAMPLING  # top-k, top-p, min-p; the temperature is per row
     chat: bool = True
 
 
@@ -180,7 +61,7 @@ class BenchConfig:
 
     verifier: str | None
     drafter: str | None
-    shape: DraftShape | None
+    shape: Shape | None
     plan: str
     temperature: float
 
@@ -188,15 +69,18 @@ class BenchConfig:
     def baseline(self) -> bool:
         return self.verifier is None
 
-    def generate_kwargs(self) -> dict:
-        if self.shape is None:
-            return dict(num_draft_tokens=0, tree=None, paths=1, verifier="block", drafter="model",
-                        plan=self.plan)
-        return dict(verifier=self.verifier, drafter=self.drafter, num_draft_tokens=self.shape.num_draft_tokens,
-                    paths=self.shape.paths, tree=self.shape.tree, plan=self.plan)
+    def generation(self, settings: BenchSettings, seed: int, max_tokens: int) -> GenerationConfig:
+        """The GenerationConfig of this row for one prompt."""
+        sampling = replace(settings.sampling, temperature=self.temperature)
+        if self.baseline:
+            return GenerationConfig(max_tokens=max_tokens, sampling=sampling, seed=seed, shape=Shape(0),
+                                    plan=self.plan)
+        assert self.verifier is not None and self.drafter is not None and self.shape is not None
+        return GenerationConfig(max_tokens=max_tokens, sampling=sampling, seed=seed, verifier=self.verifier,
+                                shape=self.shape, drafter=self.drafter, plan=self.plan)
 
 
-def configurations(settings: BenchSettings, n_batch: int, temperature: float,
+def configurations(settings: BenchSettings, limits: tuple[int, int], temperature: float,
                    has_draft: bool) -> tuple[list[BenchConfig], list[str]]:
     """The valid speculative configurations at one temperature, and why the others were skipped."""
     valid: list[BenchConfig] = []
@@ -205,29 +89,30 @@ def configurations(settings: BenchSettings, n_batch: int, temperature: float,
         for verifier in settings.verifiers:
             for shape in settings.shapes:
                 what = f"{verifier}/{drafter}/{shape.label}"
+                row = BenchConfig(verifier, drafter, shape, settings.plan, temperature)
                 if verifier == "greedy" and temperature > 0:
                     skipped.append(f"{what} at T={temperature:g}: greedy verification is lossless at T=0 only")
                     continue
                 if drafter in ("model", "hybrid") and not has_draft:
                     skipped.append(f"{what}: the {drafter} drafter needs a draft model")
                     continue
-                spec = SpecConfig(verifier=verifier, num_draft_tokens=shape.num_draft_tokens,
-                                  paths=shape.paths, tree=shape.tree, plan=settings.plan)
                 try:
-                    spec.validate(drafter, n_batch)
+                    row.generation(settings, 0, settings.max_tokens).check_fits(*limits)
                 except ConfigError as exc:
                     skipped.append(f"{what}: {exc}")
                     continue
-                valid.append(BenchConfig(verifier, drafter, shape, settings.plan, temperature))
+                valid.append(row)
     return valid, skipped
 
 
-def plan_matrix(settings: BenchSettings, n_batch: int, has_draft: bool) -> tuple[list[BenchConfig], list[str]]:
-    """Baseline + valid configurations for every temperature (in run order), and the skip notes."""
+def plan_matrix(settings: BenchSettings, limits: tuple[int, int],
+                has_draft: bool) -> tuple[list[BenchConfig], list[str]]:
+    """Baseline + valid configurations for every temperature (in run order), and the skip notes.
+    `limits`: the target's (n_batch, n_seq_max)."""
     rows: list[BenchConfig] = []
     notes: list[str] = []
     for t in settings.temperatures:
-        valid, skipped = configurations(settings, n_batch, t, has_draft)
+        valid, skipped = configurations(settings, limits, t, has_draft)
         rows.append(BenchConfig(None, None, None, settings.plan, t))
         rows += valid
         notes += [s for s in skipped if s not in notes]
@@ -294,9 +179,8 @@ def _generate_stats(target: Any, draft: Any, prompt: Any, config: BenchConfig, s
     from localspec.api import stream_generate
 
     last = None
-    for r in stream_generate(target, None if config.baseline else draft, prompt, max_tokens=max_tokens,
-                             temperature=config.temperature, top_k=settings.top_k, top_p=settings.top_p,
-                             min_p=settings.min_p, seed=seed, **config.generate_kwargs()):
+    for r in stream_generate(target, None if config.baseline else draft, prompt,
+                             config.generation(settings, seed, max_tokens)):
         last = r
     if last is None:  # stream_generate yields at least one response; keep the type checker honest
         raise BenchError("a generation produced no output")
@@ -331,7 +215,7 @@ def run_bench(target: Any, draft: Any, prompt_sets: Mapping[str, Sequence[str]],
         raise BenchError("repeat and max_tokens must be >= 1")
     if not prompt_sets or not all(prompt_sets.values()):
         raise BenchError("no prompts to run")
-    rows, notes = plan_matrix(settings, target.n_batch, draft is not None)
+    rows, notes = plan_matrix(settings, limits(target), draft is not None)
     for note in notes:
         log.info("skipped %s", note)
     per_row = settings.repeat * sum(len(p) for p in prompt_sets.values())
@@ -372,6 +256,11 @@ def to_markdown(results: Sequence[BenchResult]) -> str:
     return "\n".join(lines)
 
 
+def limits(target: Any) -> tuple[int, int]:
+    """What a draft must fit in: the target's (n_batch, n_seq_max)."""
+    return target.n_batch, target.options.n_seq_max
+
+
 def settings_dict(settings: BenchSettings) -> dict:
     data = asdict(settings)
     data["shapes"] = [s.label for s in settings.shapes]
@@ -393,8 +282,12 @@ def config_label(r: BenchResult) -> str:
 
 
 def plot(results: Sequence[BenchResult], path: str | Path) -> Path:
-    """Speedup bars per configuration, grouped by prompt set, one panel per temperature (PNG)."""
-    import matplotlib
+    """Speedup bars per configuration, grouped by prompt set, one panel per temperature (PNG).
+    Needs matplotlib (the extra localspec[plot])."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise DependencyError("plotting needs matplotlib: pip install 'localspec[plot]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -432,6 +325,5 @@ def plot(results: Sequence[BenchResult], path: str | Path) -> Path:
     return path
 
 
-__all__ = ["ALL", "PROMPT_SETS", "SHAPE_SYNTAX", "BenchConfig", "BenchError", "BenchResult", "BenchSettings",
-           "DraftShape", "builtin_prompts", "configurations", "load_prompt_file", "load_prompts",
-           "parse_shape", "plan_matrix", "plot", "run_bench", "to_json", "to_markdown"]
+__all__ = ["BenchConfig", "BenchError", "BenchResult", "BenchSettings", "configurations", "limits",
+           "plan_matrix", "plot", "run_bench", "to_json", "to_markdown"]

@@ -16,23 +16,23 @@ each record their first token; a one-sample chi-square compares the counts with 
 exact next-token distribution after the same sampling transform (temperature, top-k, top-p,
 min-p; :func:`localspec.verifier.probs`, what the verifier and plain sampling use).
 
-The chi-square tail is computed here (regularised incomplete gamma), so this module needs no
-SciPy at run time.
+The chi-square test comes from :mod:`localspec.stats` (no SciPy at run time).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from localspec import lossless, reference
-from localspec.lossless import Settings, Shape, ToyModel
+from localspec.config import DEFAULT_SAMPLING, WITHOUT_REPLACEMENT, GenerationConfig, SamplingParams, Shape
+from localspec.lossless import ToyModel
+from localspec.stats import pearson_pvalue
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +45,13 @@ LOSSLESS_METHODS = ("match", "token", "block", "gbv", "rrs", "rrsw", "traversal"
 # exact checks: vocabulary 3, a near and a far draft, two sampling settings
 _EXACT_TARGET = ToyModel(3, seed=1)
 _EXACT_DRAFTS = (ToyModel(3, seed=2, base=_EXACT_TARGET, noise=1.0), ToyModel(3, seed=3))
-_EXACT_SETTINGS = (Settings(1.0), Settings(0.7, top_k=2, top_p=0.9))
-_EXACT_SHAPES = {"chain": Shape((1, 1, 1)), "paths": Shape((1, 1), paths=2), "tree": Shape((2, 1)),
-                 "tree-without": Shape((2, 1), without_replacement=True)}
+_EXACT_SETTINGS = (SamplingParams(1.0), SamplingParams(0.7, top_k=2, top_p=0.9))
+_EXACT_SHAPES = {"chain": Shape.chain(3), "paths": Shape.k_paths(2, 2), "tree": Shape.tree((2, 1))}
 # Monte Carlo checks: vocabulary 4
 _MC_TARGET = ToyModel(4, seed=41)
 _MC_DRAFT = ToyModel(4, seed=42, base=_MC_TARGET, noise=1.0)
-_MC_SETTINGS = Settings(1.0, top_p=0.95)
-_MC_SHAPES = {"chain": Shape((1, 1, 1)), "paths": Shape((1, 1), paths=2), "tree": Shape((2, 1)),
-              "tree-without": Shape((2, 1), without_replacement=True)}
+_MC_SETTINGS = SamplingParams(1.0, top_p=0.95)
+_MC_SHAPES = _EXACT_SHAPES
 
 PAIR_PROMPT = "The best programming language is"
 PAIR_SAMPLES = 200  # about 0.25 s a step on the default 1.5B/0.5B pair on 2 CPU cores (k=4): ~50 s
@@ -72,88 +70,11 @@ class CheckResult:
     control: bool = False
 
 
-# ---------------------------------------------------------------- chi-square without SciPy
-
-
-def _gamma_q(a: float, x: float) -> float:
-    """Regularised upper incomplete gamma Q(a, x) (series / Lentz continued fraction)."""
-    if x <= 0:
-        return 1.0
-    log_pre = -x + a * math.log(x) - math.lgamma(a)
-    if x < a + 1:
-        term = total = 1.0 / a
-        ap = a
-        for _ in range(10_000):
-            ap += 1
-            term *= x / ap
-            total += term
-            if abs(term) < abs(total) * 1e-15:
-                break
-        return max(0.0, 1.0 - total * math.exp(log_pre))
-    tiny = 1e-300
-    b = x + 1 - a
-    c = 1 / tiny
-    d = 1 / b
-    h = d
-    for i in range(1, 10_000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = tiny if abs(d) < tiny else d
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        d = 1 / d
-        delta = d * c
-        h *= delta
-        if abs(delta - 1) < 1e-15:
-            break
-    return math.exp(log_pre) * h
-
-
-def chi2_sf(statistic: float, dof: int) -> float:
-    """P(X >= statistic) for X ~ chi-square with `dof` degrees of freedom."""
-    if dof < 1:
-        return 1.0
-    return _gamma_q(dof / 2.0, statistic / 2.0)
-
-
-def pearson_pvalue(counts: Mapping[Hashable, int], probs: Mapping[Hashable, float],
-                   min_expected: float = 5.0) -> tuple[float, int, float]:
-    """(statistic, degrees of freedom, p-value) of a one-sample Pearson chi-square test of
-    `counts` against `probs`. Categories with expected count < min_expected are pooled; an
-    observation with probability 0 gives p = 0."""
-    n = sum(counts.values())
-    if n == 0:
-        return 0.0, 0, 1.0
-    if any(c > 0 and probs.get(k, 0.0) <= 0.0 for k, c in counts.items()):
-        return math.inf, 0, 0.0
-    keys = [k for k, p in probs.items() if p > 0]
-    total = sum(probs[k] for k in keys)
-    obs, exp = [], []
-    pooled_o, pooled_e = 0.0, 0.0
-    for k in keys:
-        e = n * probs[k] / total
-        if e >= min_expected:
-            obs.append(counts.get(k, 0))
-            exp.append(e)
-        else:
-            pooled_o += counts.get(k, 0)
-            pooled_e += e
-    if pooled_e > 0:
-        obs.append(pooled_o)
-        exp.append(pooled_e)
-    if len(obs) < 2:
-        return 0.0, 0, 1.0
-    stat = float(sum((o - e) ** 2 / e for o, e in zip(obs, exp)))
-    dof = len(obs) - 1
-    return stat, dof, chi2_sf(stat, dof)
-
-
 # ---------------------------------------------------------------- toy checks
 
 
-def _exact_settings(method: str) -> tuple[Settings, ...]:
-    return (Settings(0.0),) if method == "greedy" else _EXACT_SETTINGS
+def _exact_settings(method: str) -> tuple[SamplingParams, ...]:
+    return (SamplingParams(0.0),) if method == "greedy" else _EXACT_SETTINGS
 
 
 def exact_check(method: str, tolerance: float = EXACT_TOLERANCE) -> CheckResult:
@@ -163,15 +84,11 @@ def exact_check(method: str, tolerance: float = EXACT_TOLERANCE) -> CheckResult:
                 for d in _EXACT_DRAFTS for s in _exact_settings(method))
     return CheckResult(f"exact {method}", error <= tolerance, {"max_error": error, "tolerance": tolerance},
                        f"max |P(step) - P(target)| = {error:.1e} (tolerance {tolerance:.0e}); "
-                       f"V=3, {_describe(shape)}, 2 drafts x {len(_exact_settings(method))} sampling settings")
+                       f"V=3, {_describe(shape, method)}, 2 drafts x {len(_exact_settings(method))} sampling settings")
 
 
-def _describe(shape: Shape) -> str:
-    if shape.paths > 1:
-        return f"{shape.paths} paths of {shape.depth}"
-    if all(b == 1 for b in shape.branching):
-        return f"chain of {shape.depth}"
-    return "tree " + "x".join(map(str, shape.branching)) + (" w/o replacement" if shape.without_replacement else "")
+def _describe(shape: Shape, method: str) -> str:
+    return shape.describe() + (" w/o replacement" if method in WITHOUT_REPLACEMENT else "")
 
 
 def monte_carlo_check(method: str, alpha: float, seed: int, n: int = TOY_SAMPLES) -> CheckResult:
@@ -179,7 +96,7 @@ def monte_carlo_check(method: str, alpha: float, seed: int, n: int = TOY_SAMPLES
     shape = _MC_SHAPES[lossless.SHAPES_BY_METHOD[method]]
     p = _toy_pvalue(method, shape, n, seed, None)
     return CheckResult(f"chi-square {method} (C)", p > alpha, {"p_value": p, "alpha": alpha, "samples": n},
-                       f"p = {p:.3g} vs alpha {alpha:g}; {n} steps, V=4, {_describe(shape)}, T=1 top-p 0.95")
+                       f"p = {p:.3g} vs alpha {alpha:g}; {n} steps, V=4, {_describe(shape, method)}, T=1 top-p 0.95")
 
 
 def _toy_pvalue(method: str, shape: Shape, n: int, seed: int, step: Callable[..., tuple] | None) -> float:
@@ -195,11 +112,12 @@ def negative_control(alpha: float, seed: int, n: int = TOY_SAMPLES,
     def ref_step(method: str, tp: np.ndarray, dp: np.ndarray, tree: Any, rng: Any) -> tuple:
         return reference.verify("token", tp, dp, tree.tokens, tree.parents, rng, lenience)
 
-    def c_step(method: str, logits: np.ndarray, dprobs: np.ndarray, tree: Any, s: int, settings: Settings) -> tuple:
+    def c_step(method: str, logits: np.ndarray, dprobs: np.ndarray, tree: Any, s: int,
+               settings: SamplingParams) -> tuple:
         return lossless.c_step("token", logits, dprobs, tree, s, settings, lenience=lenience)
 
     chain = _EXACT_SHAPES["chain"]
-    error = max(lossless.exact_error("token", _EXACT_TARGET, d, chain, Settings(1.0), step=ref_step)
+    error = max(lossless.exact_error("token", _EXACT_TARGET, d, chain, SamplingParams(1.0), step=ref_step)
                 for d in _EXACT_DRAFTS)
     p = _toy_pvalue("token", _MC_SHAPES["chain"], n, seed, c_step)
     detected = error > CONTROL_MIN_ERROR and p < alpha
@@ -236,55 +154,57 @@ def target_next_token_probs(target: Any, prompt_tokens: Sequence[int], sampling:
     target.prefill(list(prompt_tokens), 0)
     logits = np.array(target.logits_array(1)[0], dtype=np.float32)
     target.clear()
-    return verifier.probs(logits, **sampling.kwargs())
+    return verifier.probs(logits, sampling=sampling)
 
 
 def _step_seed(seed: int, i: int) -> int:
     return int(np.random.SeedSequence([seed & 0xFFFFFFFF, i]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def speculative_first_tokens(target: Any, draft: Any, prompt_tokens: Sequence[int], spec: Any, sampling: Any,
+def speculative_first_tokens(target: Any, draft: Any, prompt_tokens: Sequence[int], config: GenerationConfig,
                              samples: int, seed: int, progress: bool = False) -> tuple[Counter, int, int]:
     """(first-token counts, drafted, accepted) of `samples` full speculative steps from the prompt."""
+    from dataclasses import replace
+
     from tqdm import tqdm
 
-    from localspec.api import make_drafter
+    from localspec.drafters import make_drafters
     from localspec.engine import Engine
 
-    drafter = make_drafter(target, draft, "model", spec)
+    drafters = make_drafters(target, draft, "model", config.shape)
     counts: Counter = Counter()
     drafted = accepted = 0
     for i in tqdm(range(samples), file=sys.stderr, disable=not progress, desc="pair check", unit="step",
                   leave=False):
-        engine = Engine(target, drafter, spec, sampling, _step_seed(seed, i))
+        engine = Engine(target, drafters, replace(config, seed=_step_seed(seed, i)))
         engine.start(prompt_tokens)
-        new = engine.step(spec.num_draft_tokens)
+        new = engine.step()
         engine.finish()
         counts[new[0]] += 1
-        drafted += engine.counters.drafted
-        accepted += engine.counters.accepted
+        stats = engine.stats()
+        drafted += stats.drafted_tokens
+        accepted += stats.accepted_tokens
     return counts, drafted, accepted
 
 
 def pair_check(target: Any, draft: Any, *, samples: int = PAIR_SAMPLES, alpha: float = 1e-3, seed: int = 0,
                prompt: str = PAIR_PROMPT, verifier: str = "block", num_draft_tokens: int = 4,
-               sampling: Any = None, lenience: float = 0.0, progress: bool = False) -> CheckResult:
+               sampling: SamplingParams = DEFAULT_SAMPLING, lenience: float = 0.0,
+               progress: bool = False) -> CheckResult:
     """First token of N speculative steps (draft + verify) vs the target's exact next-token distribution.
 
     `lenience` > 0 makes the verification lossy (verifier `token`): for testing that this check fails."""
-    from localspec.drafters import SamplingSettings
-    from localspec.engine import SpecConfig
+    from localspec.errors import ConfigError
 
     if draft is None:
-        raise ValueError("the model-pair check needs a draft model")
-    sampling = sampling or SamplingSettings()
+        raise ConfigError("the model-pair check needs a draft model", "draft")
     if lenience > 0:
         verifier = "token"
-    spec = SpecConfig(verifier=verifier, num_draft_tokens=num_draft_tokens, lenience=lenience, plan="fixed")
+    config = GenerationConfig(max_tokens=num_draft_tokens + 1, sampling=sampling, verifier=verifier,
+                              shape=Shape.chain(num_draft_tokens), lenience=lenience, plan="fixed")
     tokens = target.tokenize(prompt, add_special=True, parse_special=False)
     probs = target_next_token_probs(target, tokens, sampling)
-    counts, drafted, accepted = speculative_first_tokens(target, draft, tokens, spec, sampling, samples, seed,
-                                                         progress)
+    counts, drafted, accepted = speculative_first_tokens(target, draft, tokens, config, samples, seed, progress)
     expected = {int(k): float(probs[k]) for k in np.flatnonzero(probs > 0)}
     stat, dof, p = pearson_pvalue(counts, expected)
     tv = 0.5 * sum(abs(counts.get(k, 0) / samples - expected.get(k, 0.0)) for k in set(counts) | set(expected))
@@ -319,6 +239,6 @@ def false_positive_note(results: Sequence[CheckResult], alpha: float) -> str:
             f"(exact checks have no false alarms).")
 
 
-__all__ = ["CheckResult", "PAIR_PROMPT", "PAIR_SAMPLES", "TOY_SAMPLES", "chi2_sf", "exact_check",
+__all__ = ["CheckResult", "PAIR_PROMPT", "PAIR_SAMPLES", "TOY_SAMPLES", "exact_check",
            "false_positive_note", "format_line", "monte_carlo_check", "negative_control", "pair_check",
-           "pearson_pvalue", "speculative_first_tokens", "target_next_token_probs", "toy_suite"]
+           "speculative_first_tokens", "target_next_token_probs", "toy_suite"]

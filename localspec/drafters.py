@@ -4,8 +4,10 @@ were actually drawn from (what makes verification lossless).
 * :class:`ModelDrafter` samples from a draft model at the target's sampling settings
   (temperature-matched; temperature 0 drafts greedily, i.e. from one-hot rows);
 * :class:`NGramDrafter` looks the context's suffix up in the context itself (prompt lookup) and
-  proposes what followed last time; its rows are one-hot (deterministic proposals);
-* :class:`HybridDrafter` uses the n-gram proposal when there is one, the model otherwise.
+  proposes what followed last time; its rows are one-hot (deterministic proposals).
+
+:func:`make_drafters` turns a drafter name into the drafters the engine tries in order
+(``hybrid``: the n-gram proposal when there is one, else the model's).
 
 A drafter keeps its own KV cache in step with the committed tokens: ``draft`` is called with
 all committed tokens, ``commit`` with the verifier's accepted path.
@@ -14,34 +16,26 @@ all committed tokens, ``commit`` with the verifier's accepted path.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
 
 from localspec import verifier
-from localspec.model import Model
-from localspec.tree import DraftTree, Shape, leaf_ranges
+from localspec.config import SamplingParams, Shape
+from localspec.errors import ConfigError
+from localspec.model import Model, check_pair
+from localspec.tree import DraftTree, leaf_ranges
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SamplingSettings:
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-
-    def kwargs(self) -> dict:
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-                "min_p": self.min_p}
-
-
 class Drafter(Protocol):
-    name: str
+    """What the engine needs of a drafter."""
 
-    def draft(self, tokens: Sequence[int], shape: Shape, settings: SamplingSettings,
+    kind: str  # the planner's name for its proposals: "model" (a draft-model pass per level) or "ngram" (free)
+    model: Model | None  # the draft model it decodes with; None when its proposals cost no model pass
+
+    def draft(self, tokens: Sequence[int], shape: Shape, sampling: SamplingParams,
               rng: np.random.Generator, without_replacement: bool) -> DraftTree: ...
 
     def commit(self, tokens: Sequence[int], tree: DraftTree, path: tuple[int, ...]) -> None: ...
@@ -74,7 +68,7 @@ class RowBuffer:
 class ModelDrafter:
     """Draft with a second, smaller model sharing the target's vocabulary."""
 
-    name = "model"
+    kind = "model"
 
     def __init__(self, draft: Model, n_vocab: int, max_nodes: int) -> None:
         self.model = draft
@@ -90,13 +84,13 @@ class ModelDrafter:
     def finish(self, tokens: Sequence[int]) -> None:
         self.model.kv_tokens = list(tokens[: self.n_past])
 
-    def _fill_row(self, r: int, logits: np.ndarray, settings: SamplingSettings) -> np.ndarray:
+    def _fill_row(self, r: int, logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
         """Draft distribution of one logit row into buffer row r (float32, target vocab)."""
         row = self.buf.rows[r]
         v = min(self.n_vocab, logits.shape[-1])
         if v < self.n_vocab:
             row[v:] = 0.0
-        verifier.probs(logits[:v], out=row[:v], **settings.kwargs())
+        verifier.probs(logits[:v], out=row[:v], sampling=sampling)
         return row
 
     def _catch_up(self, tokens: Sequence[int]) -> np.ndarray:
@@ -110,7 +104,7 @@ class ModelDrafter:
         self.n_past = len(tokens)
         return self.model.logits_array(1)[0]
 
-    def draft(self, tokens: Sequence[int], shape: Shape, settings: SamplingSettings,
+    def draft(self, tokens: Sequence[int], shape: Shape, sampling: SamplingParams,
               rng: np.random.Generator, without_replacement: bool) -> DraftTree:
         self.buf.clear_one_hot()
         tree = DraftTree()
@@ -119,7 +113,7 @@ class ModelDrafter:
         self._depth = shape.depth
         for s in range(1, self._branches):
             self.model.seq_cp(0, s)
-        self._fill_row(0, root_logits, settings)
+        self._fill_row(0, root_logits, sampling)
         ranges = leaf_ranges(shape)
         base = len(tokens)  # position of depth-1 nodes
         level = [(-1, 0)]  # (node, structural index) of the previous level; -1 = root
@@ -149,7 +143,7 @@ class ModelDrafter:
                                   [tree.seqs[n] for n in nodes], outputs="all")
                 logits = self.model.logits_array(len(nodes))
                 for i, n in enumerate(nodes):
-                    self._fill_row(n + 1, logits[i], settings)
+                    self._fill_row(n + 1, logits[i], sampling)
         tree.probs = self.buf.rows[: tree.n + 1]
         return tree
 
@@ -158,25 +152,16 @@ class ModelDrafter:
         `tokens` are the committed tokens *before* this step's accepted ones were added."""
         decoded = sum(1 for j in path if tree.depths[j] < self._depth)  # leaves were never decoded
         keep = len(tokens) + decoded
-        keep_branch(self.model, tree.branch_of(path), keep, self._branches)
+        self.model.keep_branch(tree.branch_of(path), keep, self._branches)
         self.n_past = keep
-
-
-def keep_branch(model: Model, branch: int, keep: int, n_branches: int) -> None:
-    """Leave sequence 0 holding positions [0, keep) of `branch`, and nothing else."""
-    model.seq_rm(branch, keep, -1)
-    if n_branches > 1:
-        model.seq_keep(branch)
-        if branch != 0:
-            model.seq_cp(branch, 0)
-            model.seq_rm(branch, -1, -1)
 
 
 class NGramDrafter:
     """Prompt lookup: find the longest recent n-gram (n_max down to n_min) equal to the context's
     suffix and propose the tokens that followed it. Chains only; one-hot rows."""
 
-    name = "ngram"
+    kind = "ngram"
+    model = None
 
     def __init__(self, n_vocab: int, max_nodes: int, n_min: int = 2, n_max: int = 4) -> None:
         self.buf = RowBuffer(max_nodes + 1, n_vocab)
@@ -209,7 +194,7 @@ class NGramDrafter:
                 return list(tokens[p: p + gamma])
         return []
 
-    def draft(self, tokens: Sequence[int], shape: Shape, settings: SamplingSettings,
+    def draft(self, tokens: Sequence[int], shape: Shape, sampling: SamplingParams,
               rng: np.random.Generator, without_replacement: bool) -> DraftTree:
         self.buf.clear_one_hot()
         tree = DraftTree()
@@ -225,46 +210,19 @@ class NGramDrafter:
         pass
 
 
-class HybridDrafter:
-    """N-gram drafts when the context repeats itself, model drafts otherwise."""
-
-    name = "hybrid"
-
-    def __init__(self, model: ModelDrafter, ngram: NGramDrafter, min_tokens: int = 2) -> None:
-        self.model_drafter, self.ngram = model, ngram
-        self.min_tokens = min_tokens
-        self._last: Drafter = model
-
-    def start(self, prompt: Sequence[int]) -> None:
-        self.model_drafter.start(prompt)
-        self.ngram.start(prompt)
-
-    def finish(self, tokens: Sequence[int]) -> None:
-        self.model_drafter.finish(tokens)
-
-    def draft(self, tokens: Sequence[int], shape: Shape, settings: SamplingSettings,
-              rng: np.random.Generator, without_replacement: bool) -> DraftTree:
-        return self.draft_shapes(tokens, shape, shape, settings, rng, without_replacement)
-
-    def draft_shapes(self, tokens: Sequence[int], ngram_shape: Shape, model_shape: Shape,
-                     settings: SamplingSettings, rng: np.random.Generator,
-                     without_replacement: bool) -> DraftTree:
-        """The n-gram proposal (a chain up to ngram_shape's depth) when it has at least
-        min_tokens tokens, else a model draft of model_shape (depth 0: no draft)."""
-        tree = DraftTree()
-        if ngram_shape.depth > 0:
-            tree = self.ngram.draft(tokens, ngram_shape, settings, rng, without_replacement)
-            if tree.n and tree.n >= min(self.min_tokens, ngram_shape.depth):
-                self._last = self.ngram
-                return tree
-        self._last = self.model_drafter
-        if model_shape.depth <= 0:
-            return DraftTree()
-        return self.model_drafter.draft(tokens, model_shape, settings, rng, without_replacement)
-
-    def commit(self, tokens: Sequence[int], tree: DraftTree, path: tuple[int, ...]) -> None:
-        self._last.commit(tokens, tree, path)
-
-    @property
-    def last(self) -> str:
-        return self._last.name
+def make_drafters(target: Model, draft: Model | None, drafter: str, shape: Shape) -> list[Drafter]:
+    """The drafters the engine tries in order for the setting `drafter` (none: the target alone).
+    The model drafter without a draft model decodes with the target alone."""
+    if shape.depth == 0:
+        return []
+    max_nodes = max(shape.n_nodes, 1)
+    ngram = [NGramDrafter(target.n_vocab, max_nodes)] if drafter in ("ngram", "hybrid") else []
+    if drafter == "ngram":
+        return ngram
+    if draft is None:
+        if drafter == "hybrid":
+            raise ConfigError("the hybrid drafter needs a draft model (-d/--draft); use --drafter ngram without one",
+                              "drafter")
+        return []
+    check_pair(target, draft)
+    return ngram + [ModelDrafter(draft, target.n_vocab, max_nodes)]

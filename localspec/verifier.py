@@ -37,18 +37,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from localspec._verifier import ffi, lib
+from localspec.config import VERIFIERS as METHODS, SamplingParams
+from localspec.errors import VerifierError
 
-METHODS: tuple[str, ...] = (
-    "greedy",
-    "match",
-    "token",
-    "block",
-    "gbv",
-    "rrs",
-    "rrsw",
-    "traversal",
-    "batch",
-)
+PLAIN = SamplingParams()  # the target's own distribution: temperature 1, nothing truncated
 _METHOD_IDS = {name: i for i, name in enumerate(METHODS)}
 
 _SHAPES = {
@@ -57,15 +49,6 @@ _SHAPES = {
     "gbv": "K root-to-leaf chains of equal length (only the root may branch)",
     "batch": "K root-to-leaf chains (only the root may branch)",
 }
-
-
-class VerifierError(ValueError):
-    """Invalid input to the verifier; the message names the argument and index at fault."""
-
-    def __init__(self, message: str, status: int = 0, index: int = -1) -> None:
-        super().__init__(message)
-        self.status = status
-        self.index = index
 
 
 @dataclass(frozen=True)
@@ -87,37 +70,12 @@ class LogitsPointer:
     row_stride: int | None = None  # floats between rows; default n_vocab
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """The plain sampler's settings, validated."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-
-    def __post_init__(self) -> None:
-        check_sampling(self.temperature, self.top_k, self.top_p, self.min_p)
-
-    def c_struct(self) -> Any:
-        s = ffi.new("ls_sampling *")
-        s.temperature = self.temperature
-        s.top_k = self.top_k
-        s.top_p = self.top_p
-        s.min_p = self.min_p
-        return s
-
-
-def check_sampling(temperature: float, top_k: int, top_p: float, min_p: float) -> None:
-    """Raise VerifierError naming the first sampling parameter out of range."""
-    if not np.isfinite(temperature) or temperature < 0:
-        raise VerifierError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
-    if int(top_k) != top_k or top_k < 0:
-        raise VerifierError(f"top_k must be an integer >= 0 (0 = off), got {top_k}")
-    if not 0 < top_p <= 1:
-        raise VerifierError(f"top_p must lie in (0, 1] (1 = off), got {top_p}")
-    if not 0 <= min_p <= 1:
-        raise VerifierError(f"min_p must lie in [0, 1] (0 = off), got {min_p}")
+def _c_sampling(sampling: SamplingParams, out: Any) -> None:
+    """Fill an ls_sampling struct."""
+    out.temperature = sampling.temperature
+    out.top_k = sampling.top_k
+    out.top_p = sampling.top_p
+    out.min_p = sampling.min_p
 
 
 class _Workspace(threading.local):
@@ -231,10 +189,7 @@ def verify(
     tokens: Sequence[int] | np.ndarray,
     parents: Sequence[int] | np.ndarray,
     *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
+    sampling: SamplingParams = PLAIN,
     seed: int | None = None,
     uniforms: Sequence[float] | np.ndarray | None = None,
     lenience: float = 0.0,
@@ -252,7 +207,6 @@ def verify(
     n = tok.shape[0]
     if par.shape[0] != n:
         raise VerifierError(f"parents has {par.shape[0]} entries but tokens has {n}")
-    check_sampling(temperature, top_k, top_p, min_p)
     if not np.isfinite(lenience) or lenience < 0:
         raise VerifierError(f"lenience must be a finite number >= 0, got {lenience}")
     if lenience > 0 and method != "token":
@@ -275,10 +229,7 @@ def verify(
     prob.target_stride = t_stride
     prob.draft_probs = d_ptr
     prob.draft_stride = d_stride
-    prob.sampling.temperature = temperature
-    prob.sampling.top_k = int(top_k)
-    prob.sampling.top_p = top_p
-    prob.sampling.min_p = min_p
+    _c_sampling(sampling, prob.sampling)
     prob.lenience = lenience
     prob.uniforms = ffi.NULL if u is None else ffi.cast("double *", u.ctypes.data)
     prob.seed = secrets.randbits(64) if seed is None else int(seed) & 0xFFFFFFFFFFFFFFFF
@@ -301,17 +252,13 @@ def verify(
 def probs(
     logits: np.ndarray | LogitsPointer,
     *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
+    sampling: SamplingParams = PLAIN,
     dtype: type = np.float64,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The plain sampler's distribution of each row of ``logits`` (exactly what verify uses).
 
     ``out``: an existing C-contiguous float32/float64 array of the result's shape to fill."""
-    check_sampling(temperature, top_k, top_p, min_p)
     if isinstance(logits, LogitsPointer):
         n_rows, one = logits.n_rows, False
     else:
@@ -324,7 +271,8 @@ def probs(
         out = np.empty((n_rows, n_vocab), dtype=dtype)
     if out.dtype not in (np.float32, np.float64) or not out.flags.c_contiguous or out.size != n_rows * n_vocab:
         raise VerifierError(f"out must be a C-contiguous float32/float64 array of {n_rows}x{n_vocab}")
-    settings = Sampling(temperature, int(top_k), top_p, min_p).c_struct()
+    settings = ffi.new("ls_sampling *")
+    _c_sampling(sampling, settings)
     nbytes = lib.ls_probs_workspace_bytes(n_vocab, settings)
     err = ffi.new("int32_t *")
     o64 = ffi.cast("double *", out.ctypes.data) if out.dtype == np.float64 else ffi.NULL

@@ -33,6 +33,9 @@ that follows a special token (``<|im_start|>user`` -> ``<|im_start|>``, ``▁``,
 
 Command line: ``python -m localspec.models.tiny OUT_DIR [--seed N] [--noise X]`` writes a
 target/draft pair and prints the two paths.
+
+Writing files needs the ``gguf`` package (in the ``test`` extra); it is imported when a file is
+written, so this module imports without it.
 """
 
 from __future__ import annotations
@@ -43,9 +46,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
-import gguf
+if TYPE_CHECKING:
+    import gguf
 
 SPACE = "\u2581"  # SentencePiece's word-boundary marker "▁"
 SPECIAL_PIECES = ("<unk>", "<s>", "</s>")
@@ -198,13 +204,23 @@ def _merge_pair(symbols: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, .
     return tuple(out)
 
 
+def _gguf() -> Any:
+    """The gguf package, or an ImportError saying how to get it."""
+    try:
+        import gguf
+    except ImportError:
+        raise ImportError("writing tiny GGUF models needs the gguf package: pip install 'localspec[test]' "
+                          "(or pip install gguf==0.19.0)") from None
+    return gguf
+
+
 def build_vocab(name: str = DEFAULT_VOCAB) -> Vocab:
     """Build the vocabulary ``name`` (a key of ``VOCABS``)."""
     try:
         spec = VOCABS[name]
     except KeyError:
         raise ValueError(f"unknown vocab {name!r}; known: {', '.join(VOCABS)}") from None
-    T = gguf.TokenType
+    T = _gguf().TokenType
     pieces = list(SPECIAL_PIECES)
     types = [T.UNKNOWN, T.CONTROL, T.CONTROL]
     pieces += [f"<0x{b:02X}>" for b in range(256)]
@@ -362,6 +378,7 @@ def write_tiny_model(
     if noise > 0:
         _add_noise(tensors, noise, noise_rng)
 
+    gguf = _gguf()
     w = gguf.GGUFWriter(path, arch)
     w.add_name(f"tiny-{arch}-{vocab}-s{seed}-n{noise:g}")
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -429,6 +446,7 @@ def write_tiny_recurrent(path: str | Path, *, seed: int = 0, n_layer: int = 2, n
     tensors["output_norm.weight"] = np.ones(n_embd, np.float32)
     tensors["output.weight"] = linear(n_vocab, n_embd) * 3.0
 
+    gguf = _gguf()
     w = gguf.GGUFWriter(path, "mamba")
     w.add_name(f"tiny-mamba-s{seed}")
     w.add_file_type(gguf.LlamaFileType.ALL_F32)

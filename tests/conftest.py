@@ -7,11 +7,12 @@ from typing import Iterator
 
 import pytest
 
-from localspec.model import Model, ModelOptions
+from localspec.config import ModelOptions
+from localspec.model import Model
 from localspec.models import tiny
 
 # exact, deterministic logits: F32 KV cache, flash attention off, one thread
-EXACT = dict(cache_type="f32", flash_attn="off", n_threads=1)
+EXACT = dict(cache_type="f32", flash_attn="off", threads=1)
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +33,7 @@ def far_draft_path(tiny_dir: Path) -> Path:
 
 
 def load(path: Path, n_ctx: int = 512, **options) -> Model:
-    return Model(path, ModelOptions(n_ctx=n_ctx, n_batch=256, **{**EXACT, **options}))
+    return Model(path, ModelOptions(ctx_size=n_ctx, batch_size=256, **{**EXACT, **options}))
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localspec import lossless
+from localspec.config import SamplingParams
 
 
 @dataclass
@@ -16,7 +17,7 @@ class Instance:
     draft: np.ndarray  # (n+1, V) float32
     tokens: list[int]
     parents: list[int]
-    settings: lossless.Settings
+    settings: SamplingParams
     uniforms: np.ndarray
 
     @property
@@ -24,12 +25,12 @@ class Instance:
         return len(self.tokens)
 
 
-def random_settings(rng: np.random.Generator, V: int) -> lossless.Settings:
+def random_settings(rng: np.random.Generator, V: int) -> SamplingParams:
     t = float(rng.choice([0.0, 0.5, 1.0, 1.0, 1.5]))
     top_k = int(rng.choice([0, 0, 1, 3, V]))
     top_p = float(rng.choice([1.0, 1.0, 0.9, 0.5]))
     min_p = float(rng.choice([0.0, 0.0, 0.05, 0.3]))
-    return lossless.Settings(t, top_k, top_p, min_p)
+    return SamplingParams(t, top_k, top_p, min_p)
 
 
 def random_draft_row(rng: np.random.Generator, V: int, target_row: np.ndarray) -> np.ndarray:
@@ -90,7 +91,7 @@ def random_instance(rng: np.random.Generator, method: str, V: int | None = None)
     settings = random_settings(rng, V)
     from localspec import verifier
 
-    tp = verifier.probs(logits, **settings.kwargs())
+    tp = verifier.probs(logits, sampling=settings)
     draft = np.stack([random_draft_row(rng, V, tp[r]) for r in range(n + 1)])
     distinct = method in ("rrsw", "traversal")
     tokens: list[int] = []

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from localspec import bench, check
+from localspec import bench, check, prompt_sets, stats
 from localspec.cli import cli
-from localspec.drafters import SamplingSettings
+from localspec.config import SamplingParams, Shape
+from localspec.errors import ConfigError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -120,21 +121,24 @@ def test_bench_bad_prompt_files(pair_args: list[str], tmp_path: Path) -> None:
 def test_bench_with_no_valid_combination(pair_args: list[str], prompt_file: Path, tmp_path: Path) -> None:
     result = run("bench", *pair_args, "--prompts", str(prompt_file), "--verifiers", "block", "--shapes", "t2x2",
                  "--out", str(tmp_path))
-    clean_error(result, 1, "no valid speculative configuration", "block")
+    clean_error(result, 2, "no valid speculative configuration", "block")
 
 
 def test_parse_shape_and_prompt_files(tmp_path: Path) -> None:
-    assert bench.parse_shape("k4") == bench.DraftShape("k4", 4)
-    assert bench.parse_shape("P3K4") == bench.DraftShape("p3k4", 4, paths=3)
-    assert bench.parse_shape("t3x2x1") == bench.DraftShape("t3x2x1", 3, tree=(3, 2, 1))
-    for bad in ("", "k", "4", "t3x", "p3", "k-1", "t0x2"):
-        with pytest.raises(ValueError):
-            bench.parse_shape(bad)
+    """One parser for every spelling of a draft shape (bench's, --tree's, the server's list)."""
+    assert Shape.parse("k4") == Shape.chain(4) and Shape.parse("k4").label == "k4"
+    assert Shape.parse("P3K4") == Shape.k_paths(3, 4) and Shape.parse("p3k4").label == "p3k4"
+    assert Shape.parse("t3x2x1") == Shape.parse("3x2x1") == Shape.parse("3,2,1") == Shape.parse([3, 2, 1]) \
+        == Shape.tree((3, 2, 1))
+    assert Shape.parse("4") == Shape.tree((4,))
+    for bad in ("", "k", "t3x", "p3", "k-1", "t0x2", "k65", "p17k2", "3xa", [], [0], ["2"]):
+        with pytest.raises(ConfigError):
+            Shape.parse(bad)
     listed = tmp_path / "set.json"
     listed.write_text(json.dumps(["first prompt\nwith two lines", "second"]))
-    assert bench.load_prompts(str(listed)) == {"set": ("first prompt\nwith two lines", "second")}
-    assert set(bench.load_prompts("all")) == {"code", "prose", "code-edit"}
-    assert all(3 <= len(p) <= 4 for p in bench.PROMPT_SETS.values())
+    assert prompt_sets.load_prompts(str(listed)) == {"set": ("first prompt\nwith two lines", "second")}
+    assert set(prompt_sets.load_prompts("all")) == {"code", "prose", "code-edit"}
+    assert all(3 <= len(p) <= 4 for p in prompt_sets.PROMPT_SETS.values())
 
 
 # ---------------------------------------------------------------- check
@@ -178,26 +182,26 @@ def test_check_needs_a_draft_for_the_pair(tiny_paths: tuple[Path, Path], monkeyp
 
 def test_pair_check_library(tiny_target, far_draft) -> None:
     ok = check.pair_check(tiny_target, far_draft, samples=1500, alpha=1e-3, seed=3,
-                          sampling=SamplingSettings(1.0, 0, 1.0, 0.0))
+                          sampling=SamplingParams(1.0))
     assert ok.passed and ok.numbers["p_value"] > 1e-3 and ok.numbers["acceptance"] > 0
     assert ok.numbers["categories"] > 20  # full vocabulary at T=1: a many-category test
     lossy = check.pair_check(tiny_target, far_draft, samples=1500, alpha=1e-3, seed=3, lenience=0.5,
-                             sampling=SamplingSettings(1.0, 0, 1.0, 0.0))
+                             sampling=SamplingParams(1.0))
     assert not lossy.passed and lossy.numbers["p_value"] < 1e-3
 
 
 def test_chi_square_without_scipy_matches_scipy() -> None:
-    stats = pytest.importorskip("scipy.stats")
+    scipy_stats = pytest.importorskip("scipy.stats")
     for x, dof in [(0.5, 1), (3.0, 2), (10.0, 3), (25.0, 24), (200.0, 30), (1000.0, 5), (0.01, 40)]:
-        assert check.chi2_sf(x, dof) == pytest.approx(stats.chi2.sf(x, dof), rel=1e-9, abs=1e-300)
+        assert stats.chi2_sf(x, dof) == pytest.approx(scipy_stats.chi2.sf(x, dof), rel=1e-9, abs=1e-300)
     counts = {0: 40, 1: 35, 2: 25}
     probs = {0: 0.4, 1: 0.35, 2: 0.25}
-    assert check.pearson_pvalue(counts, probs) == (0.0, 2, 1.0)
-    stat, dof, p = check.pearson_pvalue({0: 70, 1: 20, 2: 10}, probs)
-    ref = stats.chisquare([70, 20, 10], [40, 35, 25])
+    assert stats.pearson_pvalue(counts, probs) == (0.0, 2, 1.0)
+    stat, dof, p = stats.pearson_pvalue({0: 70, 1: 20, 2: 10}, probs)
+    ref = scipy_stats.chisquare([70, 20, 10], [40, 35, 25])
     assert stat == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue)
-    assert check.pearson_pvalue({0: 99, 3: 1}, probs)[2] == 0.0  # an impossible outcome
-    assert not math.isnan(check.pearson_pvalue({}, probs)[2])
+    assert stats.pearson_pvalue({0: 99, 3: 1}, probs)[2] == 0.0  # an impossible outcome
+    assert not math.isnan(stats.pearson_pvalue({}, probs)[2])
 
 
 def test_negative_control_is_detected_and_a_lossless_rule_is_not() -> None:

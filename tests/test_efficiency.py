@@ -7,15 +7,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.api import generate
-from localspec.drafters import SamplingSettings
+from localspec.api import stream_generate
+from localspec.config import GenerationConfig, SamplingParams, Shape
+from localspec.drafters import make_drafters
 from localspec.efficiency import (Method, Group, default_groups, paired_ratio, paired_scores,
                                   target_contexts)
-from localspec.engine import ConfigError, Engine, SpecConfig
+from localspec.engine import Engine
+from localspec.errors import ConfigError
 from localspec.model import Model
 from localspec.tree import DraftTree
 
 from conftest import load
+from greedy import assert_greedy_equal
 
 PROMPT = "def add(a, b): return a"
 
@@ -33,9 +36,17 @@ def test_chain_nodes_follow_one_branch() -> None:
     assert tree.chain_nodes(3) == []
 
 
-def test_identical_draft_is_always_accepted(tiny_paths: tuple[Path, Path], tiny_target: Model) -> None:
-    """Draft = target: every verifier accepts every drafted token, on chains cut out of K paths
-    and on trees, so each score is exactly depth + 1. Rows cut from the wrong nodes would break it."""
+def test_identical_draft_is_accepted(tiny_paths: tuple[Path, Path], tiny_target: Model) -> None:
+    """Draft = target (the same file): token, block, RRSw and traversal accept a draft token with
+    probability min(1, p/q), here 1 up to the last bits in which llama.cpp's logits differ between
+    the draft's one-token passes and the target's batch (native builds). So every score is depth + 1
+    but for a rare rejection: the mean over the 9 verifications stays above depth + 1 - 0.5 unless
+    two or more of them reject (probability < 1e-6 at a per-token rejection rate of 1e-4). Rows cut
+    from the wrong nodes reject most drafts (scores near 1) and fail.
+
+    GBV is not in that list: it verifies the best-ranked of K paths against the skewed draft
+    q^Gamma (multi-path paper Eq. 22-23), which differs from q even when q equals the target, so
+    GBV accepts less than everything; its scores only lie in [1, depth + 1]."""
     with load(tiny_paths[0]) as same:
         prompt = tiny_target.tokenize(PROMPT)
         contexts = target_contexts(tiny_target, [prompt], tokens=9, seeds=[0], stride=3)
@@ -45,7 +56,9 @@ def test_identical_draft_is_always_accepted(tiny_paths: tuple[Path, Path], tiny_
     assert set(scores) == {"token k4", "block k4", "gbv K=2 k4", "rrsw tree 2x2x1", "traversal tree 2x2x1"}
     for label, values in scores.items():
         depth = 3 if "tree" in label else 4
-        np.testing.assert_allclose(values, depth + 1, atol=1e-9, err_msg=label)
+        assert np.all((values >= 1) & (values <= depth + 1)), label
+        if not label.startswith("gbv"):
+            assert values.mean() > depth + 0.5, (label, values)
 
 
 def test_scores_lie_between_one_and_depth_plus_one(tiny_target: Model, far_draft: Model) -> None:
@@ -63,32 +76,28 @@ def test_scores_lie_between_one_and_depth_plus_one(tiny_target: Model, far_draft
 def test_score_leaves_the_caches_as_they_were(tiny_paths: tuple[Path, Path], tiny_target: Model,
                                               tiny_draft: Model) -> None:
     """After score(), greedy generation from the same context equals one on fresh models."""
-    spec = SpecConfig(verifier="traversal", tree=(2, 2), plan="fixed")
-    from localspec.api import make_drafter
-
+    config = GenerationConfig(verifier="traversal", shape=Shape.tree((2, 2)), plan="fixed",
+                              sampling=SamplingParams(1.0), seed=3)
     prompt = tiny_target.tokenize(PROMPT)
-    engine = Engine(tiny_target, make_drafter(tiny_target, tiny_draft, "model", spec), spec,
-                    SamplingSettings(1.0, 0, 1.0, 0.0), seed=3)
+    engine = Engine(tiny_target, make_drafters(tiny_target, tiny_draft, "model", config.shape), config)
     engine.start(prompt)
     engine.score([("rrsw", None), ("traversal", None)], draws=2)
     engine.finish()
     kw = dict(temperature=0, max_tokens=12, verifier="traversal", tree=(2, 2), plan="fixed")
-    after = generate(tiny_target, tiny_draft, prompt, **kw)
+    after = [r.token for r in stream_generate(tiny_target, tiny_draft, prompt, **kw)]
     with load(tiny_paths[0]) as t, load(tiny_paths[1]) as d:
-        assert after == generate(t, d, prompt, **kw)
+        fresh = [r.token for r in stream_generate(t, d, prompt, **kw)]
+        assert_greedy_equal(t, prompt, after, fresh)
 
 
 def test_score_refuses_bad_input(tiny_target: Model, tiny_draft: Model) -> None:
-    from localspec.api import make_drafter
-
-    spec = SpecConfig(verifier="block", num_draft_tokens=3, plan="fixed")
-    engine = Engine(tiny_target, make_drafter(tiny_target, tiny_draft, "model", spec), spec,
-                    SamplingSettings(), seed=0)
+    config = GenerationConfig(shape=Shape.chain(3), plan="fixed", seed=0)
+    engine = Engine(tiny_target, make_drafters(tiny_target, tiny_draft, "model", config.shape), config)
     engine.start(tiny_target.tokenize(PROMPT))
     with pytest.raises(ConfigError, match="draws"):
         engine.score([("block", None)], draws=0)
     engine.finish()
-    alone = Engine(tiny_target, None, SpecConfig(num_draft_tokens=0), SamplingSettings(), seed=0)
+    alone = Engine(tiny_target, [], GenerationConfig(shape=Shape(0), seed=0))
     alone.start(tiny_target.tokenize(PROMPT))
     with pytest.raises(ConfigError, match="drafter"):
         alone.score([("block", None)], draws=1)
@@ -132,6 +141,6 @@ def test_paired_ratio_refuses_mismatched_arrays() -> None:
 
 def test_groups_validate_as_engine_specs(tiny_target: Model) -> None:
     for group in default_groups():
-        group.spec.validate("model", 512)
+        group.config.check_fits(512, 16)
         assert all(isinstance(m, Method) for m in group.methods)
     assert isinstance(default_groups()[0], Group)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from localspec import lossless, reference
-from localspec.lossless import Settings, Shape, ToyModel
+from localspec.config import SamplingParams, Shape
+from localspec.lossless import ToyModel
 
 TOL = 1e-9
 V = 3
@@ -19,13 +20,12 @@ DRAFT = ToyModel(V, seed=2, base=TARGET, noise=1.0)
 FAR_DRAFT = ToyModel(V, seed=3)  # unrelated to the target: many rejections
 
 SHAPES = {
-    "chain": [Shape((1, 1, 1))],
-    "paths": [Shape((1, 1), paths=2), Shape((1, 1), paths=3)],
-    "tree": [Shape((2, 1)), Shape((3,)), Shape((1, 2))],
-    "tree-without": [Shape((2, 2), without_replacement=True), Shape((3, 1), without_replacement=True)],
+    "chain": [Shape.chain(3)],
+    "paths": [Shape.k_paths(2, 2), Shape.k_paths(3, 2)],
+    "tree": [Shape.tree((2, 1)), Shape.tree((3,)), Shape.tree((1, 2)), Shape.tree((2, 2)), Shape.tree((3, 1))],
 }
-SETTINGS = [Settings(1.0), Settings(0.6, top_k=2), Settings(1.4, top_p=0.8), Settings(1.0, min_p=0.3),
-            Settings(0.0)]
+SETTINGS = [SamplingParams(1.0), SamplingParams(0.6, top_k=2), SamplingParams(1.4, top_p=0.8), SamplingParams(1.0, min_p=0.3),
+            SamplingParams(0.0)]
 
 
 def cases():
@@ -34,8 +34,7 @@ def cases():
             for settings in SETTINGS:
                 if method == "greedy" and settings.temperature > 0:
                     continue  # greedy is lossless for the greedy target only
-                yield pytest.param(method, shape, settings, id=f"{method}-{shape.branching}x{shape.paths}"
-                                   f"{'-wo' if shape.without_replacement else ''}-{settings}")
+                yield pytest.param(method, shape, settings, id=f"{method}-{shape.label}-{settings}")
 
 
 @pytest.mark.parametrize("method,shape,settings", list(cases()))
@@ -48,8 +47,8 @@ def test_block_paper_toy_example():
     """Sec. 2: M_b = (1/3, 2/3), M_s = (2/3, 1/3), gamma = 2: 10/9 vs 11/9 accepted tokens."""
     target = ToyModel(2, 0, fixed=(math.log(1 / 3), math.log(2 / 3)))
     draft = ToyModel(2, 0, fixed=(math.log(2 / 3), math.log(1 / 3)))
-    chain = Shape((1, 1))
-    s = Settings(1.0)
+    chain = Shape.chain(2)
+    s = SamplingParams(1.0)
     assert lossless.expected_accepted("token", target, draft, chain, s) == pytest.approx(10 / 9, abs=1e-12)
     assert lossless.expected_accepted("block", target, draft, chain, s) == pytest.approx(11 / 9, abs=1e-12)
     assert lossless.expected_accepted("traversal", target, draft, chain, s) == pytest.approx(11 / 9, abs=1e-12)
@@ -60,8 +59,8 @@ def test_block_paper_toy_example():
 def test_block_accepts_at_least_as_much_as_token_theorem_2(seed):
     target = ToyModel(4, seed=100 + seed)
     draft = ToyModel(4, seed=200 + seed, base=target, noise=float(1 + seed % 3))
-    chain = Shape((1, 1, 1))
-    s = Settings(1.0)
+    chain = Shape.chain(3)
+    s = SamplingParams(1.0)
     tok = lossless.expected_accepted("token", target, draft, chain, s)
     blk = lossless.expected_accepted("block", target, draft, chain, s)
     trav = lossless.expected_accepted("traversal", target, draft, chain, s)
@@ -70,9 +69,9 @@ def test_block_accepts_at_least_as_much_as_token_theorem_2(seed):
 
 
 def test_more_paths_accept_more_gbv():
-    s = Settings(1.0)
-    one = lossless.expected_accepted("gbv", TARGET, FAR_DRAFT, Shape((1, 1)), s)
-    three = lossless.expected_accepted("gbv", TARGET, FAR_DRAFT, Shape((1, 1), paths=3), s)
+    s = SamplingParams(1.0)
+    one = lossless.expected_accepted("gbv", TARGET, FAR_DRAFT, Shape.chain(2), s)
+    three = lossless.expected_accepted("gbv", TARGET, FAR_DRAFT, Shape.k_paths(3, 2), s)
     assert three > one
 
 
@@ -81,12 +80,12 @@ def test_lenience_sits_on_the_pareto_front(eps):
     """Yin et al. Thm 5: P(reject) + TV(output, target) = TV(draft, target), one token."""
     target = ToyModel(4, seed=7)
     draft = ToyModel(4, seed=8)
-    s = Settings(1.0)
+    s = SamplingParams(1.0)
 
     def step(method, tp, dp, tree, rng):
         return reference.verify("token", tp, dp, tree.tokens, tree.parents, rng, lenience=eps)
 
-    dist = lossless.exact_distribution("token", target, draft, Shape((1,)), s, step=step)
+    dist = lossless.exact_distribution("token", target, draft, Shape.chain(1), s, step=step)
     first = np.zeros(4)
     reject = 0.0
     for seq, p in dist.items():
@@ -123,13 +122,13 @@ def skip_draft_renormalisation(method, tp, dp, tree, rng):
 
 
 @pytest.mark.parametrize("broken,method,shape", [
-    (always_accept, "token", Shape((1, 1, 1))),
-    (target_residual, "token", Shape((1, 1, 1))),
-    (target_residual, "block", Shape((1, 1, 1))),
-    (skip_draft_renormalisation, "rrsw", Shape((3,), without_replacement=True)),
+    (always_accept, "token", Shape.chain(3)),
+    (target_residual, "token", Shape.chain(3)),
+    (target_residual, "block", Shape.chain(3)),
+    (skip_draft_renormalisation, "rrsw", Shape.tree((3,))),
 ])
 def test_broken_verifiers_fail_the_exact_check(broken, method, shape):
     """The positive test checks both drafts; failing it means exceeding TOL on either."""
-    errors = [lossless.exact_error(method, TARGET, d, shape, Settings(1.0), step=broken)
+    errors = [lossless.exact_error(method, TARGET, d, shape, SamplingParams(1.0), step=broken)
               for d in (DRAFT, FAR_DRAFT)]
     assert max(errors) > 1e-3

@@ -8,11 +8,14 @@ deterministic. The negative controls (broken verifiers, same N, same ALPHA) must
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 
 from localspec import lossless, reference
-from localspec.lossless import Settings, Shape, ToyModel
+from localspec.config import SamplingParams, Shape
+from localspec.lossless import ToyModel
 
 ALPHA = 1e-4
 N = 20_000
@@ -24,20 +27,20 @@ def models(vocab: int, noise: float = 1.0) -> tuple[ToyModel, ToyModel]:
 
 
 CASES = [
-    ("token", Shape((1, 1, 1)), Settings(1.0), 5),
-    ("block", Shape((1, 1, 1)), Settings(0.7, top_k=3), 5),
-    ("block", Shape((1, 1, 1, 1)), Settings(1.0, top_p=0.85), 4),
-    ("gbv", Shape((1, 1), paths=3), Settings(1.0), 4),
-    ("gbv", Shape((1, 1, 1), paths=2), Settings(0.8, top_p=0.9), 4),
-    ("batch", Shape((1, 1), paths=3), Settings(1.0, top_p=0.8), 4),
-    ("rrs", Shape((2, 2)), Settings(1.0), 4),
-    ("rrsw", Shape((2, 2), without_replacement=True), Settings(1.2, min_p=0.1), 4),
-    ("traversal", Shape((3, 2), without_replacement=True), Settings(1.0), 5),
-    ("traversal", Shape((2, 2, 1), without_replacement=True), Settings(1.0, top_k=3), 4),
-    ("match", Shape((2, 1)), Settings(1.0), 4),
-    ("greedy", Shape((2, 2)), Settings(0.0), 4),
-    ("token", Shape(()), Settings(0.9, top_k=4, top_p=0.9), 12),  # empty draft: plain sampling
-    ("block", Shape((1,)), Settings(1.0), 20),
+    ("token", Shape.chain(3), SamplingParams(1.0), 5),
+    ("block", Shape.chain(3), SamplingParams(0.7, top_k=3), 5),
+    ("block", Shape.chain(4), SamplingParams(1.0, top_p=0.85), 4),
+    ("gbv", Shape.k_paths(3, 2), SamplingParams(1.0), 4),
+    ("gbv", Shape.k_paths(2, 3), SamplingParams(0.8, top_p=0.9), 4),
+    ("batch", Shape.k_paths(3, 2), SamplingParams(1.0, top_p=0.8), 4),
+    ("rrs", Shape.tree((2, 2)), SamplingParams(1.0), 4),
+    ("rrsw", Shape.tree((2, 2)), SamplingParams(1.2, min_p=0.1), 4),
+    ("traversal", Shape.tree((3, 2)), SamplingParams(1.0), 5),
+    ("traversal", Shape.tree((2, 2, 1)), SamplingParams(1.0, top_k=3), 4),
+    ("match", Shape.tree((2, 1)), SamplingParams(1.0), 4),
+    ("greedy", Shape.tree((2, 2)), SamplingParams(0.0), 4),
+    ("token", Shape.chain(0), SamplingParams(0.9, top_k=4, top_p=0.9), 12),  # empty draft: plain sampling
+    ("block", Shape.chain(1), SamplingParams(1.0), 20),
 ]
 
 
@@ -51,7 +54,7 @@ def test_c_verifier_output_matches_target(method, shape, settings, vocab):
 
 def _reference_step(method, lenience=0.0, **patch):
     def step(m, logits, dprobs, tree, seed, settings):
-        tp = reference.transform(logits, **settings.kwargs())
+        tp = reference.transform(logits, **asdict(settings))
         u = reference.Uniforms(np.random.default_rng(seed).random(len(tree.tokens) + 1))
         return reference.verify(method, tp, dprobs, tree.tokens, tree.parents, u, lenience)
     return step
@@ -59,7 +62,7 @@ def _reference_step(method, lenience=0.0, **patch):
 
 def _always_accept(m, logits, dprobs, tree, seed, settings):
     n = len(tree.tokens)
-    tp = reference.transform(logits[n], **settings.kwargs())[0]
+    tp = reference.transform(logits[n], **asdict(settings))[0]
     return tuple(range(n)), int(np.random.default_rng(seed).choice(len(tp), p=tp))
 
 
@@ -77,23 +80,23 @@ def _target_residual(method):
 
 
 NEGATIVE = [
-    ("always-accept", _always_accept, "token", Shape((1, 1, 1))),
-    ("residual=target", _target_residual("token"), "token", Shape((1, 1, 1))),
-    ("residual=target", _target_residual("block"), "block", Shape((1, 1, 1))),
-    ("lenience 0.3", _reference_step("token", lenience=0.3), "token", Shape((1, 1, 1))),
+    ("always-accept", _always_accept, "token", Shape.chain(3)),
+    ("residual=target", _target_residual("token"), "token", Shape.chain(3)),
+    ("residual=target", _target_residual("block"), "block", Shape.chain(3)),
+    ("lenience 0.3", _reference_step("token", lenience=0.3), "token", Shape.chain(3)),
 ]
 
 
 @pytest.mark.parametrize("name,step,method,shape", NEGATIVE, ids=[f"{c[0]}-{c[2]}" for c in NEGATIVE])
 def test_negative_controls_are_rejected(name, step, method, shape):
     target, draft = models(5)
-    p = lossless.monte_carlo_pvalue(method, target, draft, shape, Settings(1.0), N, seed=5, step=step)
+    p = lossless.monte_carlo_pvalue(method, target, draft, shape, SamplingParams(1.0), N, seed=5, step=step)
     assert p < ALPHA, f"{name}: p = {p:.3g} - the test has no power"
 
 
 def test_reference_passes_the_same_test():
     """The harness itself: the (correct) numpy reference is accepted at the same N."""
     target, draft = models(5)
-    p = lossless.monte_carlo_pvalue("block", target, draft, Shape((1, 1, 1)), Settings(1.0), N, seed=5,
+    p = lossless.monte_carlo_pvalue("block", target, draft, Shape.chain(3), SamplingParams(1.0), N, seed=5,
                                     step=_reference_step("block"))
     assert p > ALPHA

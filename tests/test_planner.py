@@ -6,8 +6,8 @@ import pytest
 
 from localspec.api import stream_generate
 from localspec.model import Model
-from localspec.planner import Acceptance, CostTable, Planner, expected_tokens
-from localspec.tree import Shape
+from localspec.config import Shape
+from localspec.planner import Acceptance, CostTable, Planner, expected_tokens, step_costs
 
 
 def test_expected_tokens_formula() -> None:
@@ -49,11 +49,11 @@ def planner_with(target: dict[int, float], draft_level: float | None, shape: Sha
     return p
 
 
-CPU = {1: 0.033, 2: 0.051, 4: 0.092, 5: 0.105, 8: 0.172, 9: 0.185}  # DESIGN.md, 1.5B on 2 cores
+CPU = {1: 0.033, 2: 0.051, 4: 0.092, 5: 0.105, 8: 0.172, 9: 0.185}  # docs/design.md: the default 1.5B target on 2 cores
 
 
 def test_planner_declines_a_model_drafter_that_cannot_pay() -> None:
-    """The CPU numbers of DESIGN.md: a 21 ms draft level against a 33 ms target step loses even
+    """The CPU numbers of docs/design.md: a 21 ms draft level against a 33 ms target step loses even
     at 91 % acceptance, so the planner decodes with the target alone."""
     p = planner_with(CPU, 0.021, Shape.chain(4), alpha_runs=100, accepted=4)  # α ≈ 1
     assert p.acceptance["model"].alpha > 0.9
@@ -90,7 +90,7 @@ def test_auto_plan_runs_and_measures_costs(tiny_target: Model, tiny_draft: Model
     out = list(stream_generate(tiny_target, tiny_draft, "def add(a, b):", max_tokens=30, temperature=0,
                                num_draft_tokens=4))
     assert out[-1].finish_reason in ("length", "stop")
-    costs = tiny_target.step_costs.seconds
+    costs = step_costs(tiny_target).seconds
     assert 1 in costs and 5 in costs and all(v > 0 for v in costs.values())
 
 

@@ -8,12 +8,14 @@ taken in another order (~1e-16 relative), which change a decision only if a unif
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
+
 import numpy as np
 import pytest
 
 from instances import random_instance
 from localspec import reference, verifier
-from localspec.lossless import Settings
+from localspec.config import SamplingParams
 
 METHODS = verifier.METHODS
 N_CASES = 400
@@ -21,11 +23,11 @@ N_CASES = 400
 
 def run_c(inst, method=None, **extra):
     return verifier.verify(method or inst.method, inst.logits, inst.draft, inst.tokens, inst.parents,
-                           uniforms=inst.uniforms, **inst.settings.kwargs(), **extra)
+                           uniforms=inst.uniforms, sampling=inst.settings, **extra)
 
 
 def run_reference(inst, method=None, lenience=0.0):
-    tp = verifier.probs(inst.logits, **inst.settings.kwargs())
+    tp = verifier.probs(inst.logits, sampling=inst.settings)
     return reference.verify(method or inst.method, tp, inst.draft.astype(np.float64), inst.tokens,
                             inst.parents, reference.Uniforms(inst.uniforms), lenience)
 
@@ -85,7 +87,7 @@ def test_seed_is_deterministic_and_seeds_differ():
     inst = random_instance(rng, "block", V=50)
     while inst.n < 4:
         inst = random_instance(rng, "block", V=50)
-    kw = inst.settings.kwargs() | {"temperature": 1.0}
+    kw = {"sampling": replace(inst.settings, temperature=1.0)}
     a = [verifier.verify("block", inst.logits, inst.draft, inst.tokens, inst.parents, seed=s, **kw)
          for s in range(40)]
     b = [verifier.verify("block", inst.logits, inst.draft, inst.tokens, inst.parents, seed=s, **kw)
@@ -95,31 +97,31 @@ def test_seed_is_deterministic_and_seeds_differ():
 
 
 @pytest.mark.parametrize("settings", [
-    Settings(1.0), Settings(0.7, top_k=5), Settings(1.3, top_p=0.8), Settings(1.0, min_p=0.1),
-    Settings(0.9, top_k=20, top_p=0.9, min_p=0.05), Settings(0.0), Settings(1.0, top_k=1),
+    SamplingParams(1.0), SamplingParams(0.7, top_k=5), SamplingParams(1.3, top_p=0.8), SamplingParams(1.0, min_p=0.1),
+    SamplingParams(0.9, top_k=20, top_p=0.9, min_p=0.05), SamplingParams(0.0), SamplingParams(1.0, top_k=1),
 ])
 def test_transform_matches_numpy(settings):
     rng = np.random.default_rng(11)
     for V in (7, 100, 5000):
         logits = rng.normal(0, 3, size=(6, V)).astype(np.float32)
-        c = verifier.probs(logits, **settings.kwargs())
-        ref = reference.transform(logits, **settings.kwargs())
+        c = verifier.probs(logits, sampling=settings)
+        ref = reference.transform(logits, **asdict(settings))
         assert np.array_equal(c > 0, ref > 0)
         np.testing.assert_allclose(c, ref, rtol=2e-6, atol=1e-12)
         np.testing.assert_allclose(c.sum(axis=1), 1.0, atol=1e-9)
-        f32 = verifier.probs(logits, dtype=np.float32, **settings.kwargs())
+        f32 = verifier.probs(logits, dtype=np.float32, sampling=settings)
         np.testing.assert_allclose(f32, c, rtol=1e-6)
 
 
 def test_transform_tie_breaking_is_lowest_id():
     signed_zeros = np.array([-1.0, -0.0, -2.0, 0.0] + [-3.0] * 200, dtype=np.float32)
-    assert np.argmax(verifier.probs(signed_zeros, temperature=0)) == 1  # -0 == +0: the first one
+    assert np.argmax(verifier.probs(signed_zeros, sampling=SamplingParams(0))) == 1  # -0 == +0: the first one
     late = np.full(300, -1.0, dtype=np.float32)
     late[[70, 250]] = [-0.0, 0.0]  # in different 64-logit chunks
-    assert np.argmax(verifier.probs(late, temperature=0)) == 70
+    assert np.argmax(verifier.probs(late, sampling=SamplingParams(0))) == 70
     logits = np.array([1.0, 3.0, 3.0, 3.0, 0.0], dtype=np.float32)
-    assert verifier.probs(logits, temperature=0).tolist() == [0, 1, 0, 0, 0]
-    top2 = verifier.probs(logits, top_k=2)
+    assert verifier.probs(logits, sampling=SamplingParams(0)).tolist() == [0, 1, 0, 0, 0]
+    top2 = verifier.probs(logits, sampling=SamplingParams(top_k=2))
     assert (top2 > 0).tolist() == [False, True, True, False, False]
     assert np.array_equal(reference.transform(logits, top_k=2)[0] > 0, top2 > 0)
 

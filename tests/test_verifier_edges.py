@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from localspec import verifier
+from localspec.config import SamplingParams
+from localspec.errors import ConfigError
 from localspec.verifier import LogitsPointer, VerifierError
 
 V = 6
@@ -48,19 +50,19 @@ def test_one_hot_rows_greedy_target():
     draft[np.arange(4), am] = 1.0
     tokens = [int(am[j]) for j in range(3)]
     for method in ("greedy", "token", "block", "traversal", "rrsw"):
-        v = verifier.verify(method, logits, draft, tokens, parents, temperature=0.0, seed=1)
+        v = verifier.verify(method, logits, draft, tokens, parents, sampling=SamplingParams(0.0), seed=1)
         assert v.path == (0, 1, 2) and v.token == int(am[3])
     wrong = [(t + 1) % V for t in tokens]
-    v = verifier.verify("block", logits, draft, wrong, parents, temperature=0.0, seed=1)
+    v = verifier.verify("block", logits, draft, wrong, parents, sampling=SamplingParams(0.0), seed=1)
     assert v.path == () and v.token == int(am[0])
 
 
 @pytest.mark.parametrize("method", verifier.METHODS)
 def test_empty_draft_samples_the_target(method):
     logits = np.array([[0.0, 5.0, 0.0, 4.9]], dtype=np.float32)
-    v = verifier.verify(method, logits, None, [], [], temperature=0.0)
+    v = verifier.verify(method, logits, None, [], [], sampling=SamplingParams(0.0))
     assert v == verifier.Verdict((), 1, 0)
-    draws = [verifier.verify(method, logits, None, [], [], seed=s, temperature=1.0).token for s in range(400)]
+    draws = [verifier.verify(method, logits, None, [], [], seed=s, sampling=SamplingParams(1.0)).token for s in range(400)]
     if method != "greedy":
         assert set(draws) <= {0, 1, 2, 3} and 0.4 < draws.count(3) / 400 < 0.6
 
@@ -128,9 +130,19 @@ def test_shape_errors(method, tokens, parents, message):
     ({"temperature": -1.0}, "temperature must be"),
     ({"temperature": float("nan")}, "temperature must be"),
     ({"top_k": -2}, "top_k must be"),
+    ({"top_k": 1.5}, "top_k must be"),
     ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
     ({"top_p": 1.5}, "top_p"),
     ({"min_p": -0.1}, "min_p"),
+])
+def test_bad_sampling_params(kwargs, message):
+    """Sampling settings are checked once, when they are made (ConfigError naming the parameter)."""
+    with pytest.raises(ConfigError, match=message) as info:
+        SamplingParams(**kwargs)
+    assert info.value.param == next(iter(kwargs))
+
+
+@pytest.mark.parametrize("kwargs,message", [
     ({"lenience": -1.0}, "lenience must be"),
     ({"uniforms": [0.1, 0.2]}, "uniforms must hold n_nodes \\+ 1 = 4"),
     ({"uniforms": [0.1, 0.2, 1.0, 0.3]}, r"uniforms\[2\] = 1.0 is outside \[0, 1\)"),

@@ -8,7 +8,9 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from localspec.cli import DRAFTERS, PLANS, VERIFIERS, load_pair, model_options, user_errors
+from localspec.cli import load_pair, model_kwargs, model_options, user_errors
+from localspec.config import DEFAULT_SAMPLING, DRAFTERS, PLANS, VERIFIERS, SamplingParams, Shape
+from localspec.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +34,16 @@ def _choices(allowed: Sequence[str], param: str) -> Callable[[click.Context, cli
 
 
 def _shapes(ctx: click.Context, _: click.Parameter, value: str) -> tuple:
-    from localspec.bench import parse_shape
-
     shapes = []
     for item in _items(value, "--shapes"):
         try:
-            shapes.append(parse_shape(item))
-        except ValueError as exc:
+            shape = Shape.parse(item)
+        except ConfigError as exc:
             raise click.BadParameter(str(exc), param_hint="--shapes") from None
+        if shape.depth < 1:
+            raise click.BadParameter(f"{item!r}: a draft needs at least one token (the target-only baseline "
+                                     "is always included)", param_hint="--shapes")
+        shapes.append(shape)
     return tuple(shapes)
 
 
@@ -57,11 +61,11 @@ def _temperatures(ctx: click.Context, _: click.Parameter, value: str) -> tuple[f
 
 
 def _prompts(ctx: click.Context, _: click.Parameter, value: str) -> dict:
-    from localspec.bench import BenchError, load_prompts
+    from localspec.prompt_sets import load_prompts
 
     try:
         return load_prompts(value)
-    except BenchError as exc:
+    except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--prompts") from None
 
 
@@ -89,22 +93,19 @@ def _prompts(ctx: click.Context, _: click.Parameter, value: str) -> dict:
                    "choose each step's depth.")
 @click.option("--repeat", type=click.IntRange(1), default=1, show_default=True,
               help="Run every prompt this many times (different seeds) per row.")
-@click.option("--top-k", type=click.IntRange(0), default=40, show_default=True, help="Top-k (0: off).")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True,
-              help="Top-p (1: off).")
-@click.option("--min-p", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Min-p (0: off).")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--top-k", type=int, default=DEFAULT_SAMPLING.top_k, show_default=True, help="Top-k (0: off).")
+@click.option("--top-p", type=float, default=DEFAULT_SAMPLING.top_p, show_default=True, help="Top-p (1: off).")
+@click.option("--min-p", type=float, default=DEFAULT_SAMPLING.min_p, show_default=True, help="Min-p (0: off).")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
               help="Base seed: prompt i of repeat r uses seed + 1000*r + i in every row.")
 @click.option("--chat/--raw", "chat", default=True, show_default=True,
               help="Wrap each prompt in the model's chat template (when it has one).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("localspec-bench"),
               show_default=True, help="Directory for bench.json and bench.png (created if needed).")
 @user_errors
-def bench(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int, draft_n_gpu_layers: int | None,
-          threads: int | None, cache_type: str, load_mode: str, verifiers: tuple[str, ...], shapes: tuple,
-          drafters: tuple[str, ...],
+def bench(model: str | None, draft: str | None, verifiers: tuple[str, ...], shapes: tuple, drafters: tuple[str, ...],
           temperatures: tuple[float, ...], prompt_sets: dict, max_tokens: int, plan: str, repeat: int,
-          top_k: int, top_p: float, min_p: float, seed: int, chat: bool, out: Path) -> None:
+          top_k: int, top_p: float, min_p: float, seed: int, chat: bool, out: Path, **options: Any) -> None:
     """Benchmark verifiers x draft shapes x temperatures against the target alone.
 
     Every row runs the same prompts with the same seeds; each prompt set and
@@ -122,51 +123,48 @@ def bench(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int
     localspec bench --drafters ngram -d none --prompts code-edit
     localspec bench -m target.gguf -d draft.gguf --prompts my-prompts.txt -n 128 --repeat 3
     """
-    from localspec.bench import BenchError, BenchSettings, plan_matrix, plot, run_bench, to_json, to_markdown
+    from localspec.bench import BenchSettings, limits, plan_matrix, plot, run_bench, to_json, to_markdown
 
     settings = BenchSettings(verifiers=verifiers, shapes=shapes, drafters=drafters, temperatures=temperatures,
-                             plan=plan, max_tokens=max_tokens, repeat=repeat, seed=seed, top_k=top_k,
-                             top_p=top_p, min_p=min_p, chat=chat)
-    need_draft = any(d != "ngram" for d in drafters)
-    loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
-                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, cache_type=cache_type,
-                       load_mode=load_mode, need_draft=need_draft)
+                             plan=plan, max_tokens=max_tokens, repeat=repeat, seed=seed,
+                             sampling=SamplingParams(DEFAULT_SAMPLING.temperature, top_k, top_p, min_p), chat=chat)
+    _check_plotting()
+    loaded = load_pair(model, draft, need_draft=any(d != "ngram" for d in drafters), **model_kwargs(options))
     try:
-        try:
-            _, notes = plan_matrix(settings, loaded.target.n_batch, loaded.draft is not None)
-        except BenchError as exc:
-            raise click.ClickException(str(exc)) from None
+        _, notes = plan_matrix(settings, limits(loaded.target), loaded.draft is not None)
         for note in notes:
             click.echo(f"skipped {note}", err=True)
-        try:
-            results = run_bench(loaded.target, loaded.draft, prompt_sets, settings)
-        except BenchError as exc:
-            raise click.ClickException(str(exc)) from None
+        results = run_bench(loaded.target, loaded.draft, prompt_sets, settings)
     finally:
-        _close(loaded)
+        loaded.close()
     click.echo(to_markdown(results))
     names = {"target": loaded.target_name,
              "draft": str(loaded.draft.path) if loaded.draft is not None else None}
     _write(out, results, settings, names, to_json, plot)
 
 
-def _close(loaded: Any) -> None:
-    loaded.target.close()
-    if loaded.draft is not None:
-        loaded.draft.close()
+def _check_plotting() -> None:
+    """bench.png needs matplotlib: say so before anything runs."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        click.echo("note: bench.png needs matplotlib (pip install 'localspec[plot]'); writing bench.json only",
+                   err=True)
 
 
 def _write(out: Path, results: list, settings: Any, names: dict, to_json: Callable, plot: Callable) -> None:
-    """bench.json and bench.png under `out`; their paths on stderr."""
+    """bench.json and (with matplotlib) bench.png under `out`; their paths on stderr."""
+    import importlib.util
+
     try:
         out.mkdir(parents=True, exist_ok=True)
         json_path = out / "bench.json"
         json_path.write_text(to_json(results, settings, names) + "\n", encoding="utf-8")
-        png_path = plot(results, out / "bench.png")
+        click.echo(f"wrote {json_path}", err=True)
+        if importlib.util.find_spec("matplotlib") is not None:
+            click.echo(f"wrote {plot(results, out / 'bench.png')}", err=True)
     except OSError as exc:
         raise click.ClickException(f"cannot write the results to {out}: {exc}") from None
-    click.echo(f"wrote {json_path}", err=True)
-    click.echo(f"wrote {png_path}", err=True)
 
 
 COMMANDS = (bench,)

@@ -11,13 +11,14 @@ import logging
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 import click
 
-from localspec.cli import (Loaded, format_stats, load_pair, model_options, sampling_options, spec_kwargs,
-                           spec_options, user_errors)
+from localspec.cli import (Loaded, format_stats, generation_config, load_pair, model_kwargs, model_options,
+                           sampling_options, spec_options, user_errors)
+from localspec.config import GenerationConfig
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +108,15 @@ def deferred_interrupt() -> Iterator[_Interrupt]:
         signal.signal(signal.SIGINT, previous)
 
 
-def stream_reply(loaded: Loaded, history: list[dict], settings: dict, write: Callable[[str], None]) -> Reply:
+def stream_reply(loaded: Loaded, history: list[dict], config: GenerationConfig,
+                 write: Callable[[str], None]) -> Reply:
     """Stream the assistant's next message to `write`; Ctrl-C stops it early."""
     from localspec.api import stream_generate
 
     parts: list[str] = []
     last = None
     interrupted = False
-    stream = stream_generate(loaded.target, loaded.draft, history, **settings)
+    stream = stream_generate(loaded.target, loaded.draft, history, config)
     with deferred_interrupt() as flag:
         try:
             for r in stream:
@@ -142,13 +144,20 @@ def _interactive() -> bool:
         return False
 
 
+class NotText(ValueError):
+    """A line the user sent is not valid UTF-8."""
+
+
 def read_line(prompt: str) -> str:
     """One line from the user. In a terminal, input() with line editing; piped, the prompt goes
     to stderr so stdout holds only the replies."""
-    if _interactive():
-        return input(prompt)
-    click.echo(prompt, nl=False, err=True)
-    line = sys.stdin.readline()
+    try:
+        if _interactive():
+            return input(prompt)
+        click.echo(prompt, nl=False, err=True)
+        line = sys.stdin.readline()
+    except UnicodeDecodeError as exc:
+        raise NotText(f"that line is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x}); it was not sent") from None
     if not line:
         raise EOFError
     return line.rstrip("\n")
@@ -170,19 +179,18 @@ def _note(text: str) -> None:
     click.echo(text, err=True)
 
 
-def _speculative(settings: dict) -> bool:
-    return settings["num_draft_tokens"] > 0 or bool(settings["tree"])
+def _show_stats(session: Session, loaded: Loaded, config: GenerationConfig) -> None:
+    from localspec.planner import one_token_seconds
 
-
-def _show_stats(session: Session, loaded: Loaded, settings: dict) -> None:
     if session.last_stats is None:
         _note("no reply yet")
         return
-    _note("last reply: " + format_stats(session.last_stats, _speculative(settings), loaded.target))
-    _note(describe_session(session.replies, _speculative(settings)))
+    one = one_token_seconds(loaded.target) if config.speculative else 0.0
+    _note("last reply: " + format_stats(session.last_stats, config.speculative, one))
+    _note(describe_session(session.replies, config.speculative))
 
 
-def _command(line: str, session: Session, loaded: Loaded, settings: dict) -> bool:
+def _command(line: str, session: Session, loaded: Loaded, config: GenerationConfig) -> bool:
     """Run a /command; False when the user wants to leave."""
     name = line.split()[0].lower()
     if name in ("/exit", "/quit"):
@@ -193,7 +201,7 @@ def _command(line: str, session: Session, loaded: Loaded, settings: dict) -> boo
         session.reset()
         _note("conversation cleared" + (" (system message kept)" if session.system else ""))
     elif name == "/stats":
-        _show_stats(session, loaded, settings)
+        _show_stats(session, loaded, config)
     else:
         _note(f"unknown command {name}; /help lists the commands (start a message with // to send a leading /)")
     return True
@@ -203,12 +211,12 @@ def _context_note(loaded: Loaded) -> str:
     return f"the context is full ({loaded.target.n_ctx} tokens); /reset to start over, or use a larger --ctx-size"
 
 
-def _turn(text: str, session: Session, loaded: Loaded, settings: dict, seed: int | None) -> None:
+def _turn(text: str, session: Session, loaded: Loaded, config: GenerationConfig) -> None:
     """Send one user message and stream the reply."""
-    from localspec.model import ModelError
+    from localspec.errors import ModelError
 
     session.history.append({"role": "user", "content": text})
-    turn_settings = dict(settings, seed=None if seed is None else seed + len(session.replies))
+    turn = config if config.seed is None else replace(config, seed=(config.seed + len(session.replies)) % 2**64)
 
     written: list[str] = []
 
@@ -218,7 +226,7 @@ def _turn(text: str, session: Session, loaded: Loaded, settings: dict, seed: int
         sys.stdout.flush()
 
     try:
-        reply = stream_reply(loaded, session.history, turn_settings, write)
+        reply = stream_reply(loaded, session.history, turn, write)
     except ModelError as exc:  # the conversation no longer fits, or the context filled mid-step
         session.history.pop()
         if written:
@@ -235,32 +243,33 @@ def _turn(text: str, session: Session, loaded: Loaded, settings: dict, seed: int
     if reply.stats is not None:
         session.replies.append(reply.stats)
     if reply.finish_reason == "length" and not reply.interrupted:
-        if reply.stats is not None and reply.stats.generated_tokens < settings["max_tokens"]:
+        if reply.stats is not None and reply.stats.generated_tokens < config.max_tokens:
             _note(_context_note(loaded))
         else:
-            _note(f"[reply cut at --max-tokens {settings['max_tokens']}]")
+            _note(f"[reply cut at --max-tokens {config.max_tokens}]")
 
 
-def _banner(loaded: Loaded, settings: dict, drafter: str) -> str:
+def _banner(loaded: Loaded, config: GenerationConfig) -> str:
     target = loaded.target.name
-    if drafter == "ngram":
+    if config.drafter == "ngram":
         draft = "n-gram drafter"
     elif loaded.draft is None:
         draft = "no draft (target alone)"
     else:
         draft = f"draft {loaded.draft.name}"
-    if not _speculative(settings):
+    s = config.shape
+    if not config.speculative:
         how = "no speculation"
-    elif settings["tree"]:
-        how = f"verifier {settings['verifier']}, tree {'x'.join(map(str, settings['tree']))}"
+    elif s.branching:
+        how = f"verifier {config.verifier}, tree {'x'.join(map(str, s.branching))}"
     else:
-        paths = f", {settings['paths']} paths" if settings["paths"] > 1 else ""
-        how = f"verifier {settings['verifier']}, k={settings['num_draft_tokens']}{paths}"
-    return (f"localspec chat: {target} + {draft}, {how}, plan {settings['plan']}, "
+        paths = f", {s.paths} paths" if s.paths > 1 else ""
+        how = f"verifier {config.verifier}, k={s.depth}{paths}"
+    return (f"localspec chat: {target} + {draft}, {how}, plan {config.plan}, "
             f"context {loaded.target.n_ctx} tokens\n/help for commands, /exit to leave")
 
 
-def chat_loop(session: Session, loaded: Loaded, settings: dict, seed: int | None) -> None:
+def chat_loop(session: Session, loaded: Loaded, config: GenerationConfig) -> None:
     """Read messages and commands until /exit, EOF, or Ctrl-C twice at the prompt."""
     pending_interrupt = False
     while True:
@@ -269,6 +278,9 @@ def chat_loop(session: Session, loaded: Loaded, settings: dict, seed: int | None
         except EOFError:
             click.echo("", err=True)
             return
+        except NotText as exc:
+            _note(str(exc))
+            continue
         except KeyboardInterrupt:
             click.echo("", err=True)
             if pending_interrupt:
@@ -281,33 +293,37 @@ def chat_loop(session: Session, loaded: Loaded, settings: dict, seed: int | None
         if not text:
             continue
         if text.startswith("/") and not text.startswith("//"):
-            if not _command(text, session, loaded, settings):
+            if not _command(text, session, loaded, config):
                 return
             continue
-        _turn(line[1:] if text.startswith("//") else line, session, loaded, settings, seed)
+        _turn(line[1:] if text.startswith("//") else line, session, loaded, config)
 
 
-def _validate(loaded: Loaded, spec: dict, drafter: str, sampling: dict) -> None:
-    """Refuse impossible settings before the first message (raises localspec errors)."""
-    from localspec import verifier
-    from localspec.engine import SpecConfig
-    from localspec.model import check_pair
+def _validate(loaded: Loaded, config: GenerationConfig, system: str | None) -> GenerationConfig:
+    """Refuse impossible settings before the first message (raises localspec errors); the
+    settings as they apply to the loaded pair."""
+    from localspec.api import Generation
 
     target = loaded.target
     if not target.chat_template:
         raise click.ClickException(f"{target.path.name} has no chat template, so it cannot chat; for plain "
                                    f"text completion use: localspec generate --raw -m {target.path}")
-    SpecConfig(verifier=spec["verifier"], num_draft_tokens=spec["num_draft_tokens"], paths=spec["paths"],
-               tree=spec["tree"], plan=spec["plan"]).validate(drafter, target.n_batch)
-    verifier.check_sampling(sampling["temperature"], sampling["top_k"], sampling["top_p"], sampling["min_p"])
-    if loaded.draft is not None and drafter != "ngram":
-        check_pair(target, loaded.draft)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": ""}]
+    return Generation(target, loaded.draft, messages, config).config  # validates; nothing is decoded
 
 
-def _close(loaded: Loaded) -> None:
-    loaded.target.close()
-    if loaded.draft is not None:
-        loaded.draft.close()
+@contextlib.contextmanager
+def ctrl_c_raises() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt while chatting, whatever SIGINT disposition the process
+    inherited (a shell or CI runner may start it with SIGINT ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @click.command()
@@ -316,11 +332,7 @@ def _close(loaded: Loaded) -> None:
 @sampling_options
 @click.option("-s", "--system", default=None, help="System message, kept across /reset.")
 @user_errors
-def chat(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int, draft_n_gpu_layers: int | None,
-         threads: int | None, cache_type: str, load_mode: str, verifier: str, num_draft_tokens: int,
-         paths: int, tree: str | None, drafter: str,
-         plan: str, temperature: float, top_k: int, top_p: float, min_p: float, seed: int | None,
-         max_tokens: int, system: str | None) -> None:
+def chat(model: str | None, draft: str | None, system: str | None, **options: Any) -> None:
     """Chat with the model in the terminal, using its chat template.
 
     Replies stream to stdout as they are generated; the banner, notes and
@@ -342,24 +354,18 @@ def chat(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int,
     localspec chat -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1
     printf 'Write fizzbuzz\\n/stats\\n' | localspec chat -t 0
     """
-    from localspec.api import target_alone_without_draft
-
-    spec = spec_kwargs(verifier, num_draft_tokens, paths, tree, drafter, plan)
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_tokens=max_tokens)
-    loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
-                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, cache_type=cache_type,
-                       load_mode=load_mode, need_draft=drafter != "ngram")
+    config = generation_config(options)
+    loaded = load_pair(model, draft, need_draft=config.drafter != "ngram", **model_kwargs(options))
     try:
-        spec = target_alone_without_draft(spec, loaded.draft is not None)
-        _validate(loaded, spec, drafter, sampling)
+        config = _validate(loaded, config, system)
         if _interactive():
             with contextlib.suppress(ImportError):
                 import readline  # noqa: F401  line editing and history for input()
-        settings = dict(sampling, **spec)
-        _note(_banner(loaded, settings, drafter))
-        chat_loop(Session(system), loaded, settings, seed)
+        _note(_banner(loaded, config))
+        with ctrl_c_raises():
+            chat_loop(Session(system), loaded, config)
     finally:
-        _close(loaded)
+        loaded.close()
 
 
 COMMANDS = (chat,)

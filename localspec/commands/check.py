@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from localspec.cli import load_pair, model_options, user_errors
+from localspec.cli import load_pair, model_kwargs, model_options, user_errors
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +29,12 @@ def _echo(result: Any) -> None:
                    "1.5B/0.5B pair on 2 CPU cores; more steps, more power).")
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=1e-3, show_default=True,
               help="Significance level of each chi-square test: the probability that a correct verifier fails it.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the Monte Carlo checks.")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True, help="Seed of the Monte Carlo checks.")
 @click.option("--lenience", type=click.FloatRange(0), default=0.0, hidden=True,
               help="Make the model-pair test LOSSY (verifier token with this lenience) to see it fail.")
 @user_errors
-def check(toy_only: bool, model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int,
-          draft_n_gpu_layers: int | None, threads: int | None, cache_type: str, load_mode: str,
-          samples: int | None, alpha: float, seed: int,
-          lenience: float) -> None:
+def check(toy_only: bool, model: str | None, draft: str | None, samples: int | None, alpha: float, seed: int,
+          lenience: float, **options: Any) -> None:
     """Check that speculative decoding is lossless; exit status 1 if any check fails.
 
     \b
@@ -65,8 +63,7 @@ def check(toy_only: bool, model: str | None, draft: str | None, ctx_size: int, n
     results = checks.toy_suite(alpha, seed, progress=_echo)
     if not toy_only:
         click.echo("model pair:")
-        result = _pair(model, draft, ctx_size, n_gpu_layers, draft_n_gpu_layers, threads, cache_type, load_mode,
-                       samples or checks.PAIR_SAMPLES, alpha, seed, lenience)
+        result = _pair(model, draft, model_kwargs(options), samples or checks.PAIR_SAMPLES, alpha, seed, lenience)
         _echo(result)
         results.append(result)
     failed = [r for r in results if not r.passed]
@@ -80,14 +77,11 @@ def check(toy_only: bool, model: str | None, draft: str | None, ctx_size: int, n
     click.echo(f"all {len(results)} checks passed, the negative control detected ({elapsed:.1f} s)")
 
 
-def _pair(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int, draft_n_gpu_layers: int | None,
-          threads: int | None, cache_type: str, load_mode: str, samples: int, alpha: float, seed: int,
+def _pair(model: str | None, draft: str | None, options: dict, samples: int, alpha: float, seed: int,
           lenience: float) -> Any:
     from localspec.check import pair_check
 
-    loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
-                       draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, cache_type=cache_type,
-                       load_mode=load_mode)
+    loaded = load_pair(model, draft, **options)
     try:
         if loaded.draft is None:
             raise click.ClickException("the model-pair check needs a draft model: give -d/--draft "
@@ -95,9 +89,7 @@ def _pair(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int
         return pair_check(loaded.target, loaded.draft, samples=samples, alpha=alpha, seed=seed,
                           lenience=lenience, progress=True)
     finally:
-        loaded.target.close()
-        if loaded.draft is not None:
-            loaded.draft.close()
+        loaded.close()
 
 
 COMMANDS = (check,)

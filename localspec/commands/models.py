@@ -178,10 +178,12 @@ def _resolve_local(model: str) -> Path:
 
 def _open(path: Path) -> Any:
     """The model with the smallest context (metadata only); errors as click errors."""
-    from localspec.model import Model, ModelError, ModelOptions
+    from localspec.config import ModelOptions
+    from localspec.errors import ModelError
+    from localspec.model import Model
 
     try:
-        return Model(path, ModelOptions(n_ctx=16, n_batch=16, n_threads=1, n_seq_max=1))
+        return Model(path, ModelOptions(ctx_size=16, batch_size=16, threads=1, n_seq_max=1))
     except ModelError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -277,7 +279,8 @@ def pair(ctx: click.Context, target: str, draft: str) -> None:
     \b
     localspec models pair target.gguf draft.gguf
     """
-    from localspec.model import ModelError, check_pair
+    from localspec.errors import ModelError
+    from localspec.model import check_pair
 
     with _open(_resolve_local(target)) as t, _open(_resolve_local(draft)) as d:
         try:

@@ -6,9 +6,12 @@ import logging
 
 import click
 
-from localspec.cli import load_pair, model_options, sampling_options, spec_kwargs, spec_options, user_errors
+from localspec.cli import (generation_config, load_pair, model_kwargs, model_options, sampling_options, spec_options,
+                           user_errors)
+from localspec.server import ServerLimits
 
 log = logging.getLogger(__name__)
+LIMITS = ("max_body_bytes", "max_messages", "max_nesting", "max_queue", "header_timeout", "body_timeout")
 
 
 @click.command()
@@ -16,15 +19,28 @@ log = logging.getLogger(__name__)
 @spec_options
 @sampling_options
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0: every interface; there is no authentication).")
+              help="Address to listen on. The default takes connections from this machine only; 0.0.0.0 "
+                   "takes them from every network (use --api-key then).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="Port to listen on (0: any free port).")
+@click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on every request (env LOCALSPEC_API_KEY). "
+                   "Without it there is no authentication.")
+@click.option("--max-body-bytes", type=click.IntRange(1), default=ServerLimits.max_body_bytes,
+              show_default=True, help="Largest request body; larger ones get 413.")
+@click.option("--max-messages", type=click.IntRange(1), default=ServerLimits.max_messages,
+              show_default=True, help="Most chat messages in one request.")
+@click.option("--max-nesting", type=click.IntRange(1), default=ServerLimits.max_nesting,
+              show_default=True, help="Deepest JSON nesting of a request body.")
+@click.option("--max-queue", type=click.IntRange(1), default=ServerLimits.max_queue,
+              show_default=True, help="Requests that may wait for the model; more get 503.")
+@click.option("--header-timeout", type=click.FloatRange(0, min_open=True),
+              default=ServerLimits.header_timeout, show_default=True,
+              help="Seconds a connection may take to send a request head (idle connections are closed).")
+@click.option("--body-timeout", type=click.FloatRange(0, min_open=True), default=ServerLimits.body_timeout,
+              show_default=True, help="Seconds a request may take to send its body (408 after that).")
 @user_errors
-def serve(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int,
-          draft_n_gpu_layers: int | None, threads: int | None, cache_type: str, load_mode: str,
-          verifier: str, num_draft_tokens: int,
-          paths: int, tree: str | None, drafter: str, plan: str, temperature: float, top_k: int,
-          top_p: float, min_p: float, seed: int | None, max_tokens: int, host: str, port: int) -> None:
+def serve(model: str | None, draft: str | None, host: str, port: int, api_key: str | None, **options: Any) -> None:
     """Serve the model pair over an OpenAI-compatible HTTP API.
 
     Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions
@@ -35,10 +51,15 @@ def serve(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int
     verifier, num_draft_tokens, paths, tree, drafter, plan). Every response has a
     "speculative" object with the settings used and the acceptance statistics.
 
+    Limits: request bodies, messages, JSON nesting, the queue and the time a
+    client may take to send its request are bounded (the options below);
+    there is no authentication unless --api-key is given.
+
     \b
     localspec serve                                   # default pair on 127.0.0.1:8080
     localspec serve -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1
     localspec serve -d none --drafter ngram --port 9000
+    localspec serve --host 0.0.0.0 --api-key "$(openssl rand -hex 16)"
     curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
       -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64}'
 
@@ -51,41 +72,35 @@ def serve(model: str | None, draft: str | None, ctx_size: int, n_gpu_layers: int
     print(r.choices[0].message.content, r.model_extra["speculative"])
     """
     from localspec import server
-    from localspec.engine import SpecConfig
 
     server.require_server_deps()
-    spec = spec_kwargs(verifier, num_draft_tokens, paths, tree, drafter, plan)
-    defaults = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                    max_tokens=max_tokens, **spec)
-    config = SpecConfig(verifier=verifier, num_draft_tokens=num_draft_tokens, paths=paths, tree=spec["tree"],
-                        plan=plan)
-    config.validate(drafter, n_batch=2**31)  # before loading; the real n_batch below
-    sock = server.bind_socket(host, port)
+    from localspec.server.run import base_url, bind_socket, serve as run_server
+
+    defaults = generation_config(options)
+    limits = ServerLimits(api_key=api_key or None, **{k: options[k] for k in LIMITS})
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        click.echo(f"localspec: warning: listening on {host} without --api-key: anyone who can reach this "
+                   "port can use the model", err=True)
+    sock = bind_socket(host, port)
     try:
-        loaded = load_pair(model, draft, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
-                           draft_n_gpu_layers=draft_n_gpu_layers, threads=threads, cache_type=cache_type,
-                           load_mode=load_mode,
-                           need_draft=drafter != "ngram" or draft is not None)
+        loaded = load_pair(model, draft, need_draft=defaults.drafter != "ngram" or draft is not None,
+                           **model_kwargs(options))
     except BaseException:
         sock.close()
         raise
-    target, dm = loaded.target, loaded.draft
     stopped = True  # False: a generation may still use the models
     try:
-        config.validate(drafter, target.n_batch)
         model_id = server.model_id_of(loaded.target_name)
-        speculation = ("target alone" if dm is None and drafter == "model"
-                       else f"{drafter} drafts, {verifier} verifier")
-        click.echo(f"localspec: serving {model_id} on {server.base_url(sock)}", err=True)
+        speculation = ("target alone" if loaded.draft is None and defaults.drafter == "model"
+                       else f"{defaults.drafter} drafts, {defaults.verifier} verifier")
+        click.echo(f"localspec: serving {model_id} on {base_url(sock)}", err=True)
         click.echo(f"localspec: {speculation}; Ctrl-C stops", err=True)
-        stopped = server.serve(target, dm, model_id=model_id, defaults=defaults, sock=sock,
-                               verbose=logging.getLogger().getEffectiveLevel() <= logging.INFO)
+        stopped = run_server(loaded.target, loaded.draft, model_id=model_id, sock=sock, defaults=defaults,
+                             limits=limits, verbose=logging.getLogger().getEffectiveLevel() <= logging.INFO)
     finally:
         sock.close()
         if stopped:
-            target.close()
-            if dm is not None:
-                dm.close()
+            loaded.close()
     click.echo("localspec: server stopped", err=True)
 
 

@@ -1,7 +1,7 @@
 """Verifier micro-benchmark: microseconds per call of the C verifier next to the numpy reference.
 
-    python -m localspec.bench_verifier            # full table (a few minutes)
-    python -m localspec.bench_verifier --quick    # V = 151936 only
+    python benchmarks/bench_verifier.py            # full table (a few minutes)
+    python benchmarks/bench_verifier.py --quick    # V = 151936 only
 
 Inputs imitate a language model: target logits N(0, 3) per row plus a shared component, draft
 probabilities from the target logits with N(0, 1) noise, draft tokens drawn from the draft rows
@@ -26,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from localspec import reference, verifier
+from localspec.config import DEFAULT_SAMPLING, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,8 @@ CHAIN_METHODS = ("greedy", "match", "token", "block", "rrsw", "traversal")
 TREE_METHODS = ("greedy", "match", "rrs", "rrsw", "traversal")
 TREE_15 = (3, 2, 1)  # 3 + 6 + 6 = 15 nodes
 SAMPLINGS = {
-    "T=1": {"temperature": 1.0},  # every token kept: dense passes over the vocabulary
-    "default": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},  # llama.cpp's defaults
+    "T=1": SamplingParams(1.0),  # every token kept: dense passes over the vocabulary
+    "default": DEFAULT_SAMPLING,  # llama.cpp's defaults
 }
 
 
@@ -54,12 +55,12 @@ class Row:
         return self.numpy_us / self.c_us
 
 
-def _draft_rows(logits: np.ndarray, rng: np.random.Generator, sampling: dict) -> np.ndarray:
+def _draft_rows(logits: np.ndarray, rng: np.random.Generator, sampling: SamplingParams) -> np.ndarray:
     noisy = (logits + rng.normal(0.0, 1.0, size=logits.shape)).astype(np.float32)
-    return verifier.probs(noisy, dtype=np.float32, **sampling)
+    return verifier.probs(noisy, dtype=np.float32, sampling=sampling)
 
 
-def make_instance(shape: str, vocab: int, rng: np.random.Generator, sampling: dict | None = None):
+def make_instance(shape: str, vocab: int, rng: np.random.Generator, sampling: SamplingParams = SamplingParams()):
     """(logits, draft, tokens, parents) for 'chain-G', 'paths-KxL' or 'tree-15'."""
     if shape.startswith("chain-"):
         parents = [j - 1 for j in range(int(shape.split("-")[1]))]
@@ -78,7 +79,7 @@ def make_instance(shape: str, vocab: int, rng: np.random.Generator, sampling: di
     n = len(parents)
     shared = rng.normal(0.0, 3.0, size=vocab)
     logits = (shared + rng.normal(0.0, 1.5, size=(n + 1, vocab))).astype(np.float32)
-    draft = _draft_rows(logits, rng, sampling or {})
+    draft = _draft_rows(logits, rng, sampling)
     tokens: list[int] = []
     siblings: dict[int, list[int]] = {}
     for p in parents:
@@ -105,12 +106,12 @@ def bench_one(method: str, shape: str, vocab: int, repeat: int, numpy_repeat: in
     accepted = []
 
     def run_c(seed: int) -> None:
-        v = verifier.verify(method, logits, draft, tokens, parents, seed=seed, **settings)
+        v = verifier.verify(method, logits, draft, tokens, parents, seed=seed, sampling=settings)
         accepted.append(v.n_accepted)
 
     def run_numpy(seed: int) -> None:
         u = np.random.default_rng(seed).random(len(tokens) + 1)
-        tp = reference.transform(logits, **settings)
+        tp = reference.transform(logits, **asdict(settings))
         reference.verify(method, tp, draft, tokens, parents, reference.Uniforms(u))
 
     run_c(0)  # warm the workspace

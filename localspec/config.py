@@ -1,0 +1,352 @@
+"""Settings, one type per concept, each validated once when it is made, with the defaults.
+
+A leaf module (no numpy, no llama.cpp), so ``localspec --help`` stays fast and every layer can
+import it:
+
+* :class:`SamplingParams`: temperature, top-k, top-p, min-p (:data:`DEFAULT_SAMPLING` is what
+  users get; the field defaults are the neutral "off" values);
+* :class:`Shape`: what to draft per step (a chain, K paths, a tree), parsed from every spelling
+  by :meth:`Shape.parse`;
+* :class:`GenerationConfig`: everything one generation needs besides the models and prompt;
+* :class:`ModelOptions`: how to load a model and size its context.
+
+Keyword names equal the CLI flags (``num_draft_tokens`` is ``--num-draft-tokens``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping, Sequence
+
+from localspec.errors import ConfigError
+
+VERIFIERS: tuple[str, ...] = ("greedy", "match", "token", "block", "gbv", "rrs", "rrsw", "traversal", "batch")
+CHAIN_ONLY = ("token", "block")  # verify one chain
+K_PATHS = ("gbv", "batch")  # verify K root-to-leaf chains
+WITHOUT_REPLACEMENT = ("rrsw", "traversal")  # trees whose siblings are drawn without replacement
+DRAFTERS: tuple[str, ...] = ("model", "ngram", "hybrid")
+PLANS: tuple[str, ...] = ("auto", "fixed")
+CACHE_TYPES: tuple[str, ...] = ("f16", "f32", "q8_0")
+FLASH_ATTN: tuple[str, ...] = ("auto", "on", "off")
+LOAD_MODES: tuple[str, ...] = ("read", "mmap", "auto")
+
+MAX_DRAFT_TOKENS = 64  # draft depth
+MAX_PATHS = 16
+MAX_BRANCHING = 16  # children per node at one depth
+MAX_BRANCHES = 64  # root-to-leaf paths of one draft (KV sequences)
+SEED_LIMIT = 2**64
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return _is_number(value) and float(value).is_integer()
+
+
+def _require(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(message, param)
+
+
+def _choice(value: Any, param: str, choices: Sequence[str]) -> None:
+    _require(isinstance(value, str) and value in choices, param,
+             f"{param} must be one of {', '.join(choices)}, got {value!r}")
+
+
+# ---------------------------------------------------------------- sampling
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The plain sampler's settings. The verifier transforms the target exactly as plain sampling
+    does: top-k, then top-p, then min-p on the temperature-1 distribution, then temperature."""
+
+    temperature: float = 1.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        _require(_is_number(t) and math.isfinite(t) and t >= 0, "temperature",
+                 f"temperature must be a finite number >= 0 (0: greedy), got {t!r}")
+        _require(_is_int(self.top_k) and self.top_k >= 0, "top_k",
+                 f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        _require(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p",
+                 f"top_p must lie in (0, 1] (1: off), got {self.top_p!r}")
+        _require(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p",
+                 f"min_p must lie in [0, 1] (0: off), got {self.min_p!r}")
+        object.__setattr__(self, "temperature", float(t))
+        object.__setattr__(self, "top_k", int(self.top_k))
+        object.__setattr__(self, "top_p", float(self.top_p))
+        object.__setattr__(self, "min_p", float(self.min_p))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+DEFAULT_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # llama.cpp's defaults
+
+
+# ---------------------------------------------------------------- draft shapes
+
+SHAPE_SYNTAX = ("kN (a chain of N draft tokens), pKkN (K paths of N tokens), "
+                "AxBx.. or tAxBx.. (a tree: A children at depth 1, B at depth 2, ...)")
+_SHAPE_RE = re.compile(r"^(?:k(\d+)|p(\d+)k(\d+)|t?(\d+(?:[x,]\d+)*))$")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """chain: paths 1, no branching; K paths: paths K; tree: a branching factor per depth."""
+
+    depth: int
+    paths: int = 1
+    branching: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.branching is not None:
+            b = tuple(self.branching)
+            _require(all(_is_int(x) and 1 <= x <= MAX_BRANCHING for x in b) and bool(b), "tree",
+                     f"tree branching factors must be integers in [1, {MAX_BRANCHING}], got {list(b)}")
+            _require(self.paths == 1, "tree", "use either paths or tree, not both")
+            object.__setattr__(self, "branching", tuple(int(x) for x in b))
+            object.__setattr__(self, "depth", len(b))
+        _require(_is_int(self.depth) and 0 <= self.depth <= MAX_DRAFT_TOKENS, "num_draft_tokens",
+                 f"num_draft_tokens must be an integer in [0, {MAX_DRAFT_TOKENS}], got {self.depth!r}")
+        _require(_is_int(self.paths) and 1 <= self.paths <= MAX_PATHS, "paths",
+                 f"paths must be an integer in [1, {MAX_PATHS}], got {self.paths!r}")
+        _require(self.n_leaves <= MAX_BRANCHES, "tree",
+                 f"the draft {self.describe()} has {self.n_leaves} branches; at most {MAX_BRANCHES} fit")
+
+    @classmethod
+    def chain(cls, gamma: int) -> "Shape":
+        return cls(depth=gamma)
+
+    @classmethod
+    def k_paths(cls, k: int, gamma: int) -> "Shape":
+        return cls(depth=gamma, paths=k)
+
+    @classmethod
+    def tree(cls, branching: Sequence[int]) -> "Shape":
+        return cls(depth=len(branching), branching=tuple(branching))
+
+    @classmethod
+    def parse(cls, value: str | Sequence[int]) -> "Shape":
+        """Every spelling: "k4" (chain), "p3k4" (3 paths of 4), "t3x2x1", "3x2x1", "3,2,1" or
+        [3, 2, 1] (a tree)."""
+        if not isinstance(value, str):
+            items = list(value)
+            _require(bool(items) and all(_is_int(b) for b in items), "tree",
+                     f"a draft tree is a list of branching factors such as [3, 2, 1], got {value!r}")
+            return cls.tree(tuple(int(b) for b in items))
+        m = _SHAPE_RE.match(value.strip().lower())
+        _require(m is not None, "tree", f"{value!r} is not a draft shape; use {SHAPE_SYNTAX}")
+        assert m is not None
+        if m.group(1) is not None:
+            return cls.chain(int(m.group(1)))
+        if m.group(2) is not None:
+            return cls.k_paths(int(m.group(2)), int(m.group(3)))
+        return cls.tree(tuple(int(b) for b in re.split(r"[x,]", m.group(4))))
+
+    @property
+    def n_nodes(self) -> int:
+        if self.branching is None:
+            return self.paths * self.depth
+        total, width = 0, 1
+        for b in self.branching:
+            width *= b
+            total += width
+        return total
+
+    @property
+    def n_leaves(self) -> int:
+        return math.prod(self.branching) if self.branching is not None else self.paths
+
+    @property
+    def is_chain(self) -> bool:
+        return self.paths == 1 and (self.branching is None or all(b == 1 for b in self.branching))
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.depth
+
+    def truncated(self, depth: int) -> "Shape":
+        """The same shape cut to at most `depth` levels (near the end of the context/budget)."""
+        depth = max(0, min(depth, self.depth))
+        if self.branching is not None:
+            return Shape(0) if depth == 0 else Shape.tree(self.branching[:depth])
+        return Shape(depth=depth, paths=self.paths)
+
+    @property
+    def label(self) -> str:
+        """The compact spelling Shape.parse reads back: k4, p3k4, t3x2x1."""
+        if self.branching is not None:
+            return "t" + "x".join(map(str, self.branching))
+        return f"p{self.paths}k{self.depth}" if self.paths > 1 else f"k{self.depth}"
+
+    def describe(self) -> str:
+        if self.branching is not None:
+            return "tree " + "x".join(str(b) for b in self.branching)
+        return f"{self.paths}x{self.depth} paths" if self.paths > 1 else f"chain {self.depth}"
+
+
+# ---------------------------------------------------------------- one generation
+
+_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
+_SHAPE_KEYS = ("num_draft_tokens", "paths", "tree")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """What to generate and how to draft and verify it (models and prompt aside)."""
+
+    max_tokens: int = 256
+    sampling: SamplingParams = DEFAULT_SAMPLING
+    seed: int | None = None  # None: a random seed
+    verifier: str = "block"
+    shape: Shape = Shape(4)
+    drafter: str = "model"
+    plan: str = "auto"  # auto: choose each step's depth (or none) from measured costs; fixed
+    lenience: float = 0.0  # > 0: the LOSSY over-acceptance of Yin et al. (verifier token only)
+    stop: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens",
+                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT), "seed",
+                 f"seed must be an integer in [0, 2**64) (or none for a random seed), got {self.seed!r}")
+        _choice(self.verifier, "verifier", VERIFIERS)
+        _choice(self.drafter, "drafter", DRAFTERS)
+        _choice(self.plan, "plan", PLANS)
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        _require(all(isinstance(s, str) for s in stop), "stop", f"stop must hold strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", stop)
+        _require(_is_number(self.lenience) and math.isfinite(self.lenience) and self.lenience >= 0, "lenience",
+                 f"lenience must be a finite number >= 0, got {self.lenience!r}")
+        _require(self.lenience == 0 or self.verifier == "token", "lenience",
+                 "lenience (lossy over-acceptance) needs verifier 'token'")
+        self._check_shape()
+
+    def _check_shape(self) -> None:
+        s, v = self.shape, self.verifier
+        branched = not s.is_chain
+        _require(not (branched and v in CHAIN_ONLY), "verifier",
+                 f"verifier {v!r} verifies one chain; use gbv/batch with paths, rrs/rrsw/traversal with a tree")
+        _require(not (s.branching is not None and v in K_PATHS), "tree",
+                 f"verifier {v!r} takes K paths (paths), not a tree")
+        _require(not (s.paths > 1 and v in WITHOUT_REPLACEMENT), "paths",
+                 f"verifier {v!r} needs a tree drawn without replacement (tree), not independent paths")
+        _require(not (self.drafter == "ngram" and branched), "drafter",
+                 "the n-gram drafter proposes a single chain; use drafter model or hybrid for paths and trees")
+
+    @classmethod
+    def from_options(cls, base: "GenerationConfig | None" = None, **options: Any) -> "GenerationConfig":
+        """A config from flat keyword names (those of the CLI flags and the request fields):
+        max_tokens, temperature, top_k, top_p, min_p, seed, verifier, num_draft_tokens, paths,
+        tree, drafter, plan, lenience, stop. What is left out (or None, for the sampling and
+        shape keys) comes from `base` (default: the project's defaults)."""
+        base = base or DEFAULTS
+        own = {f.name for f in fields(cls)} - {"sampling", "shape"}
+        unknown = set(options) - own - set(_SAMPLING_KEYS) - set(_SHAPE_KEYS)
+        _require(not unknown, sorted(unknown)[0] if unknown else "",
+                 f"unknown setting(s): {', '.join(sorted(unknown))}")
+        sampling = {k: options.pop(k) for k in _SAMPLING_KEYS if options.get(k) is not None}
+        shape = {k: options.pop(k) for k in _SHAPE_KEYS if k in options}
+        changes = dict(options)
+        if sampling:
+            changes["sampling"] = replace(base.sampling, **sampling)
+        if any(v is not None for v in shape.values()):
+            changes["shape"] = _shape_from_options(base.shape, **shape)
+        return replace(base, **changes)
+
+    def options(self) -> dict[str, Any]:
+        """The flat keyword names and values (inverse of from_options)."""
+        s = self.shape
+        return {"max_tokens": self.max_tokens, "temperature": self.sampling.temperature,
+                "top_k": self.sampling.top_k, "top_p": self.sampling.top_p, "min_p": self.sampling.min_p,
+                "seed": self.seed, "verifier": self.verifier, "num_draft_tokens": s.depth, "paths": s.paths,
+                "tree": list(s.branching) if s.branching else None, "drafter": self.drafter,
+                "plan": self.plan, "lenience": self.lenience, "stop": list(self.stop)}
+
+    @property
+    def speculative(self) -> bool:
+        return self.shape.depth > 0
+
+    def target_alone(self) -> "GenerationConfig":
+        """The same generation decoded by the target alone (no draft tokens)."""
+        return replace(self, shape=Shape(0))
+
+    def check_fits(self, n_batch: int, n_seq_max: int) -> None:
+        """The limits of a loaded target's context: one batch holds the root and every node, one
+        KV sequence per branch."""
+        s = self.shape
+        _require(s.n_nodes + 1 <= n_batch, "num_draft_tokens",
+                 f"the draft {s.describe()} has {s.n_nodes} nodes; at most n_batch - 1 = {n_batch - 1} fit")
+        _require(s.n_leaves <= n_seq_max, "tree",
+                 f"the draft has {s.n_leaves} branches but the target context holds {n_seq_max} sequences")
+
+
+def _shape_from_options(base: Shape, num_draft_tokens: int | None = None, paths: int | None = None,
+                        tree: Any = None) -> Shape:
+    if tree not in (None, "", []):
+        _require(paths in (None, 1), "paths", "use either paths or tree, not both")
+        shape = Shape.parse(tree)
+        _require(shape.branching is not None, "tree", f"tree {tree!r} is not a tree; use e.g. 3x2x1")
+        return shape
+    depth = base.depth if num_draft_tokens is None else num_draft_tokens
+    return Shape(depth=depth, paths=(base.paths if base.branching is None else 1) if paths is None else paths)
+
+
+DEFAULTS = GenerationConfig()
+
+
+# ---------------------------------------------------------------- loading a model
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to load a model and size its context (keyword names of ``localspec.load_model``)."""
+
+    ctx_size: int = 4096  # context length in tokens (KV cells, shared by all sequences)
+    batch_size: int = 512  # most tokens one decode may take
+    threads: int | None = None  # CPU threads (default: all cores)
+    n_gpu_layers: int = 0  # layers offloaded to the GPU (-1: all)
+    flash_attn: str = "auto"
+    cache_type: str = "f16"  # KV cache type
+    n_seq_max: int = 16  # sequences (tree branches) in flight
+    load_mode: str = "read"  # read: copy the weights into memory (no mapped duplicate); mmap; auto
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.ctx_size) and self.ctx_size >= 16, "ctx_size",
+                 f"ctx_size must be at least 16 tokens, got {self.ctx_size!r}")
+        _require(_is_int(self.batch_size) and self.batch_size >= 1, "batch_size",
+                 f"batch_size must be a positive integer, got {self.batch_size!r}")
+        _require(self.threads is None or (_is_int(self.threads) and self.threads >= 1), "threads",
+                 f"threads must be an integer >= 1, got {self.threads!r}")
+        _require(_is_int(self.n_gpu_layers) and self.n_gpu_layers >= -1, "n_gpu_layers",
+                 f"n_gpu_layers must be an integer >= -1 (-1: all), got {self.n_gpu_layers!r}")
+        _choice(self.flash_attn, "flash_attn", FLASH_ATTN)
+        _choice(self.cache_type, "cache_type", CACHE_TYPES)
+        _choice(self.load_mode, "load_mode", LOAD_MODES)
+        _require(not (self.cache_type == "q8_0" and self.flash_attn == "off"), "cache_type",
+                 "cache_type q8_0 (a quantized KV cache) needs flash attention: use flash_attn 'auto' or 'on', "
+                 "or cache_type f16")
+        _require(_is_int(self.n_seq_max) and 1 <= self.n_seq_max <= 256, "n_seq_max",
+                 f"n_seq_max must lie in [1, 256], got {self.n_seq_max!r}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> "ModelOptions":
+        """Options from keywords; unknown names are a ConfigError naming them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        _require(not unknown, unknown[0] if unknown else "",
+                 f"unknown model option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**{k: v for k, v in options.items() if v is not None or k == "threads"})
+
+
+MODEL_DEFAULTS = ModelOptions()

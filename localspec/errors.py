@@ -1,0 +1,55 @@
+"""localspec's errors: one base class, one subclass per kind of failure.
+
+Every message says what is wrong and what to do. The command line maps these classes to exit
+codes in one place (``localspec.cli.EXIT_CODES``) and the server to HTTP statuses in one place
+(``localspec.server.app.HTTP_STATUS``); library callers catch :class:`LocalspecError`.
+"""
+
+from __future__ import annotations
+
+
+class LocalspecError(Exception):
+    """Base class of every error localspec raises on purpose."""
+
+
+class ConfigError(LocalspecError, ValueError):
+    """Settings that are out of range or cannot be combined; `param` is the keyword name of the
+    setting at fault (the CLI shows it as --kebab-case, the server as the request field)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param or None
+
+
+class ModelError(LocalspecError, RuntimeError):
+    """A model cannot be loaded or used; the message says which file and what to do."""
+
+
+class VerifierError(LocalspecError, ValueError):
+    """Invalid input to the C verifier; the message names the argument and index at fault."""
+
+    def __init__(self, message: str, status: int = 0, index: int = -1) -> None:
+        super().__init__(message)
+        self.status = status
+        self.index = index
+
+
+class RequestError(LocalspecError, ValueError):
+    """A bad HTTP request: an OpenAI-style error with the parameter at fault and its status."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+class FetchError(LocalspecError, RuntimeError):
+    """A registry model could not be downloaded, assembled or verified."""
+
+
+class ModelNotFound(LocalspecError, ValueError):
+    """Neither an existing file nor a known registry model name."""
+
+
+class DependencyError(LocalspecError, RuntimeError):
+    """An optional dependency (an extra such as ``localspec[server]``) is not installed."""

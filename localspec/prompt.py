@@ -1,0 +1,162 @@
+"""Prompts as token ids: plain text, token ids, or chat messages through the model's template.
+
+Text in a message is text. A chat template wraps messages in control tokens (``<|im_start|>``,
+``<|im_end|>``); a message that *contains* such a marker must not become one, or anyone who can
+put words into a message (a web page, a file an app quotes) can open a system turn. So the
+template is rendered with a placeholder for each message's content, only the template's own text
+is read for control tokens, and the contents are tokenized as plain text. For messages without
+markers the tokens equal those of tokenizing the whole rendered prompt.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from typing import Sequence, Union
+
+import llama_cpp as lc
+
+from localspec.errors import ModelError
+from localspec.model import Model
+
+Prompt = Union[str, Sequence[int], Sequence[dict]]
+ROLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,31}$")
+_SPECIAL_ATTRS = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_UNKNOWN  # read only where parse_special is on
+_OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters around a placeholder's number
+_PLACEHOLDER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
+
+
+def prompt_tokens(target: Model, prompt: Prompt) -> list[int]:
+    """A prompt (text, chat messages or token ids) as the token ids generation starts from."""
+    if isinstance(prompt, str):
+        return target.tokenize(prompt, add_special=True, parse_special=False)
+    items = list(prompt)
+    if items and all(isinstance(m, dict) for m in items):
+        return chat_tokens(target, items)
+    if items and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < target.n_vocab for t in items):
+        return items
+    raise ModelError("prompt must be a string, a non-empty list of chat messages ({'role', 'content'}) "
+                     f"or a non-empty list of token ids in [0, {target.n_vocab})")
+
+
+def check_messages(messages: Sequence[dict]) -> None:
+    """Each message needs a role (a short name: user, system, assistant, ...) and text content."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise ModelError(f"chat message {i} needs a string 'role' and a string 'content'")
+        role = m.get("role")
+        if not isinstance(role, str) or not ROLE_RE.match(role):
+            raise ModelError(f"chat message {i} has role {role!r}; a role is a short name such as user, "
+                             "system or assistant (letters, digits, _ and -)")
+
+
+def render_chat(model: Model, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    """The conversation as text, through the model's own chat template."""
+    template = model.chat_template
+    if not template:
+        raise ModelError(f"{model.path.name} has no chat template; send a plain prompt instead")
+    check_messages(messages)
+    rendered = _render_builtin(template, messages, add_generation_prompt)
+    if rendered is None:
+        rendered = _render_jinja(template, messages, add_generation_prompt, model)
+    return rendered
+
+
+def chat_tokens(model: Model, messages: Sequence[dict]) -> list[int]:
+    """Token ids of the conversation plus the assistant's turn; message contents stay plain text."""
+    check_messages(messages)
+    contents = [m["content"] for m in messages]
+    real = render_chat(model, messages)
+    marked = render_chat(model, [{**m, "content": f"{_OPEN}{i}{_CLOSE}"} for i, m in enumerate(messages)])
+    for fill in (lambda c: c, str.strip):
+        if _PLACEHOLDER.sub(lambda m: fill(contents[int(m.group(1))]), marked) == real:
+            break
+    else:
+        raise ModelError(f"the chat template of {model.path.name} rewrites message text, so localspec cannot "
+                         "tell its markup from the messages; send a plain prompt (--raw) instead")
+    pieces: list[int | str] = []  # control-token ids and plain text, in order
+    pos = 0
+    for m in _PLACEHOLDER.finditer(marked):
+        pieces += _template_pieces(model, marked[pos: m.start()])
+        pieces.append(fill(contents[int(m.group(1))]))
+        pos = m.end()
+    pieces += _template_pieces(model, marked[pos:])
+    tokens = [model.bos] if model.add_bos and not (pieces and pieces[0] == model.bos) else []
+    return tokens + _tokenize_pieces(model, pieces)
+
+
+def _template_pieces(model: Model, text: str) -> list[int | str]:
+    """The template's own text split into control tokens (ids) and plain text, as llama.cpp's
+    tokenizer with parse_special reads it (including whitespace a marker strips beside it)."""
+    out: list[int | str] = []
+    pos = 0
+    for tok in model.tokenize(text, add_special=False, parse_special=True):
+        attr = model.token_attr(tok)
+        if not attr & _SPECIAL_ATTRS:
+            continue
+        marker = model.token_text(tok).decode("utf-8", "replace")
+        at = text.find(marker, pos)
+        if at < 0:  # cannot happen: the tokenizer found it in this text
+            raise ModelError(f"control token {marker!r} not found in the chat template's output")
+        before = text[pos:at]
+        if attr & lc.LLAMA_TOKEN_ATTR_LSTRIP:
+            before = before.rstrip()
+        out += [before, tok]
+        pos = at + len(marker)
+        if attr & lc.LLAMA_TOKEN_ATTR_RSTRIP:
+            rest = text[pos:]
+            pos += len(rest) - len(rest.lstrip())
+    out.append(text[pos:])
+    return [p for p in out if p != ""]
+
+
+def _tokenize_pieces(model: Model, pieces: list[int | str]) -> list[int]:
+    """Control tokens as they are; each run of plain text between them tokenized as text."""
+    tokens: list[int] = []
+    run: list[str] = []
+    for piece in pieces + [-1]:
+        if isinstance(piece, str):
+            run.append(piece)
+            continue
+        if run:
+            tokens += model.tokenize("".join(run), add_special=False, parse_special=False)
+            run = []
+        if piece >= 0:
+            tokens.append(piece)
+    return tokens
+
+
+def _render_builtin(template: str, messages: Sequence[dict], add_assistant: bool) -> str | None:
+    """llama.cpp's built-in template engine; None when it does not know this template."""
+    msgs = (lc.llama_chat_message * len(messages))()
+    keep = []
+    for i, m in enumerate(messages):
+        role, content = m["role"].encode(), m["content"].encode()
+        keep += [role, content]
+        msgs[i].role = role
+        msgs[i].content = content
+    size = 4096 + sum(len(k) for k in keep) * 2
+    buf = ctypes.create_string_buffer(size)
+    n = lc.llama_chat_apply_template(template.encode(), msgs, len(messages), add_assistant, buf, size)
+    if n > size:
+        buf = ctypes.create_string_buffer(n + 1)
+        n = lc.llama_chat_apply_template(template.encode(), msgs, len(messages), add_assistant, buf, n + 1)
+    if n < 0:
+        return None
+    return buf.raw[:n].decode("utf-8", "replace")
+
+
+def _render_jinja(template: str, messages: Sequence[dict], add_assistant: bool, model: Model) -> str:
+    """Fallback: render the GGUF's jinja template in a sandbox (as llama-cpp-python does)."""
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as exc:  # jinja2 comes with llama-cpp-python
+        raise ModelError("rendering this chat template needs jinja2") from exc
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        return env.from_string(template).render(
+            messages=list(messages), add_generation_prompt=add_assistant,
+            bos_token=model.token_text(model.bos).decode("utf-8", "replace"),
+            eos_token=model.token_text(model.eos).decode("utf-8", "replace"))
+    except Exception as exc:
+        raise ModelError(f"the chat template of {model.path.name} failed to render: {exc}") from exc

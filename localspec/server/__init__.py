@@ -1,0 +1,58 @@
+"""An OpenAI-compatible HTTP server (Starlette + uvicorn, the optional extra ``localspec[server]``).
+
+    GET  /v1/models             the loaded model
+    POST /v1/chat/completions   messages -> chat.completion (or chat.completion.chunk events)
+    POST /v1/completions        prompt   -> text_completion (or text_completion events)
+
+One target/draft pair is loaded once and shared. Requests queue for a single worker thread, so
+only one generation touches the models at a time while the event loop stays responsive; a
+client that disconnects stops its generation between steps. Speculative settings are extension
+parameters of the request body (``extra_body`` in the openai client): top_k, min_p, verifier,
+num_draft_tokens, paths, tree, drafter, plan. Every response carries a ``speculative`` object
+with the settings used and the acceptance statistics.
+
+Modules: :mod:`.schemas` (request bodies), :mod:`.worker` (the model thread),
+:mod:`.responses` (OpenAI objects), :mod:`.app` (routes, limits, errors), :mod:`.run` (socket and
+uvicorn). Importing this package needs neither Starlette nor uvicorn.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from localspec.errors import ConfigError, DependencyError
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request may take (each a `localspec serve` option)."""
+
+    max_body_bytes: int = 1 << 20
+    max_messages: int = 256
+    max_nesting: int = 32  # JSON nesting depth of a body
+    max_queue: int = 16  # requests waiting for the model worker
+    header_timeout: float = 10.0  # seconds from connecting (or the last response) to a complete request head
+    body_timeout: float = 30.0  # seconds to receive the body
+    api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_messages", "max_nesting", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}", name)
+        for name in ("header_timeout", "body_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}", name)
+
+
+def require_server_deps() -> None:
+    """Raise DependencyError naming the extra to install when Starlette or uvicorn is missing."""
+    missing = [name for name in ("starlette", "uvicorn", "pydantic") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise DependencyError(f"the server needs {' and '.join(missing)}: pip install 'localspec[server]'")
+
+
+def model_id_of(name: str) -> str:
+    """The id /v1/models reports: a registry name as is, a GGUF path by its file stem."""
+    return Path(name).stem if name.lower().endswith(".gguf") else name

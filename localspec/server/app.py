@@ -1,0 +1,348 @@
+"""The ASGI app: routes, limits, authentication, and errors as OpenAI-style JSON.
+
+Every client is treated as possibly hostile: the body is read with a size and a time limit
+before anything else happens, JSON nesting and the number of messages are bounded, the queue in
+front of the single model worker is bounded, and every failure is a specific 4xx (or a logged
+500 for a bug), never a worker held hostage. localspec's errors map to HTTP statuses in one
+place, :data:`HTTP_STATUS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response as HTTPResponse, StreamingResponse
+from starlette.routing import Route
+
+from localspec.api import Response, applied_config
+from localspec.config import DEFAULTS, GenerationConfig
+from localspec.errors import (ConfigError, DependencyError, FetchError, LocalspecError, ModelError, RequestError,
+                              VerifierError)
+from localspec.model import Model
+from localspec.server import ServerLimits, schemas
+from localspec.server.responses import Reply, error_body, sse
+from localspec.server.worker import Job, ModelWorker
+
+log = logging.getLogger(__name__)
+
+ROUTES_HELP = "GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
+HTTP_STATUS: dict[type[LocalspecError], int] = {
+    RequestError: 400,  # or the status the error carries
+    ConfigError: 400, ModelError: 400,  # settings, prompts and contexts the client chose
+    VerifierError: 500, FetchError: 500, DependencyError: 500,  # the server's own failures
+}
+
+
+def status_of(exc: BaseException) -> int:
+    if isinstance(exc, RequestError):
+        return exc.status
+    return next((code for kind, code in HTTP_STATUS.items() if isinstance(exc, kind)), 500)
+
+
+def error_response(exc: BaseException, chat: bool) -> HTTPResponse:
+    """An OpenAI-style error response for an exception raised before any output."""
+    status = status_of(exc)
+    if status >= 500 and not isinstance(exc, RequestError):
+        return JSONResponse(error_body(f"generation failed: {exc}", kind="server_error"), status_code=status)
+    param = getattr(exc, "param", None)
+    if isinstance(exc, ModelError):
+        param = "messages" if chat else "prompt"
+    return JSONResponse(error_body(str(exc), param), status_code=status)
+
+
+# ---------------------------------------------------------------- reading a request
+
+
+async def read_body(request: Request, limits: ServerLimits) -> bytes:
+    """The body, at most max_body_bytes, within body_timeout seconds (413, 408 otherwise)."""
+    declared = request.headers.get("content-length")
+    too_big = f"this server takes request bodies of at most {limits.max_body_bytes} bytes (--max-body-bytes)"
+    if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body_bytes):
+        raise RequestError(f"the request body is {declared} bytes; {too_big}", status=413)
+    chunks: list[bytes] = []
+    size = 0
+
+    async def collect() -> None:
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body_bytes:
+                raise RequestError(f"the request body is larger than allowed; {too_big}", status=413)
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(collect(), limits.body_timeout)
+    except asyncio.TimeoutError:
+        raise RequestError(f"the request body did not arrive within {limits.body_timeout:g} s", status=408) from None
+    return b"".join(chunks)
+
+
+def nesting(value: Any) -> int:
+    """The nesting depth of a parsed JSON value (a scalar is 0, [] or {} is 1)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def parse_json(data: bytes, limits: ServerLimits, chat: bool) -> Any:
+    too_deep = f"the request body nests deeper than {limits.max_nesting} levels (--max-nesting)"
+    try:
+        body = json.loads(data)
+    except RecursionError:
+        raise RequestError(too_deep) from None
+    except ValueError as exc:  # also bytes that are not UTF-8
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    if nesting(body) > limits.max_nesting:
+        raise RequestError(too_deep)
+    messages = body.get("messages") if chat and isinstance(body, dict) else None
+    if isinstance(messages, list) and len(messages) > limits.max_messages:
+        raise RequestError(f"'messages' holds {len(messages)} messages; this server takes at most "
+                           f"{limits.max_messages} (--max-messages)", "messages", status=413)
+    return body
+
+
+def authorized(request: Request, limits: ServerLimits) -> bool:
+    if limits.api_key is None:
+        return True
+    given = request.headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {limits.api_key}".encode())
+
+
+# ---------------------------------------------------------------- responding
+
+
+class Disconnected(Exception):
+    """The client went away while its request waited or ran."""
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Await `work`, or raise Disconnected as soon as the client leaves (the body must be read)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    raise Disconnected
+
+
+async def _collect(job: Job) -> tuple[list[Response], BaseException | None]:
+    """Every event of a job until its end."""
+    out: list[Response] = []
+    error = None
+    while True:
+        kind, value = await job.get()
+        if kind == "token":
+            out.append(value)
+        elif kind == "error":
+            error = value
+        else:
+            return out, error
+
+
+def _sse_response(job: Job, body: AsyncIterator[bytes]) -> HTTPResponse:
+    """A Server-Sent-Events response that stops the job when the client disconnects."""
+
+    class SSEResponse(StreamingResponse):
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            try:  # listen for the disconnect whatever ASGI spec version the server speaks
+                async with anyio.create_task_group() as tg:
+                    async def stream() -> None:
+                        with contextlib.suppress(OSError):
+                            await self.stream_response(send)
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(stream)
+                    await self.listen_for_disconnect(receive)
+                    tg.cancel_scope.cancel()
+            finally:
+                job.cancel.set()  # a no-op once the generation has ended
+
+    return SSEResponse(body, media_type="text/event-stream",
+                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterator[bytes]:
+    try:
+        if reply.chat:
+            yield sse(reply.chunk(None, role=True))
+        kind, value = first
+        last: Response | None = None
+        while kind != "end":
+            if kind == "token":
+                last = value
+                if value.text:
+                    yield sse(reply.chunk(value.text))
+                if value.finish_reason:
+                    for chunk in reply.final_chunks(value.finish_reason, value.stats):
+                        yield sse(chunk)
+            elif kind == "error":
+                log.warning("stream of %s ended by an error: %s", reply.id, value)
+                kind_name = "server_error" if status_of(value) >= 500 else "invalid_request_error"
+                yield sse(error_body(str(value), kind=kind_name))
+                return
+            kind, value = await job.get()
+        if last is not None and last.finish_reason is None:  # stopped early (the server shuts down)
+            for chunk in reply.final_chunks("length", last.stats):
+                yield sse(chunk)
+        yield b"data: [DONE]\n\n"
+    finally:
+        job.cancel.set()
+
+
+async def _respond_stream(request: Request, job: Job, reply: Reply) -> HTTPResponse:
+    """An SSE response once the first token is there (an error before it: a JSON error response)."""
+    first = await _unless_disconnected(request, job.get())
+    if first[0] == "error":
+        return error_response(first[1], reply.chat)
+    return _sse_response(job, _events(job, first, reply))
+
+
+async def _respond_full(request: Request, job: Job, reply: Reply) -> HTTPResponse:
+    responses, error = await _unless_disconnected(request, _collect(job))
+    if error is not None or not responses:
+        if responses:  # an error after some output: the output is kept, the error reported
+            log.warning("%s ended by an error after %d tokens: %s", reply.id, len(responses), error)
+        else:
+            return error_response(error or RuntimeError("no output"), reply.chat)
+    last = responses[-1]
+    text = "".join(r.text for r in responses)
+    # finish_reason None: the server is shutting down (or an error) ended the generation early
+    return JSONResponse(reply.full(text, last.finish_reason or "length", last.stats))
+
+
+# ---------------------------------------------------------------- the app
+
+
+def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: GenerationConfig = DEFAULTS,
+               limits: ServerLimits = ServerLimits()) -> Starlette:
+    """The ASGI app serving one loaded target/draft pair (draft None: target alone or n-gram drafts).
+    `defaults`: the settings of what a request leaves out."""
+    worker = ModelWorker(target, draft, limits.max_queue)
+    created = int(time.time())
+
+    def model_card() -> dict:
+        return {"id": model_id, "object": "model", "created": created, "owned_by": "localspec"}
+
+    async def list_models(request: Request) -> HTTPResponse:
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def get_model(request: Request) -> HTTPResponse:
+        name = request.path_params["name"]
+        if name != model_id:
+            return JSONResponse(error_body(f"model {name!r} does not exist; this server serves {model_id!r}",
+                                           "model"), status_code=404)
+        return JSONResponse(model_card())
+
+    async def health(request: Request) -> HTTPResponse:
+        return JSONResponse({"status": "ok", "model": model_id, "queued": worker.pending(),
+                             "busy": worker.busy.locked()})
+
+    async def generate(request: Request, chat: bool) -> HTTPResponse:
+        req = schemas.parse(parse_json(await read_body(request, limits), limits, chat), chat)
+        config = req.config(defaults)
+        prompt = req.prompt() if isinstance(req, schemas.ChatRequest) else req.prompt_value()
+        reply = Reply(chat, req.include_usage, applied_config(config, draft is not None), model_id)
+        job = Job(prompt, config, asyncio.get_running_loop())
+        worker.submit(job)
+        log.info("%s: %s, %d queued", reply.id, "stream" if req.stream else "request", worker.pending())
+        try:
+            return await (_respond_stream if req.stream else _respond_full)(request, job, reply)
+        except Disconnected:
+            job.cancel.set()
+            log.info("%s: the client disconnected", reply.id)
+            return HTTPResponse(status_code=499)
+        except BaseException:
+            job.cancel.set()
+            raise
+
+    def endpoint(chat: bool) -> Callable[[Request], Awaitable[HTTPResponse]]:
+        async def handle(request: Request) -> HTTPResponse:
+            try:
+                return await generate(request, chat)
+            except LocalspecError as exc:
+                return error_response(exc, chat)
+            except Exception as exc:  # noqa: BLE001 - a bug, not the client's fault: log it, answer JSON
+                return await internal_error(request, exc)
+        return handle
+
+    async def http_error(request: Request, exc: Exception) -> HTTPResponse:
+        assert isinstance(exc, HTTPException)
+        method, path = request.method, request.url.path
+        if exc.status_code == 404:
+            message = f"unknown route {method} {path}; this server offers {ROUTES_HELP}"
+        elif exc.status_code == 405:
+            allow = (exc.headers or {}).get("Allow", "")
+            message = f"method {method} is not allowed on {path}" + (f"; use {allow}" if allow else "")
+        else:
+            message = str(exc.detail)
+        return JSONResponse(error_body(message), status_code=exc.status_code, headers=exc.headers)
+
+    async def internal_error(request: Request, exc: Exception) -> HTTPResponse:
+        log.error("internal error on %s %s", request.method, request.url.path,
+                  exc_info=(type(exc), exc, exc.__traceback__))
+        return JSONResponse(error_body(f"internal server error: {type(exc).__name__}", kind="server_error"),
+                            status_code=500)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(worker.close)
+
+    app = Starlette(
+        routes=[
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/models/{name:path}", get_model, methods=["GET"]),
+            Route("/v1/chat/completions", endpoint(True), methods=["POST"]),
+            Route("/v1/completions", endpoint(False), methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: internal_error},
+        lifespan=lifespan,
+    )
+    app.add_middleware(_BearerAuth, limits=limits)
+    app.state.worker = worker
+    app.state.model_id = model_id
+    return app
+
+
+class _BearerAuth:
+    """With an API key: every route but /health needs "Authorization: Bearer <key>" (401 otherwise)."""
+
+    def __init__(self, app: Any, limits: ServerLimits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health" and not authorized(Request(scope), self.limits):
+            response = JSONResponse(error_body("a valid API key is required: send 'Authorization: Bearer <key>' "
+                                               "(the key given to localspec serve --api-key)",
+                                               code="invalid_api_key"),
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

@@ -1,0 +1,155 @@
+"""The OpenAI request bodies as pydantic models; their values become a GenerationConfig.
+
+Pydantic checks the shape and types of a request (strictly: a string is never a number, a
+number never a boolean); the values are checked once more by :class:`GenerationConfig`, which
+owns every range and combination rule. Both kinds of failure become a :class:`RequestError`
+naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from localspec.config import GenerationConfig
+from localspec.errors import ConfigError, RequestError
+from localspec.prompt import ROLE_RE
+
+# OpenAI parameters this server cannot honour: accepted only at their no-op values
+UNSUPPORTED: dict[str, Any] = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
+    "best_of": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
+}
+SETTINGS = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "verifier", "num_draft_tokens", "paths",
+            "tree", "drafter", "plan")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: str = Field(pattern=ROLE_RE.pattern)
+    content: Union[str, list[TextPart]]
+
+    def as_dict(self) -> dict:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": self.role, "content": text}
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text"]
+
+
+class _Request(_Strict):
+    """Fields both endpoints share: the OpenAI ones and localspec's speculative extensions."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # extension (llama.cpp's sampler)
+    min_p: float | None = None  # extension
+    seed: int | None = None  # -1: a random seed, as llama.cpp's server
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] | None = None
+    response_format: ResponseFormat | None = None
+    verifier: str | None = None
+    num_draft_tokens: int | None = None
+    paths: int | None = None
+    tree: Union[str, list[int], None] = None
+    drafter: str | None = None
+    plan: str | None = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    echo: Any = None
+    suffix: Any = None
+    best_of: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    logit_bias: Any = None
+    tools: Any = None
+    functions: Any = None
+
+    def check_supported(self) -> None:
+        for name, no_ops in UNSUPPORTED.items():
+            if getattr(self, name) not in no_ops:
+                raise RequestError(f"'{name}' is not supported by localspec's server", name)
+
+    def config(self, defaults: GenerationConfig) -> GenerationConfig:
+        """The request's settings over the server's defaults (ConfigError -> RequestError)."""
+        options = {k: getattr(self, k) for k in SETTINGS if getattr(self, k) is not None}
+        if options.get("seed") == -1:
+            options["seed"] = None
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if max_tokens is not None:
+            options["max_tokens"] = max_tokens
+        try:
+            return GenerationConfig.from_options(defaults, **options)
+        except ConfigError as exc:
+            raise RequestError(str(exc), exc.param) from None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatRequest(_Request):
+    messages: list[Message] = Field(min_length=1)
+
+    def prompt(self) -> list[dict]:
+        return [m.as_dict() for m in self.messages]
+
+
+class CompletionRequest(_Request):
+    prompt: Union[str, list[str], list[int]]
+
+    def prompt_value(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+            if len(p) != 1:
+                raise RequestError("'prompt' must be one string (batches of prompts are not supported)", "prompt")
+            return p[0]
+        if isinstance(p, list) and not p:
+            raise RequestError("'prompt' must not be empty", "prompt")
+        return p  # type: ignore[return-value]
+
+
+def _location(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in ("str", "list[int]", "list[str]", "list[TextPart]", "int", "function-after"):
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def parse(body: Any, chat: bool) -> ChatRequest | CompletionRequest:
+    """The validated request, or a RequestError naming the first field at fault."""
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    model = ChatRequest if chat else CompletionRequest
+    try:
+        request = model.model_validate(body)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = _location(error["loc"])
+        got = "" if error["type"] == "missing" else f", got {error['input']!r:.80}"
+        raise RequestError(f"'{where}': {error['msg']}{got}", where or None) from None
+    request.check_supported()
+    return request

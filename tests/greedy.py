@@ -1,0 +1,84 @@
+"""Greedy outputs computed with different batch shapes agree up to a near-tie.
+
+llama.cpp's CPU kernels give a token's logits that differ in the last bits between batch shapes
+(native AVX-512 builds: rows of n <= 3 tokens and blocks of 4 take different code paths), so a
+greedy speculative run (the target scores 1 + k tokens per pass) and the target alone (1 token
+per pass) may pick different tokens where the target's two best logits (nearly) tie. What is
+guaranteed, and what these helpers assert: the outputs are equal up to their first difference,
+and there the token each run chose is within NEAR_TIE of the target's best logit. A real bug
+(a wrong row, a wrong verifier) gives a difference of whole logits, far beyond NEAR_TIE.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from localspec.api import stream_generate
+from localspec.model import Model
+from localspec.prompt import prompt_tokens
+
+NEAR_TIE = 1e-3  # logits; batch-shape noise on the tiny F32 models is ~1e-5
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first index where a and b differ (None: equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def next_token_logits(target: Model, context: Sequence[int]) -> np.ndarray:
+    """The target's logits after `context` (decoded afresh; the KV cache is cleared around it)."""
+    target.clear()
+    target.prefill(list(context), 0)
+    row = np.array(target.logits_array(1)[0], dtype=np.float64)
+    target.clear()
+    return row
+
+
+def assert_near_tie(target: Model, context: Sequence[int], a: int, b: int, what: str) -> None:
+    logits = next_token_logits(target, context)
+    top = logits.max()
+    gaps = (top - logits[a], top - logits[b])
+    assert max(gaps) <= NEAR_TIE, (f"{what}: tokens {a} and {b} after {len(context)} tokens; their logits are "
+                                   f"{gaps[0]:.3g} and {gaps[1]:.3g} below the best (a near-tie is <= {NEAR_TIE})")
+
+
+def assert_greedy_equal(target: Model, prompt: Any, got: Sequence[int], want: Sequence[int],
+                        what: str = "greedy outputs differ") -> None:
+    """Token lists from two greedy runs of `prompt` agree up to a near-tie (see the module)."""
+    i = first_difference(got, want)
+    if i is None:
+        return
+    assert i < min(len(got), len(want)), f"{what}: one output stops early at token {i}: {got} vs {want}"
+    assert_near_tie(target, prompt_tokens(target, prompt) + list(want[:i]), got[i], want[i], what)
+
+
+def greedy_tokens(target: Model, prompt: Any, **kw: Any) -> list[tuple[int, str]]:
+    """(token, text) of each token of the target's own greedy output."""
+    return [(r.token, r.text) for r in stream_generate(target, None, prompt, temperature=0, **kw)
+            if r.token is not None]
+
+
+def assert_greedy_text(target: Model, prompt: Any, got: str, max_tokens: int, what: str = "greedy text differs",
+                       **kw: Any) -> None:
+    """Text a greedy run printed equals the target's own greedy text, or differs first where the
+    target's two best tokens nearly tie."""
+    pieces = greedy_tokens(target, prompt, max_tokens=max_tokens, **kw)
+    want = "".join(text for _, text in pieces)
+    if got == want:
+        return
+    at = next((k for k, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+    done = 0
+    for i, (token, text) in enumerate(pieces):
+        done += len(text)
+        if done > at or i == len(pieces) - 1:
+            context = prompt_tokens(target, prompt) + [t for t, _ in pieces[:i]]
+            logits = next_token_logits(target, context)
+            gap = logits.max() - np.sort(logits)[-2]
+            assert gap <= NEAR_TIE, (f"{what} at character {at} (token {i}), where the target's best token "
+                                     f"leads by {gap:.3g} (not a near-tie):\n{got!r}\n{want!r}")
+            return
