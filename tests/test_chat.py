@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from localspec.api import Response, generate
 from localspec.cli import cli
 from localspec.commands import chat as chat_module
+from localspec.config import GenerationConfig
 from localspec.engine import GenerationStats
 from localspec.model import Model
 from localspec.models import tiny
@@ -37,11 +38,12 @@ TIMEOUT = 30.0
 class Terminal:
     """A child process on a pseudo-terminal: type into it, read its screen."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], sigint: object = signal.SIG_DFL) -> None:
         env = dict(os.environ, TERM="dumb", PYTHONUNBUFFERED="1")
         pid, fd = pty.fork()
         if pid == 0:  # the child
             try:
+                signal.signal(signal.SIGINT, sigint)  # the disposition the program inherits
                 os.execvpe(argv[0], argv, env)
             finally:
                 os._exit(127)
@@ -127,8 +129,8 @@ class Terminal:
 def terminal() -> Iterator[Callable[..., "Terminal"]]:
     opened: list[Terminal] = []
 
-    def start(*args: str) -> Terminal:
-        t = Terminal([sys.executable, "-m", "localspec", "chat", *args])
+    def start(*args: str, sigint: object = signal.SIG_DFL) -> Terminal:
+        t = Terminal([sys.executable, "-m", "localspec", "chat", *args], sigint)
         opened.append(t)
         return t
 
@@ -139,7 +141,10 @@ def terminal() -> Iterator[Callable[..., "Terminal"]]:
 
 @pytest.fixture(scope="module")
 def pair_args(tiny_paths: tuple[Path, Path]) -> list[str]:
-    return ["-m", str(tiny_paths[0]), "-d", str(tiny_paths[1]), "--threads", "1", "--plan", "fixed", "-t", "0"]
+    # the F32 KV cache of the tiny_target fixture, and fixed draft shapes: the replies equal the
+    # fixture's own speculative output bit for bit (same batches; tests/greedy.py says why that matters)
+    return ["-m", str(tiny_paths[0]), "-d", str(tiny_paths[1]), "--threads", "1", "--plan", "fixed", "-t", "0",
+            "--cache-type", "f32"]
 
 
 def on_screen(text: str) -> bytes:
@@ -147,11 +152,17 @@ def on_screen(text: str) -> bytes:
     return text.replace("\n", "\r\n").encode("utf-8", "replace")
 
 
+def fresh_reply(target: Model, draft: Model, messages: list[dict], max_tokens: int) -> str:
+    """The greedy speculative reply from empty caches (as a new chat process computes it)."""
+    target.clear()
+    draft.clear()
+    return generate(target, draft, messages, temperature=0, max_tokens=max_tokens, plan="fixed")
+
+
 @pytest.fixture(scope="module")
 def hello_reply(tiny_target: Model, tiny_draft: Model) -> str:
     """Greedy reply to "hello" in a fresh conversation (what the chat must show)."""
-    return generate(tiny_target, tiny_draft, [{"role": "user", "content": "hello"}], temperature=0,
-                    max_tokens=24, plan="fixed")
+    return fresh_reply(tiny_target, tiny_draft, [{"role": "user", "content": "hello"}], 24)
 
 
 # ---------------------------------------------------------------- in a terminal
@@ -191,9 +202,12 @@ def test_terminal_conversation(terminal, pair_args: list[str], hello_reply: str)
     assert t.wait() == 0
 
 
-def test_terminal_ctrl_c_stops_the_reply_and_the_chat_goes_on(terminal, pair_args: list[str]) -> None:
+@pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN], ids=["sigint-default", "sigint-ignored"])
+def test_terminal_ctrl_c_stops_the_reply_and_the_chat_goes_on(terminal, pair_args: list[str], sigint) -> None:
+    """Also when the chat inherits SIGINT ignored (a background job, some CI runners): the person
+    at the terminal still stops replies and leaves with Ctrl-C."""
     # a long greedy reply (about 1200 tokens before EOS on the tiny model): time to interrupt it
-    t = terminal(*pair_args, "--ctx-size", "4096", "-n", "4000")
+    t = terminal(*pair_args, "--ctx-size", "4096", "-n", "4000", sigint=sigint)
     t.read_until(PROMPT)
     t.type("hello there")
     t.read_until(rb"hello there\r\n")  # the echo of the line typed
@@ -216,6 +230,14 @@ def test_terminal_ctrl_c_stops_the_reply_and_the_chat_goes_on(terminal, pair_arg
     # Ctrl-C at the prompt asks first, and leaves on the second
     assert b"press Ctrl-C again or type /exit" in t.interrupt_at_prompt(rb"press Ctrl-C again[^>]*>>> ")
     assert t.interrupt_at_prompt(None) == 0
+
+
+def test_invalid_utf8_line_is_refused_and_the_chat_goes_on(pair_args: list[str], hello_reply: str) -> None:
+    result = CliRunner().invoke(cli, ["chat", *pair_args, "--ctx-size", "512", "-n", "24"],
+                                input=b"caf\xe9\nhello\n", catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "that line is not valid UTF-8 (byte 0xe9); it was not sent" in result.stderr
+    assert result.stdout == hello_reply + "\n"
 
 
 def test_terminal_ctrl_d_leaves(terminal, pair_args: list[str]) -> None:
@@ -256,8 +278,7 @@ def test_piped_commands(pair_args: list[str], hello_reply: str) -> None:
 def test_system_message_is_sent_and_kept_after_reset(pair_args: list[str], tiny_target: Model,
                                                      tiny_draft: Model) -> None:
     system = [{"role": "system", "content": "You are terse."}]
-    expected = generate(tiny_target, tiny_draft, system + [{"role": "user", "content": "hello"}],
-                        temperature=0, max_tokens=16, plan="fixed")
+    expected = fresh_reply(tiny_target, tiny_draft, system + [{"role": "user", "content": "hello"}], 16)
     result = run(*pair_args, "--ctx-size", "512", "-n", "16", "-s", "You are terse.",
                  input="hello\n/reset\nhello\n")  # EOF leaves
     assert result.exit_code == 0, result.output
@@ -285,7 +306,7 @@ def test_model_without_chat_template(tmp_path: Path) -> None:
 
 def test_bad_settings_fail_before_the_first_message(pair_args: list[str]) -> None:
     result = CliRunner().invoke(cli, ["chat", *pair_args, "--verifier", "block", "--tree", "2x2"], input="hi\n")
-    assert result.exit_code == 1 and "verifies one chain" in result.output
+    assert result.exit_code == 2 and "verifies one chain" in result.output
 
 
 # ---------------------------------------------------------------- the interrupt, unit level
@@ -299,7 +320,7 @@ def test_interrupted_reply_is_kept_and_marked(monkeypatch: pytest.MonkeyPatch, c
     """SIGINT mid-reply: the generator is closed between tokens; the partial reply stays."""
     closed = []
 
-    def fake_stream(target, draft, history, **kw) -> Iterator[Response]:
+    def fake_stream(target, draft, history, config) -> Iterator[Response]:
         try:
             for i in range(100):
                 if i == 3:
@@ -312,7 +333,8 @@ def test_interrupted_reply_is_kept_and_marked(monkeypatch: pytest.MonkeyPatch, c
     monkeypatch.setattr("localspec.api.stream_generate", fake_stream)
     loaded = chat_module.Loaded(target=None, draft=None, target_name="t")
     session = chat_module.Session("sys")
-    chat_module._turn("hi", session, loaded, {"max_tokens": 100, "num_draft_tokens": 4, "tree": None}, None)
+    before = signal.getsignal(signal.SIGINT)
+    chat_module._turn("hi", session, loaded, GenerationConfig(max_tokens=100))
     assert closed == [True]
     assert session.history[0] == {"role": "system", "content": "sys"}
     assert session.history[1] == {"role": "user", "content": "hi"}
@@ -321,4 +343,4 @@ def test_interrupted_reply_is_kept_and_marked(monkeypatch: pytest.MonkeyPatch, c
     assert "[interrupted" in capsys.readouterr().err
     session.reset()
     assert session.history == [{"role": "system", "content": "sys"}]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is restored

@@ -150,17 +150,19 @@ class NotText(ValueError):
 
 def read_line(prompt: str) -> str:
     """One line from the user. In a terminal, input() with line editing; piped, the prompt goes
-    to stderr so stdout holds only the replies."""
+    to stderr so stdout holds only the replies, and lines are read as bytes and decoded here (a
+    line that is not UTF-8 is refused alone, the next one is read normally)."""
     try:
         if _interactive():
             return input(prompt)
         click.echo(prompt, nl=False, err=True)
-        line = sys.stdin.readline()
+        stream = getattr(sys.stdin, "buffer", None)
+        raw = stream.readline() if stream is not None else sys.stdin.readline().encode()
+        if not raw:
+            raise EOFError
+        return raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
         raise NotText(f"that line is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x}); it was not sent") from None
-    if not line:
-        raise EOFError
-    return line.rstrip("\n")
 
 
 def read_message() -> str:
