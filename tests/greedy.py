@@ -39,22 +39,22 @@ def next_token_logits(target: Model, context: Sequence[int]) -> np.ndarray:
     return row
 
 
-def assert_near_tie(target: Model, context: Sequence[int], a: int, b: int, what: str) -> None:
+def assert_near_tie(target: Model, context: Sequence[int], a: int, b: int, what: str, tol: float = NEAR_TIE) -> None:
     logits = next_token_logits(target, context)
     top = logits.max()
     gaps = (top - logits[a], top - logits[b])
-    assert max(gaps) <= NEAR_TIE, (f"{what}: tokens {a} and {b} after {len(context)} tokens; their logits are "
-                                   f"{gaps[0]:.3g} and {gaps[1]:.3g} below the best (a near-tie is <= {NEAR_TIE})")
+    assert max(gaps) <= tol, (f"{what}: tokens {a} and {b} after {len(context)} tokens; their logits are "
+                              f"{gaps[0]:.3g} and {gaps[1]:.3g} below the best (a near-tie is <= {tol})")
 
 
 def assert_greedy_equal(target: Model, prompt: Any, got: Sequence[int], want: Sequence[int],
-                        what: str = "greedy outputs differ") -> None:
+                        what: str = "greedy outputs differ", tol: float = NEAR_TIE) -> None:
     """Token lists from two greedy runs of `prompt` agree up to a near-tie (see the module)."""
     i = first_difference(got, want)
     if i is None:
         return
     assert i < min(len(got), len(want)), f"{what}: one output stops early at token {i}: {got} vs {want}"
-    assert_near_tie(target, prompt_tokens(target, prompt) + list(want[:i]), got[i], want[i], what)
+    assert_near_tie(target, prompt_tokens(target, prompt) + list(want[:i]), got[i], want[i], what, tol)
 
 
 def greedy_tokens(target: Model, prompt: Any, **kw: Any) -> list[tuple[int, str]]:

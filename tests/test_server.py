@@ -1,7 +1,9 @@
 """The OpenAI-compatible server on the tiny models: the real openai client against uvicorn in a
 background thread, lossless at temperature 0 end to end, OpenAI-style errors for bad input, a
 client that disconnects mid-stream stops its generation, concurrent clients queue, and the
-`localspec serve` command (help, a missing model, a real run stopped with Ctrl-C)."""
+`localspec serve` command (help, a missing model, a real run stopped with Ctrl-C), and clients
+that are hostile or broken: oversized and deeply nested bodies, too many messages, clients that
+send nothing or send slowly, a full queue, a missing API key; after each the server goes on."""
 
 from __future__ import annotations
 
@@ -24,21 +26,29 @@ from openai import OpenAI
 from localspec import server
 from localspec.api import generate, stream_generate
 from localspec.cli import cli
+from localspec.config import GenerationConfig
 from localspec.model import Model
+from localspec.server import ServerLimits, schemas, worker
+from localspec.server.app import create_app
+from localspec.server.run import base_url, bind_socket, uvicorn_config
 
 from conftest import load
+from greedy import assert_greedy_text
 
 PROMPT = "def add(a, b): return a"
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
 N = 12  # max_tokens of most requests
 CTX = 2048  # the served models' context (long enough for a generation a disconnect interrupts)
 # the server's defaults: greedy, always draft (the planner of plan=auto may decline on tiny models)
-DEFAULTS = dict(temperature=0.0, max_tokens=N, plan="fixed", num_draft_tokens=4)
+DEFAULTS = GenerationConfig.from_options(temperature=0.0, max_tokens=N, plan="fixed", num_draft_tokens=4)
+# small limits, so the tests of hostile clients are quick
+LIMITS = ServerLimits(max_body_bytes=64 * 1024, max_messages=32, max_nesting=16, max_queue=8,
+                      header_timeout=1.0, body_timeout=1.0)
 TIMEOUT = 30.0
 
 
 class Served:
-    def __init__(self, url: str, worker: server.ModelWorker) -> None:
+    def __init__(self, url: str, worker: worker.ModelWorker) -> None:
         self.url = url
         self.worker = worker
         self.http = httpx.Client(base_url=url, timeout=TIMEOUT)
@@ -51,16 +61,16 @@ def served(tiny_paths: tuple[Path, Path]) -> Iterator[Served]:
     import uvicorn
 
     target, draft = load(tiny_paths[0], n_ctx=CTX), load(tiny_paths[1], n_ctx=CTX)
-    app = server.create_app(target, draft, model_id="tiny-pair", defaults=DEFAULTS)
-    sock = server.bind_socket("127.0.0.1", 0)
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    app = create_app(target, draft, model_id="tiny-pair", defaults=DEFAULTS, limits=LIMITS)
+    sock = bind_socket("127.0.0.1", 0)
+    uv = uvicorn.Server(uvicorn_config(app, LIMITS))
     thread = threading.Thread(target=uv.run, kwargs=dict(sockets=[sock]), daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not uv.started:
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.01)
-    s = Served(server.base_url(sock), app.state.worker)
+    s = Served(base_url(sock), app.state.worker)
     yield s
     s.http.close()
     uv.should_exit = True
@@ -71,12 +81,10 @@ def served(tiny_paths: tuple[Path, Path]) -> Iterator[Served]:
     draft.close()
 
 
-def reference(target: Model, prompt, max_tokens: int = N) -> tuple[str, int]:
-    """The target-only greedy text and its token count (what every lossless setting must give)."""
-    responses = list(stream_generate(target, None, prompt, max_tokens=max_tokens, temperature=0))
-    assert generate(target, None, prompt, max_tokens=max_tokens, temperature=0) == \
-        "".join(r.text for r in responses)
-    return "".join(r.text for r in responses), len(responses)
+def same_greedy(target: Model, prompt, text: str, max_tokens: int = N) -> None:
+    """`text` is the target-only greedy text (what every lossless setting must give, up to a
+    near-tie of the target's logits: tests/greedy.py)."""
+    assert_greedy_text(target, prompt, text, max_tokens)
 
 
 def assert_spec(spec: dict, **expected) -> None:
@@ -106,14 +114,13 @@ def test_models(served: Served) -> None:
 @pytest.mark.parametrize("extra", [dict(verifier="block"), dict(verifier="traversal", tree=[2, 2])],
                          ids=["block", "traversal-2x2"])
 def test_chat_lossless(served: Served, tiny_target: Model, extra: dict) -> None:
-    text, n_tokens = reference(tiny_target, MESSAGES)
     r = served.openai.chat.completions.create(model="anything", messages=MESSAGES, max_tokens=N,
                                               temperature=0, extra_body=extra)
     assert r.object == "chat.completion" and r.model == "tiny-pair"
     assert r.choices[0].message.role == "assistant"
-    assert r.choices[0].message.content == text
-    assert r.choices[0].finish_reason == ("length" if n_tokens == N else "stop")
-    assert r.usage.completion_tokens == n_tokens
+    same_greedy(tiny_target, MESSAGES, r.choices[0].message.content)
+    n_tokens = r.usage.completion_tokens
+    assert 1 <= n_tokens <= N and r.choices[0].finish_reason == ("length" if n_tokens == N else "stop")
     assert r.usage.total_tokens == r.usage.prompt_tokens + n_tokens
     assert_spec(r.model_extra["speculative"], verifier=extra["verifier"], drafter="model", plan="fixed",
                 tree=extra.get("tree"))
@@ -121,31 +128,31 @@ def test_chat_lossless(served: Served, tiny_target: Model, extra: dict) -> None:
 
 
 def test_chat_stream(served: Served, tiny_target: Model) -> None:
-    text, n_tokens = reference(tiny_target, MESSAGES)
     chunks = list(served.openai.chat.completions.create(
         model="x", messages=MESSAGES, max_tokens=N, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_body=dict(verifier="traversal", tree="2x2")))
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    same_greedy(tiny_target, MESSAGES, "".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+    last = chunks[-1]
+    n_tokens = last.usage.completion_tokens
+    assert last.choices == [] and 1 <= n_tokens <= N
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == ["length" if n_tokens == N else "stop"]
-    last = chunks[-1]
-    assert last.choices == [] and last.usage.completion_tokens == n_tokens
     assert_spec(last.model_extra["speculative"], verifier="traversal", tree=[2, 2])
 
 
 def test_completion_and_stream(served: Served, tiny_target: Model) -> None:
-    text, n_tokens = reference(tiny_target, PROMPT)
     r = served.openai.completions.create(model="x", prompt=PROMPT, max_tokens=N, temperature=0)
-    assert r.object == "text_completion" and r.choices[0].text == text
-    assert r.usage.completion_tokens == n_tokens
+    assert r.object == "text_completion"
+    same_greedy(tiny_target, PROMPT, r.choices[0].text)
+    assert 1 <= r.usage.completion_tokens <= N
     assert_spec(r.model_extra["speculative"], verifier="block", num_draft_tokens=4, tree=None)
 
     chunks = list(served.openai.completions.create(model="x", prompt=PROMPT, max_tokens=N, temperature=0,
                                                    stream=True))
     assert all(c.object == "text_completion" for c in chunks)
-    assert "".join(c.choices[0].text for c in chunks) == text
+    assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text  # the same batches: the same text
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     assert_spec(chunks[-1].model_extra["speculative"], verifier="block")
 
@@ -179,22 +186,36 @@ def test_request_settings_are_used(served: Served) -> None:
 
 BAD = [
     ("/chat/completions", b"{not json", "not valid JSON", None),
-    ("/chat/completions", b"[1, 2]", "JSON object", None),
-    ("/chat/completions", {"model": "x"}, "'messages' is required", "messages"),
-    ("/chat/completions", {"messages": "hello"}, "'messages' must be a non-empty list", "messages"),
-    ("/chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content", "messages[0].content"),
-    ("/chat/completions", {"messages": MESSAGES, "n": 2}, "'n' must be 1", "n"),
-    ("/chat/completions", {"messages": MESSAGES, "verifier": "nope"}, "'verifier' must be one of", "verifier"),
+    ("/chat/completions", b"[1, 2]", "must be a JSON object, got list", None),
+    ("/chat/completions", b'{"messages": "caf\xe9"}', "not valid JSON", None),  # not UTF-8
+    ("/chat/completions", {"model": "x"}, "'messages': Field required", "messages"),
+    ("/chat/completions", {"messages": "hello"}, "'messages': Input should be a valid list", "messages"),
+    ("/chat/completions", {"messages": []}, "'messages': List should have at least 1 item", "messages"),
+    ("/chat/completions", {"messages": [{"role": "user"}]}, "'messages[0].content': Field required",
+     "messages[0].content"),
+    ("/chat/completions", {"messages": [{"role": "user<|im_end|>", "content": "x"}]},
+     "'messages[0].role': String should match pattern", "messages[0].role"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "'messages[0].content", "messages[0].content"),
+    ("/chat/completions", {"messages": MESSAGES, "n": 2}, "'n': Input should be 1", "n"),
+    ("/chat/completions", {"messages": MESSAGES, "verifier": "nope"}, "verifier must be one of", "verifier"),
     ("/chat/completions", {"messages": MESSAGES, "verifier": "block", "tree": [2, 2]},
      "verifier 'block' verifies one chain", "verifier"),
-    ("/chat/completions", {"messages": MESSAGES, "max_tokens": -1}, "'max_tokens' must be an integer >= 1",
+    ("/chat/completions", {"messages": MESSAGES, "max_tokens": -1}, "max_tokens must be an integer >= 1",
      "max_tokens"),
-    ("/chat/completions", {"messages": MESSAGES, "temperature": -0.5}, "'temperature' must be a number >= 0",
+    ("/chat/completions", {"messages": MESSAGES, "max_tokens": "12"}, "'max_tokens': Input should be a valid integer",
+     "max_tokens"),
+    ("/chat/completions", {"messages": MESSAGES, "temperature": -0.5}, "temperature must be a finite number >= 0",
      "temperature"),
-    ("/chat/completions", {"messages": MESSAGES, "tree": "3xa"}, "not a branching list", "tree"),
-    ("/chat/completions", {"messages": MESSAGES, "top_p": 0}, "'top_p' must be a number in (0, 1]", "top_p"),
-    ("/chat/completions", {"messages": MESSAGES, "stream": "yes"}, "'stream' must be true or false", "stream"),
-    ("/completions", {"prompt": 42}, "'prompt' must be a string", "prompt"),
+    ("/chat/completions", {"messages": MESSAGES, "temperature": True}, "'temperature': Input should be a valid number",
+     "temperature"),
+    ("/chat/completions", {"messages": MESSAGES, "seed": -5}, "seed must be an integer in [0, 2**64)", "seed"),
+    ("/chat/completions", {"messages": MESSAGES, "tree": "3xa"}, "'3xa' is not a draft shape", "tree"),
+    ("/chat/completions", {"messages": MESSAGES, "top_p": 0}, "top_p must lie in (0, 1]", "top_p"),
+    ("/chat/completions", {"messages": MESSAGES, "stream": "yes"}, "'stream': Input should be a valid boolean",
+     "stream"),
+    ("/completions", {"prompt": 42}, "'prompt': Input should be a valid string", "prompt"),
+    ("/completions", {"prompt": ["a", "b"]}, "one string", "prompt"),
     ("/completions", {"prompt": PROMPT, "logprobs": 3}, "'logprobs' is not supported", "logprobs"),
     ("/completions", {"prompt": "hello world " * 1000}, "context holds 2048", "prompt"),
     ("/chat/completions", {"messages": [{"role": "user", "content": "hello world " * 1000}], "stream": True},
@@ -234,18 +255,22 @@ def test_internal_errors_are_json_500(served: Served, monkeypatch: pytest.Monkey
     def broken_parse(*args, **kwargs):
         raise RuntimeError("parser bug")
 
-    def broken_stream(*args, **kwargs):
-        yield from ()
-        raise RuntimeError("engine bug")
+    class BrokenGeneration:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def __iter__(self):
+            yield from ()
+            raise RuntimeError("engine bug")
 
     body = {"prompt": PROMPT, "max_tokens": 2}
     with monkeypatch.context() as m:
-        m.setattr(server, "parse_request", broken_parse)
+        m.setattr(schemas, "parse", broken_parse)
         r = served.http.post("/completions", json=body)
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
         assert "Traceback" not in r.text
     with monkeypatch.context() as m:
-        m.setattr(server, "stream_generate", broken_stream)
+        m.setattr(worker, "Generation", BrokenGeneration)
         r = served.http.post("/completions", json=body)
         assert r.status_code == 500 and "engine bug" in r.json()["error"]["message"]
     assert any("generation failed" in rec.message for rec in caplog.records)
@@ -272,9 +297,8 @@ def test_disconnect_mid_stream_stops_generation(served: Served, tiny_target: Mod
         assert time.monotonic() < deadline, "the generation of a disconnected client kept running"
         time.sleep(0.01)
     # the lock is free and the caches are reusable: the next request is lossless
-    text, _ = reference(tiny_target, PROMPT)
     r = served.openai.completions.create(model="x", prompt=PROMPT, max_tokens=N, temperature=0, timeout=10)
-    assert r.choices[0].text == text
+    same_greedy(tiny_target, PROMPT, r.choices[0].text)
 
 
 def test_disconnect_non_streaming(served: Served, tiny_target: Model) -> None:
@@ -290,7 +314,6 @@ def test_disconnect_non_streaming(served: Served, tiny_target: Model) -> None:
 
 
 def test_concurrent_clients(served: Served, tiny_target: Model) -> None:
-    text, _ = reference(tiny_target, MESSAGES, max_tokens=16)
     results: dict[int, str] = {}
     errors: list[BaseException] = []
 
@@ -315,7 +338,9 @@ def test_concurrent_clients(served: Served, tiny_target: Model) -> None:
     for t in threads:
         t.join(TIMEOUT)
     assert not errors and not any(t.is_alive() for t in threads)
-    assert results == {i: text for i in range(4)}
+    assert sorted(results) == [0, 1, 2, 3]
+    for text in results.values():
+        same_greedy(tiny_target, MESSAGES, text, 16)
 
 
 # ---------------------------------------------------------------- the command
@@ -325,7 +350,7 @@ def test_serve_help() -> None:
     r = CliRunner().invoke(cli, ["serve", "--help"])
     assert r.exit_code == 0
     for text in ("OpenAI-compatible", "--host", "--port", "--verifier", "/v1/chat/completions", "curl",
-                 "base_url="):
+                 "base_url=", "--api-key", "--max-body-bytes", "--header-timeout", "no authentication"):
         assert text in r.output, text
 
 
@@ -346,7 +371,7 @@ def test_serve_without_server_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_serve_port_taken() -> None:
-    sock = server.bind_socket("127.0.0.1", 0)
+    sock = bind_socket("127.0.0.1", 0)
     sock.listen()
     try:
         port = sock.getsockname()[1]
@@ -400,3 +425,117 @@ def test_serve_command_runs_and_stops(tiny_paths: tuple[Path, Path]) -> None:
     assert proc.returncode == 0, err
     assert "server stopped" in err and "Traceback" not in err
     assert out == ""
+
+
+# ---------------------------------------------------------------- hostile and broken clients
+
+
+def raw_request(url: str, data: bytes, wait: float = TIMEOUT) -> bytes:
+    """Send raw bytes on a new connection; everything the server answers until it closes (or `wait`)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=wait) as sock:
+        if data:
+            sock.sendall(data)
+        out = b""
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except TimeoutError:
+            pass
+    return out
+
+
+def test_oversized_bodies_are_refused_at_once(served: Served) -> None:
+    big = {"prompt": "x" * (LIMITS.max_body_bytes + 10)}
+    t0 = time.perf_counter()
+    r = served.http.post("/completions", json=big)
+    assert r.status_code == 413 and "at most 65536 bytes (--max-body-bytes)" in r.json()["error"]["message"]
+    # without a Content-Length (a chunked upload): counted while read, refused past the limit
+    chunks = (b"x" * 8192 for _ in range(2 * LIMITS.max_body_bytes // 8192))
+    r = served.http.post("/completions", content=chunks, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "--max-body-bytes" in r.json()["error"]["message"]
+    assert time.perf_counter() - t0 < 5
+    assert served.http.get("/models").status_code == 200  # and the server goes on
+
+
+def test_too_many_messages_and_deep_nesting_are_refused(served: Served) -> None:
+    many = {"messages": [{"role": "user", "content": "hi"}] * (LIMITS.max_messages + 1)}
+    r = served.http.post("/chat/completions", json=many)
+    assert r.status_code == 413 and r.json()["error"]["param"] == "messages"
+    assert "at most 32 (--max-messages)" in r.json()["error"]["message"]
+    for depth in (LIMITS.max_nesting + 1, 5000):  # beyond the limit, and beyond Python's recursion limit
+        deep = b'{"prompt": "a", "x": ' + b"[" * depth + b"]" * depth + b"}"
+        r = served.http.post("/completions", content=deep, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "nests deeper than 16 levels" in r.json()["error"]["message"], r.text
+    assert served.http.post("/completions", json={"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+
+
+def test_clients_that_send_nothing_or_slowly_are_timed_out(served: Served) -> None:
+    t0 = time.perf_counter()
+    assert raw_request(served.url, b"") == b""  # connects, sends nothing: closed after header_timeout
+    slow_head = raw_request(served.url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # never ends its head
+    assert slow_head == b"" and time.perf_counter() - t0 < 2 * LIMITS.header_timeout + 3
+    t0 = time.perf_counter()
+    slow_body = raw_request(served.url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                        b"application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+    assert slow_body.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in slow_body
+    assert time.perf_counter() - t0 < LIMITS.body_timeout + 3
+    assert served.http.get("/models").status_code == 200
+
+
+def test_keep_alive_requests_are_not_delayed(served: Served) -> None:
+    """Responses on a kept-alive connection are not held back by Nagle's algorithm waiting for the
+    client's delayed ACK (~40 ms on Linux each, ~12x the work); a cheap request takes ~1-3 ms."""
+    with httpx.Client(base_url=served.url, timeout=TIMEOUT) as client:
+        client.get("/models")  # open the connection
+        times = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            assert client.get("/models").status_code == 200
+            times.append(time.perf_counter() - t0)
+    median = sorted(times)[len(times) // 2]
+    assert median < 0.020, f"median keep-alive request {median * 1e3:.1f} ms"
+
+
+def test_a_full_queue_is_refused(tiny_target: Model) -> None:
+    import asyncio
+
+    from localspec.errors import RequestError
+
+    w = worker.ModelWorker(tiny_target, None, max_queue=1)
+    loop = asyncio.new_event_loop()
+    jobs = [worker.Job(PROMPT, DEFAULTS, loop) for _ in range(3)]
+    for job in jobs:
+        job.cancel.set()  # nothing is generated: only the queue is under test
+    with w.busy:  # the worker thread takes the first job and waits for the models
+        w.submit(jobs[0])
+        deadline = time.monotonic() + 5
+        while w.pending():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        w.submit(jobs[1])  # waits in the queue
+        with pytest.raises(RequestError, match="the server is busy: 1 requests are waiting") as info:
+            w.submit(jobs[2])
+        assert info.value.status == 503
+    assert w.close(timeout=10)
+    loop.close()
+
+
+def test_api_key_is_required_when_given(tiny_target: Model) -> None:
+    import openai
+    from starlette.testclient import TestClient
+
+    app = create_app(tiny_target, None, model_id="tiny", limits=ServerLimits(api_key="sekret"))
+    with TestClient(app) as client:
+        r = client.get("/v1/models")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert client.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get("/v1/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
+        assert client.get("/health").status_code == 200  # a liveness probe needs no key
+        oa = OpenAI(base_url="http://testserver/v1", api_key="wrong", http_client=client, max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            oa.models.list()
