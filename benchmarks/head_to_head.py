@@ -41,7 +41,8 @@ from typing import Sequence
 import numpy as np
 
 from localspec import registry
-from localspec.api import load_model, prompt_tokens, stream_generate
+from localspec.api import load_model, stream_generate
+from localspec.prompt import prompt_tokens
 from localspec.drafters import NGramDrafter
 from localspec.efficiency import default_groups, paired_ratio, paired_scores, target_contexts
 from localspec.planner import CostTable, expected_tokens, time_decode

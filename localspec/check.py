@@ -30,7 +30,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from localspec import lossless, reference
-from localspec.config import DEFAULT_SAMPLING, WITHOUT_REPLACEMENT, GenerationConfig, SamplingParams, Shape
+from localspec.config import (DEFAULT_SAMPLING, DEFAULTS, VERIFIERS, WITHOUT_REPLACEMENT, GenerationConfig,
+                              SamplingParams, Shape)
 from localspec.lossless import ToyModel
 from localspec.stats import pearson_pvalue
 
@@ -40,7 +41,7 @@ EXACT_TOLERANCE = 1e-9
 CONTROL_MIN_ERROR = 1e-3  # the control's exact error must exceed this to count as detected
 TOY_SAMPLES = 4000  # Monte Carlo steps per toy check
 CONTROL_LENIENCE = 0.5
-LOSSLESS_METHODS = ("match", "token", "block", "gbv", "rrs", "rrsw", "traversal", "batch")
+LOSSLESS_METHODS = tuple(m for m in VERIFIERS if m != "greedy")  # greedy is exact at T = 0 only
 
 # exact checks: vocabulary 3, a near and a far draft, two sampling settings
 _EXACT_TARGET = ToyModel(3, seed=1)
@@ -188,7 +189,8 @@ def speculative_first_tokens(target: Any, draft: Any, prompt_tokens: Sequence[in
 
 
 def pair_check(target: Any, draft: Any, *, samples: int = PAIR_SAMPLES, alpha: float = 1e-3, seed: int = 0,
-               prompt: str = PAIR_PROMPT, verifier: str = "block", num_draft_tokens: int = 4,
+               prompt: str = PAIR_PROMPT, verifier: str = DEFAULTS.verifier,
+               num_draft_tokens: int = DEFAULTS.shape.depth,
                sampling: SamplingParams = DEFAULT_SAMPLING, lenience: float = 0.0,
                progress: bool = False) -> CheckResult:
     """First token of N speculative steps (draft + verify) vs the target's exact next-token distribution.

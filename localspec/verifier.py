@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from localspec._verifier import ffi, lib
-from localspec.config import VERIFIERS as METHODS, SamplingParams
+from localspec.config import CHAIN_ONLY, VERIFIERS as METHODS, SamplingParams
 from localspec.errors import VerifierError
 
 PLAIN = SamplingParams()  # the target's own distribution: temperature 1, nothing truncated
@@ -144,7 +144,7 @@ def _shape_problem(method: str, parents: np.ndarray) -> str:
     """What makes this tree unacceptable for `method` (diagnosed on the error path only)."""
     first_child: dict[int, int] = {}
     for j, p in enumerate(parents.tolist()):
-        if p in first_child and (p >= 0 or method in ("token", "block")):
+        if p in first_child and (p >= 0 or method in CHAIN_ONLY):
             owner = "the root" if p < 0 else f"node {p}"
             return f"node {j} is a second child of {owner}"
         first_child.setdefault(p, j)

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec import lossless
 from localspec.config import SamplingParams
 
 

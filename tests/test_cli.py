@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from localspec.api import generate
 from localspec.cli import cli
 from localspec.model import Model
 from localspec.models import tiny

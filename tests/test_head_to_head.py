@@ -49,7 +49,6 @@ def test_peak_rss_reads_the_child_process_own_high_water_mark(tiny_paths: tuple[
 
 
 def test_nonpositive_counts_are_usage_errors(capsys) -> None:
-    import pytest
 
     with pytest.raises(SystemExit) as exc:
         h2h.parse_args(["--efficiency-draws", "0"])
@@ -83,7 +82,6 @@ def test_ngram_ceiling_report_against_the_measured_rows() -> None:
 
 
 def test_prompt_selection_and_extra_ngram_runs(capsys) -> None:
-    import pytest
 
     args = h2h.parse_args(["--prompts", "code-edit,prose", "--ngram-k", "15"])
     assert args.prompts == ["code-edit", "prose"]

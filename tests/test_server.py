@@ -23,8 +23,6 @@ import pytest
 from click.testing import CliRunner
 from openai import OpenAI
 
-from localspec import server
-from localspec.api import generate, stream_generate
 from localspec.cli import cli
 from localspec.config import GenerationConfig
 from localspec.model import Model

@@ -46,9 +46,9 @@ def check(toy_only: bool, model: str | None, draft: str | None, samples: int | N
       control     a deliberately lossy rule (token, lenience 0.5) must be
                   detected by both, so you can see the checks can fail
     Model pair (skipped with --toy-only): the first token of N full
-    speculative steps (draft + block verification, k=4) against the
-    target's exact next-token distribution (T=0.8, top-k 40, top-p 0.95,
-    min-p 0.05), chi-square at --alpha.
+    speculative steps (draft + verification, default settings) against the
+    target's exact next-token distribution under the default sampling
+    settings (those of `localspec --help`), chi-square at --alpha.
 
     \b
     localspec check --toy-only

@@ -115,13 +115,14 @@ def verifier_self_test() -> str | None:
     import numpy as np
 
     from localspec import verifier
+    from localspec.config import SamplingParams
 
     logits = np.array([[0.0, 3.0, 1.0, 0.0], [0.0, 0.0, 0.0, 4.0],
                        [2.0, 0.0, 0.0, 0.0], [0.0, 0.0, 5.0, 0.0]], dtype=np.float32)
     draft = np.eye(4, dtype=np.float32)[[1, 3, 0, 0]]  # one-hot: the draft proposed 1, 3, 0
     expected = ((0, 1, 2), 2)
     for method in ("block", "traversal"):
-        v = verifier.verify(method, logits, draft, [1, 3, 0], [-1, 0, 1], temperature=0.0, seed=0)
+        v = verifier.verify(method, logits, draft, [1, 3, 0], [-1, 0, 1], sampling=SamplingParams(0.0), seed=0)
         if (v.path, v.token) != expected:
             return f"{method}: accepted {v.path} + {v.token}, expected {expected[0]} + {expected[1]}"
     return None
