@@ -120,15 +120,18 @@ def spec_options(f: Callable) -> Callable:
                      help="Verification rule: greedy, match (llama.cpp's), token, block, gbv (K paths), "
                           "batch (K paths), rrs/rrsw/traversal (trees)."),
         click.option("-k", "--num-draft-tokens", type=int, default=d.shape.depth, show_default=True,
-                     help="Draft length per path (0: no speculation)."),
+                     help="Most tokens drafted per path and step (0: the target alone); --plan auto "
+                          "chooses how many each step."),
         click.option("--paths", type=int, default=d.shape.paths, show_default=True,
                      help="Independent draft paths (for --verifier gbv or batch)."),
         click.option("--tree", "tree", default=None, metavar="BxBx..",
                      help="Draft tree: children per node at each depth, e.g. 3x2x1 "
                           "(for --verifier rrs, rrsw or traversal)."),
         click.option("--drafter", type=click.Choice(DRAFTERS), default=d.drafter, show_default=True,
-                     help="model: the draft model; ngram: prompt lookup (no draft model); "
-                          "hybrid: n-gram when the context repeats, else the model."),
+                     help="auto: n-gram lookups of the context where they pay, the draft model only where "
+                          "measured costs say it pays (loaded then); model: always the draft model; "
+                          "ngram: lookups only (no draft model); hybrid: n-gram when the context repeats, "
+                          "else the model."),
         click.option("--plan", type=click.Choice(PLANS), default=d.plan, show_default=True,
                      help="auto: choose each step's draft depth, or no speculation, from measured "
                           "step costs and acceptance; fixed: always draft the full shape."),
@@ -178,11 +181,13 @@ def _is_none(value: str | None) -> bool:
 
 
 def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int | None = None,
-              need_draft: bool = True, **options: Any) -> Loaded:
-    """Load the target and the draft the options name (options: those of localspec.load_model)."""
+              need_draft: bool = True, lazy_draft: bool = False, **options: Any) -> Loaded:
+    """Load the target and the draft the options name (options: those of localspec.load_model).
+    lazy_draft: the draft is fetched if needed but loaded only when the planner wants it."""
     from localspec import registry
     from localspec.api import load_model
     from localspec.config import ModelOptions
+    from localspec.model import LazyModel
 
     ModelOptions.from_options(options)  # bad options are reported before anything loads
     reg = registry.load_registry()
@@ -196,7 +201,8 @@ def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int |
             draft_options = dict(options)
             if draft_n_gpu_layers is not None:
                 draft_options["n_gpu_layers"] = draft_n_gpu_layers
-            dm = load_model(draft_name, **draft_options)
+            dm = (LazyModel(registry.resolve(draft_name), ModelOptions.from_options(draft_options)) if lazy_draft
+                  else load_model(draft_name, **draft_options))
     except BaseException:
         target.close()
         raise
@@ -342,7 +348,8 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
 
     config = generation_config(options)
     text = read_prompt(prompt)
-    loaded = load_pair(model, draft, need_draft=config.drafter != "ngram", **model_kwargs(options))
+    loaded = load_pair(model, draft, need_draft=config.drafter != "ngram", lazy_draft=config.drafter == "auto",
+                       **model_kwargs(options))
     try:
         message: Any = text
         if chat_template and loaded.target.chat_template:

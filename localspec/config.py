@@ -26,7 +26,7 @@ VERIFIERS: tuple[str, ...] = ("greedy", "match", "token", "block", "gbv", "rrs",
 CHAIN_ONLY = ("token", "block")  # verify one chain
 K_PATHS = ("gbv", "batch")  # verify K root-to-leaf chains
 WITHOUT_REPLACEMENT = ("rrsw", "traversal")  # trees whose siblings are drawn without replacement
-DRAFTERS: tuple[str, ...] = ("model", "ngram", "hybrid")
+DRAFTERS: tuple[str, ...] = ("auto", "model", "ngram", "hybrid")
 PLANS: tuple[str, ...] = ("auto", "fixed")
 CACHE_TYPES: tuple[str, ...] = ("f16", "f32", "q8_0")
 FLASH_ATTN: tuple[str, ...] = ("auto", "on", "off")
@@ -209,8 +209,8 @@ class GenerationConfig:
     sampling: SamplingParams = DEFAULT_SAMPLING
     seed: int | None = None  # None: a random seed
     verifier: str = "block"
-    shape: Shape = Shape(4)
-    drafter: str = "model"
+    shape: Shape = Shape(16)  # the most a drafter may draft per step; plan auto chooses how many
+    drafter: str = "auto"
     plan: str = "auto"  # auto: choose each step's depth (or none) from measured costs; fixed
     lenience: float = 0.0  # > 0: the LOSSY over-acceptance of Yin et al. (verifier token only)
     stop: tuple[str, ...] = field(default=())

@@ -3,11 +3,10 @@ were actually drawn from (what makes verification lossless).
 
 * :class:`ModelDrafter` samples from a draft model at the target's sampling settings
   (temperature-matched; temperature 0 drafts greedily, i.e. from one-hot rows);
-* :class:`NGramDrafter` looks the context's suffix up in the context itself (prompt lookup) and
-  proposes what followed last time; its rows are one-hot (deterministic proposals).
+* :class:`NGramDrafter` looks the context up in itself (prompt lookup over the whole context)
+  and proposes what followed the longest match; its rows are one-hot (deterministic proposals).
 
-:func:`make_drafters` turns a drafter name into the drafters the engine tries in order
-(``hybrid``: the n-gram proposal when there is one, else the model's).
+:func:`make_drafters` turns a drafter name into the drafters the engine considers each step.
 
 A drafter keeps its own KV cache in step with the committed tokens: ``draft`` is called with
 all committed tokens, ``commit`` with the verifier's accepted path.
@@ -16,6 +15,8 @@ all committed tokens, ``commit`` with the verifier's accepted path.
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -23,7 +24,9 @@ import numpy as np
 from localspec import verifier
 from localspec.config import SamplingParams, Shape
 from localspec.errors import ConfigError
-from localspec.model import Model, check_pair
+from localspec.lookup import ContextLookup, Proposal
+from localspec.model import LazyModel, Model, check_lazy_pair, check_pair
+from localspec.profiles import key_of
 from localspec.tree import DraftTree, leaf_ranges
 
 log = logging.getLogger(__name__)
@@ -32,8 +35,15 @@ log = logging.getLogger(__name__)
 class Drafter(Protocol):
     """What the engine needs of a drafter."""
 
-    kind: str  # the planner's name for its proposals: "model" (a draft-model pass per level) or "ngram" (free)
-    model: Model | None  # the draft model it decodes with; None when its proposals cost no model pass
+    kind: str  # "model" (a draft-model pass per level) or "ngram" (free proposals)
+    source: Model | LazyModel | None  # the draft model it decodes with; None: its proposals cost nothing
+    loaded: bool  # False: using it would load the draft model first
+
+    def plan(self, tokens: Sequence[int], max_depth: int) -> tuple[str, int]:
+        """The acceptance kind of what it would propose now, and how many levels it can offer."""
+
+    def lag(self, tokens: Sequence[int]) -> int:
+        """Committed tokens it would have to decode before drafting (a draft model's catch-up)."""
 
     def draft(self, tokens: Sequence[int], shape: Shape, sampling: SamplingParams,
               rng: np.random.Generator, without_replacement: bool) -> DraftTree: ...
@@ -45,6 +55,15 @@ class Drafter(Protocol):
 
     def finish(self, tokens: Sequence[int]) -> None:
         """The generation ended cleanly with these committed tokens."""
+
+
+@dataclass
+class DraftTiming:
+    """What a model drafter's last draft cost: (tokens, seconds) of its catch-up and (levels,
+    seconds) of its draft levels."""
+
+    catch_up: tuple[int, float] = (0, 0.0)
+    levels: tuple[int, float] = (0, 0.0)
 
 
 class RowBuffer:
@@ -66,23 +85,50 @@ class RowBuffer:
 
 
 class ModelDrafter:
-    """Draft with a second, smaller model sharing the target's vocabulary."""
+    """Draft with a second, smaller model sharing the target's vocabulary. The model may be a
+    LazyModel, loaded (and checked against the target) on the first draft."""
 
     kind = "model"
 
-    def __init__(self, draft: Model, n_vocab: int, max_nodes: int) -> None:
-        self.model = draft
-        self.n_vocab = n_vocab  # the target's: rows are padded or cut to it
-        self.buf = RowBuffer(max_nodes + 1, n_vocab)
+    def __init__(self, source: Model | LazyModel, target: Model, max_nodes: int) -> None:
+        self.source = source
+        self.target = target
+        self.n_vocab = target.n_vocab  # rows are padded or cut to the target's vocabulary
+        self.buf = RowBuffer(max_nodes + 1, self.n_vocab)
         self.n_past = 0  # committed tokens in the draft KV (sequence 0)
         self._branches = 1  # KV sequences the last draft used
         self._depth = 0  # its depth: nodes above it were decoded, leaves at it were not
+        self._prompt: Sequence[int] = ()
+        self.timing = DraftTiming()
+
+    @property
+    def loaded(self) -> bool:
+        return not isinstance(self.source, LazyModel) or self.source.loaded
+
+    @property
+    def model(self) -> Model:
+        if isinstance(self.source, LazyModel):
+            if not self.source.loaded:
+                model = self.source.get()
+                check_pair(self.target, model)
+                self.n_past = model.reuse_prefix(self._prompt) if self._prompt else 0
+            return self.source.get()
+        return self.source
+
+    def lag(self, tokens: Sequence[int]) -> int:
+        """Committed tokens the draft model would have to decode before it can draft."""
+        return len(tokens) - self.n_past if self.loaded else len(tokens)
+
+    def plan(self, tokens: Sequence[int], max_depth: int) -> tuple[str, int]:
+        return f"{self.kind}:{key_of(self.source.identity)[:8]}", max_depth  # acceptance is per pair
 
     def start(self, prompt: Sequence[int]) -> None:
-        self.n_past = self.model.reuse_prefix(prompt)
+        self._prompt = prompt
+        self.n_past = self.model.reuse_prefix(prompt) if self.loaded else 0
 
     def finish(self, tokens: Sequence[int]) -> None:
-        self.model.kv_tokens = list(tokens[: self.n_past])
+        if self.loaded:
+            self.model.kv_tokens = list(tokens[: self.n_past])
 
     def _fill_row(self, r: int, logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
         """Draft distribution of one logit row into buffer row r (float32, target vocab)."""
@@ -95,20 +141,24 @@ class ModelDrafter:
 
     def _catch_up(self, tokens: Sequence[int]) -> np.ndarray:
         """Decode the committed tokens the draft has not seen; the last one's logits."""
+        model = self.model
         pending = tokens[self.n_past:]
         if not pending:  # the root is always pending; re-decode it if not
-            self.model.seq_rm(0, len(tokens) - 1, -1)
+            model.seq_rm(0, len(tokens) - 1, -1)
             self.n_past = len(tokens) - 1
             pending = tokens[self.n_past:]
-        self.model.prefill(list(pending), self.n_past)
+        t0 = time.perf_counter()
+        model.prefill(list(pending), self.n_past)
+        self.timing.catch_up = (len(pending), time.perf_counter() - t0)
         self.n_past = len(tokens)
-        return self.model.logits_array(1)[0]
+        return model.logits_array(1)[0]
 
     def draft(self, tokens: Sequence[int], shape: Shape, sampling: SamplingParams,
               rng: np.random.Generator, without_replacement: bool) -> DraftTree:
         self.buf.clear_one_hot()
         tree = DraftTree()
         root_logits = self._catch_up(tokens)
+        t0 = time.perf_counter()
         self._branches = shape.n_leaves
         self._depth = shape.depth
         for s in range(1, self._branches):
@@ -145,6 +195,7 @@ class ModelDrafter:
                 for i, n in enumerate(nodes):
                     self._fill_row(n + 1, logits[i], sampling)
         tree.probs = self.buf.rows[: tree.n + 1]
+        self.timing.levels = (shape.depth, time.perf_counter() - t0)
         return tree
 
     def commit(self, tokens: Sequence[int], tree: DraftTree, path: tuple[int, ...]) -> None:
@@ -157,72 +208,70 @@ class ModelDrafter:
 
 
 class NGramDrafter:
-    """Prompt lookup: find the longest recent n-gram (n_max down to n_min) equal to the context's
-    suffix and propose the tokens that followed it. Chains only; one-hot rows."""
+    """Prompt lookup over the whole context (localspec.lookup): the continuation of the longest
+    earlier match, re-aligned after the output replaced a source token. Chains only; one-hot
+    rows (deterministic proposals). Its planning kind is the proposal's match-length bucket."""
 
     kind = "ngram"
-    model = None
+    source = None
+    loaded = True
 
-    def __init__(self, n_vocab: int, max_nodes: int, n_min: int = 2, n_max: int = 4) -> None:
+    def __init__(self, n_vocab: int, max_nodes: int) -> None:
         self.buf = RowBuffer(max_nodes + 1, n_vocab)
-        self.n_min, self.n_max = n_min, n_max
-        self._index: dict[tuple[int, ...], int] = {}
-        self._indexed = 0  # positions p < _indexed have their n-grams ending at p indexed
+        self.lookup = ContextLookup()
+        self._proposal: Proposal | None = None
 
     def start(self, prompt: Sequence[int]) -> None:
-        self._index.clear()  # rebuilt from the new context on the next lookup
-        self._indexed = 0
+        self.lookup.reset()
 
     def finish(self, tokens: Sequence[int]) -> None:
         pass
 
-    def _update_index(self, tokens: Sequence[int]) -> None:
-        # n-grams that end right before position p map to p (the token that followed them)
-        for p in range(max(self._indexed, 1), len(tokens)):
-            for n in range(self.n_min, self.n_max + 1):
-                if p - n >= 0:
-                    self._index[tuple(tokens[p - n: p])] = p
-        self._indexed = max(self._indexed, len(tokens))
+    def lag(self, tokens: Sequence[int]) -> int:
+        return 0
 
-    def lookup(self, tokens: Sequence[int], gamma: int) -> list[int]:
-        self._update_index(tokens[:-1] if len(tokens) > 1 else tokens)
-        for n in range(self.n_max, self.n_min - 1, -1):
-            if len(tokens) < n:
-                continue
-            p = self._index.get(tuple(tokens[-n:]))
-            if p is not None:
-                return list(tokens[p: p + gamma])
-        return []
+    def plan(self, tokens: Sequence[int], max_depth: int) -> tuple[str, int]:
+        """The acceptance kind of the current proposal and its length (0: none)."""
+        self._proposal = self.lookup.propose(tokens, max_depth)
+        if self._proposal is None:
+            return self.kind, 0
+        return f"{self.kind}:{self._proposal.kind}", len(self._proposal.tokens)
 
     def draft(self, tokens: Sequence[int], shape: Shape, sampling: SamplingParams,
               rng: np.random.Generator, without_replacement: bool) -> DraftTree:
         self.buf.clear_one_hot()
         tree = DraftTree()
-        proposal = self.lookup(tokens, shape.depth)
+        proposal = self._proposal if self._proposal is not None else self.lookup.propose(tokens, shape.depth)
         parent = -1
-        for x in proposal:
+        for x in (proposal.tokens[: shape.depth] if proposal else ()):
             self.buf.one_hot(parent + 1, x)
             parent = tree.add(x, parent, (0,))
         tree.probs = self.buf.rows[: tree.n + 1]
         return tree
 
     def commit(self, tokens: Sequence[int], tree: DraftTree, path: tuple[int, ...]) -> None:
-        pass
+        pass  # the lookup reads what was accepted from the context at the next proposal
 
 
-def make_drafters(target: Model, draft: Model | None, drafter: str, shape: Shape) -> list[Drafter]:
-    """The drafters the engine tries in order for the setting `drafter` (none: the target alone).
-    The model drafter without a draft model decodes with the target alone."""
+def make_drafters(target: Model, draft: Model | LazyModel | None, drafter: str, shape: Shape) -> list[Drafter]:
+    """The drafters the engine considers for the setting `drafter` (none: the target alone):
+    auto: the n-gram lookup, and the draft model when one is given (the planner loads and uses
+    it only where it pays); ngram; model (without a draft model: the target alone); hybrid."""
     if shape.depth == 0:
         return []
     max_nodes = max(shape.n_nodes, 1)
-    ngram = [NGramDrafter(target.n_vocab, max_nodes)] if drafter in ("ngram", "hybrid") else []
+    ngram: list[Drafter] = [NGramDrafter(target.n_vocab, max_nodes)] if drafter != "model" else []
     if drafter == "ngram":
         return ngram
     if draft is None:
         if drafter == "hybrid":
             raise ConfigError("the hybrid drafter needs a draft model (-d/--draft); use --drafter ngram without one",
                               "drafter")
-        return []
-    check_pair(target, draft)
-    return ngram + [ModelDrafter(draft, target.n_vocab, max_nodes)]
+        return ngram
+    if drafter != "auto" and isinstance(draft, LazyModel):
+        draft = draft.get()  # asked for by name: loaded whether or not it pays
+    if isinstance(draft, Model):
+        check_pair(target, draft)
+    else:
+        check_lazy_pair(target, draft)
+    return ngram + [ModelDrafter(draft, target, max_nodes)]

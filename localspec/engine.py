@@ -23,6 +23,7 @@ from localspec.drafters import Drafter
 from localspec.errors import ConfigError, ModelError
 from localspec.model import Model
 from localspec.planner import Planner
+from localspec.profiles import STORE
 from localspec.tree import DraftTree
 
 log = logging.getLogger(__name__)
@@ -128,9 +129,7 @@ class Engine:
         self.n_cached = 0  # committed tokens in the target KV (sequence 0)
         self.finish_reason: str | None = None  # "stop" (end of generation) or "length" once done
         self._counters = _Counters()
-        draft_model = next((d.model for d in self.drafters if d.model is not None), None)
-        self.planner = (Planner(target, draft_model, self.shape)
-                        if config.plan == "auto" and self.drafters else None)
+        self.planner = Planner(target, self.shape) if config.plan == "auto" else None
 
     def stats(self) -> GenerationStats:
         return self._counters.snapshot()
@@ -149,6 +148,8 @@ class Engine:
         t0 = time.perf_counter()
         common = self.target.reuse_prefix(prompt)
         self.target.prefill(list(prompt[common:-1]), common)
+        if self.planner is not None:
+            self.planner.observe_prefill(self.planner.profile, len(prompt) - 1 - common, time.perf_counter() - t0)
         for d in self.drafters:
             d.start(prompt)
         self._counters.prompt_s = time.perf_counter() - t0
@@ -161,6 +162,7 @@ class Engine:
         self.target.kv_tokens = self.tokens[: self.n_cached]
         for d in self.drafters:
             d.finish(self.tokens)
+        STORE.save()  # what this generation measured, for the next run
 
     # ------------------------------------------------------------------ step
 
@@ -181,7 +183,7 @@ class Engine:
         while depth > 0 and L0 + self.shape.truncated(depth).n_nodes > self.target.n_ctx:
             depth -= 1  # every node of a tree takes a KV cell
         t0 = time.perf_counter()
-        tree, drafter = self._draft(depth)
+        tree, drafter, kind = self._draft(depth)
         t1 = time.perf_counter()
         branches = self._target_pass(tree)
         t2 = time.perf_counter()
@@ -198,8 +200,9 @@ class Engine:
         self.n_cached = L0 + v.n_accepted
         c.step(tree.n, v.n_accepted, (t1 - t0, t2 - t1, t3 - t2))
         if self.planner is not None:
-            self.planner.observe(drafter.kind if drafter else None, max(tree.depths, default=0), v.n_accepted,
-                                 tree.n + 1, t2 - t1, t1 - t0)
+            self.planner.observe(kind, max(tree.depths, default=0), v.n_accepted, tree.n + 1, t2 - t1)
+            if drafter is not None and drafter.source is not None:
+                self.planner.observe_draft(drafter)
         return self._emit(new)
 
     def _emit(self, new: list[int]) -> list[int]:
@@ -226,18 +229,38 @@ class Engine:
                            [tuple(range(branches))] + tree.seqs, outputs="all")
         return branches
 
-    def _draft(self, depth: int) -> tuple[DraftTree, Drafter | None]:
-        """The step's draft and the drafter that made it: the first drafter whose proposal is long
-        enough (the last one's is always taken), each drafting as deep as the planner says."""
-        without = self.config.verifier in WITHOUT_REPLACEMENT
+    def _draft(self, depth: int) -> tuple[DraftTree, Drafter | None, str | None]:
+        """The step's draft, the drafter that made it and the acceptance kind of its proposal.
+        With the planner: the drafter with the best predicted rate, at its best depth (none when
+        no drafter beats the target alone). Without (plan fixed): the first drafter that proposes
+        at least MIN_PROPOSAL tokens (the last one's proposal is always taken)."""
+        if depth <= 0:
+            return DraftTree(), None, None
+        choice: tuple[float, int, Drafter, str] | None = None
         for i, d in enumerate(self.drafters):
-            planned = depth if self.planner is None or depth <= 0 else self.planner.depth(d.kind, depth)
-            if planned <= 0:
+            kind, available = d.plan(self.tokens, depth)
+            available = min(available, depth)
+            if available <= 0:
                 continue
-            tree = d.draft(self.tokens, self.shape.truncated(planned), self.sampling, self.rng, without)
-            if tree.n and (i == len(self.drafters) - 1 or tree.n >= min(MIN_PROPOSAL, planned)):
-                return tree, d
-        return DraftTree(), None
+            if self.planner is None:
+                if i == len(self.drafters) - 1 or available >= min(MIN_PROPOSAL, depth):
+                    choice = (0.0, available, d, kind)
+                    break
+                continue
+            if not d.loaded and not self.planner.worth_loading(d, self._counters.prompt_tokens, self._remaining()):
+                continue
+            planned, rate = self.planner.choose(d, kind, available, d.lag(self.tokens))
+            if planned > 0 and (choice is None or rate > choice[0]):
+                choice = (rate, planned, d, kind)
+        if choice is None:
+            return DraftTree(), None, None
+        _, planned, drafter, kind = choice
+        tree = drafter.draft(self.tokens, self.shape.truncated(planned), self.sampling, self.rng,
+                             self.config.verifier in WITHOUT_REPLACEMENT)
+        return (tree, drafter, kind) if tree.n else (DraftTree(), None, None)
+
+    def _remaining(self) -> int:
+        return self.config.max_tokens - self._counters.generated
 
     def score(self, methods: Sequence[tuple[str, int | None]], draws: int) -> list[float]:
         """Tokens per target pass of several verifiers on ONE draft of the full shape from the

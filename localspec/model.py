@@ -13,6 +13,7 @@ import ctypes
 import logging
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Sequence
 
@@ -20,6 +21,7 @@ import numpy as np
 
 import llama_cpp as lc
 
+from localspec import profiles
 from localspec.config import ModelOptions
 from localspec.errors import ModelError
 from localspec.verifier import LogitsPointer
@@ -97,6 +99,7 @@ class Model:
         self._model = None
         self._ctx = None
         self._batch = None
+        self._identity: dict | None = None
         self._load_model()
         try:
             self._check_rollback()
@@ -112,8 +115,24 @@ class Model:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _load_model(self) -> None:
+    @classmethod
+    def vocabulary(cls, path: str | os.PathLike) -> "Model":
+        """Only the vocabulary of a GGUF file (no weights, no context): enough to check a pair."""
+        self = cls.__new__(cls)
+        self.path = Path(path).expanduser()
+        self.options = ModelOptions()
+        self._model = self._ctx = self._batch = None
+        self._identity = None
+        self._pieces = {}
+        self.kv_tokens = []
+        _check_gguf_file(self.path)
+        _init_backend()
+        self._load_model(vocab_only=True)
+        return self
+
+    def _load_model(self, vocab_only: bool = False) -> None:
         params = lc.llama_model_default_params()
+        params.vocab_only = vocab_only
         params.n_gpu_layers = self.options.n_gpu_layers if self.options.n_gpu_layers >= 0 else 999
         params.load_mode = LOAD_MODES[self.options.load_mode]
         model = lc.llama_model_load_from_file(str(self.path).encode(), params)
@@ -196,6 +215,21 @@ class Model:
             pass
 
     # ------------------------------------------------------------------ metadata
+
+    @property
+    def identity(self) -> dict:
+        """What this model's speed depends on (the key of its cost profile)."""
+        if self._identity is None:
+            self._identity = profiles.identity(self.path, self.options)
+        return self._identity
+
+    @property
+    def file_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    @property
+    def loaded(self) -> bool:
+        return True
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)
@@ -376,11 +410,78 @@ class Model:
         return n
 
 
+class LazyModel:
+    """A model loaded on first use (a draft the planner may never need). Its load time is kept
+    in its cost profile."""
+
+    def __init__(self, path: str | os.PathLike, options: ModelOptions | None = None) -> None:
+        self.path = Path(path).expanduser()
+        self.options = options or ModelOptions()
+        _check_gguf_file(self.path)
+        self.identity = profiles.identity(self.path, self.options)
+        self._model: Model | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    @property
+    def file_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    @property
+    def name(self) -> str:
+        return self._model.name if self._model is not None else self.path.stem
+
+    def get(self) -> Model:
+        if self._model is None:
+            import time
+
+            t0 = time.perf_counter()
+            self._model = Model(self.path, self.options)
+            profile = profiles.STORE.get(self.identity)
+            profile.load = time.perf_counter() - t0
+            profile.dirty = True
+            log.info("loaded the draft %s in %.2f s", self.path.name, profile.load)
+        return self._model
+
+    def close(self) -> None:
+        if self._model is not None:
+            self._model.close()
+            self._model = None
+
+
+def check_lazy_pair(target: Model, draft: LazyModel) -> None:
+    """check_pair for a draft that is not loaded: its vocabulary alone is read, once per machine
+    (the verdict is kept in the target's profile)."""
+    profile = profiles.STORE.get(target.identity)
+    key = "pair:" + profiles.key_of(draft.identity)
+    verdict = profile.checks.get(key)
+    if verdict is None:
+        vocab = Model.vocabulary(draft.path)
+        try:
+            check_pair(target, vocab)
+            verdict = "ok"
+        except ModelError as exc:
+            verdict = str(exc)
+        finally:
+            vocab.close()
+        profile.checks[key] = verdict
+        profile.dirty = True
+    if verdict != "ok":
+        raise ModelError(verdict)
+
+
+_checked_pairs: "weakref.WeakKeyDictionary[Model, weakref.WeakSet[Model]]" = weakref.WeakKeyDictionary()
+
+
 def check_pair(target: Model, draft: Model) -> None:
     """Can `draft` propose tokens for `target`? llama.cpp's rules (common/speculative.cpp):
     same vocabulary type, same BOS/EOS and add-BOS, vocab sizes within 128, and the same token
     text from id 5 on. Raises ModelError naming the first difference."""
     t, d = target, draft
+    if d in _checked_pairs.get(t, ()):
+        return  # checked once per loaded pair: it compares the whole vocabulary
 
     def fail(why: str) -> None:
         raise ModelError(f"draft {d.path.name} cannot draft for target {t.path.name}: {why}")
@@ -398,3 +499,4 @@ def check_pair(target: Model, draft: Model) -> None:
         a, b = t.token_text(tok), d.token_text(tok)
         if a != b:
             fail(f"token {tok} is {a!r} in the target but {b!r} in the draft")
+    _checked_pairs.setdefault(t, weakref.WeakSet()).add(d)

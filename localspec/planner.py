@@ -1,20 +1,21 @@
-"""Cost-aware planning: how deep to draft at each step, or whether to speculate at all.
+"""Cost-aware planning: how deep to draft at each step, or not at all, counting every cost.
 
-The model (docs/design.md, "The cost model"): a step that drafts d levels and verifies n(d) + 1 tokens
-yields E(d) = (1 - α^(d+1)) / (1 - α) tokens on average (per-level acceptance α) and costs
-d·c_draft + c_target(n(d) + 1); the target alone yields 1 token per c_target(1). The planner
-picks the d that maximises E(d) / cost(d), and d = 0 (no speculation) unless that beats the
-target alone by a margin.
+The model (docs/design.md, "The cost model"): a step that drafts d levels and verifies n(d) + 1
+tokens yields E(d) = (1 - α^(d+1)) / (1 - α) tokens on average (per-level acceptance α) and
+costs what the drafter spends (nothing for n-gram lookups; for a draft model its catch-up on
+tokens it has not seen plus d levels) plus c_target(n(d) + 1); the target alone yields one token
+per c_target(1). The planner picks the d that maximises E(d) / cost(d), and d = 0 unless that
+beats the target alone by a margin.
 
-* target costs per batch size are measured once per model (a short calibration of dummy batches
-  of 1, 2, 4, 8, ... tokens and the shape's own sizes, in a scratch KV sequence) and then updated
-  from every step; unmeasured sizes are interpolated between measured neighbours (the CPU curve
-  has kinks: see docs/head-to-head.md);
-* the draft model's cost per level is calibrated the same way and then tracked per step;
-  n-gram drafts cost nothing;
-* α is estimated per drafter from accepted lengths, with counts that decay back towards an
-  optimistic prior, so a drafter that stopped being used is probed again after a while
-  (only where speculation can pay at all at the prior's α).
+* Costs come from the models' profiles (localspec.profiles): measured on earlier runs, refined by
+  every step, never by dummy batches. A size never measured is first estimated optimistically
+  (from c(1) and the prompt prefill's rate), so it gets tried once and measured.
+* α is tracked per kind of draft: the n-gram drafter's proposals by the length of the context
+  match behind them, the draft model's per pair. Counts decay toward an optimistic prior within
+  a run and persist in the target's profile between runs; decisions use an upper confidence
+  bound, so a kind with little evidence gets tried and one measured to lose does not.
+* A draft model that is not loaded is loaded only when, at α = 1 and with measured target costs,
+  its best case over the tokens still to generate repays loading it and prefilling the prompt.
 
 Choosing the draft length from past observations keeps verification lossless: each step is
 verified exactly, whatever length the history chose.
@@ -24,13 +25,11 @@ from __future__ import annotations
 
 import bisect
 import logging
-import time
-import weakref
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from localspec.config import Shape
-from localspec.errors import ModelError
-from localspec.model import Model
+from localspec.profiles import STORE, Profile
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,8 @@ EMA = 0.2  # weight of a new cost observation
 DECAY = 0.97  # per step: acceptance counts fade so the estimate can recover
 PRIOR_ACCEPT, PRIOR_REJECT = 2.0, 1.0  # α prior 2/3, worth three observations
 MARGIN = 1.03  # speculate only when it is predicted to be at least 3 % faster
-OPTIMISM = 1.0  # decide with α + OPTIMISM·sd (explores a drafter until its acceptance is known)
+OPTIMISM = 1.0  # decide with α + OPTIMISM·sd (explores a kind of draft until its acceptance is known)
+UNMEASURED_SLOPE = 0.5  # an unmeasured pass of n tokens is first taken to cost c(1)·(1 + 0.5 (n - 1))
 
 
 @dataclass
@@ -47,9 +47,12 @@ class CostTable:
 
     Unmeasured sizes are interpolated linearly between their measured neighbours (CPU costs are
     not a line: on the 2-core reference machine a batch of 16 costs about what 9 cost), and beyond
-    the measured range extended along the line through the two nearest sizes."""
+    the measured range extended along the line through the two nearest sizes. With c(1) alone, a
+    larger batch is estimated from the prefill rate (a lower bound of any batch's cost per token)
+    or UNMEASURED_SLOPE: optimistic on purpose, the first real pass replaces it."""
 
     seconds: dict[int, float] = field(default_factory=dict)
+    prefill: Callable[[], float | None] = lambda: None  # seconds per token of a long prefill
 
     def observe(self, n: int, secs: float) -> None:
         old = self.seconds.get(n)
@@ -62,7 +65,9 @@ class CostTable:
             return 0.0
         sizes = sorted(self.seconds)
         if len(sizes) == 1:
-            return self.seconds[sizes[0]] * n / sizes[0]  # pessimistic: proportional to the batch size
+            c, size = self.seconds[sizes[0]], sizes[0]
+            per_token = self.prefill() or UNMEASURED_SLOPE * c / size
+            return max(c, c + (n - size) * per_token) if n > size else c * n / size
         i = min(max(bisect.bisect_left(sizes, n), 1), len(sizes) - 1)  # sizes[i-1] < n < sizes[i] inside
         lo, hi = sizes[i - 1], sizes[i]
         c_lo, c_hi = self.seconds[lo], self.seconds[hi]
@@ -74,75 +79,31 @@ class CostTable:
         return line
 
 
-def time_decode(model: Model, n: int, seq: int) -> float:
-    """Seconds for one decode of n dummy tokens (all logits) in scratch KV sequence `seq`."""
-    tokens = [model.bos if model.bos >= 0 else 0] * n
-    t0 = time.perf_counter()
-    model.decode(tokens, range(n), [(seq,)] * n, outputs="all")
-    secs = time.perf_counter() - t0
-    model.seq_rm(seq, -1, -1)
-    return secs
-
-
-_TABLES: "weakref.WeakKeyDictionary[Model, CostTable]" = weakref.WeakKeyDictionary()
-
-
-def step_costs(model: Model) -> CostTable:
-    """The cost table of a loaded model: measured once, refined by every planned step."""
-    table = _TABLES.get(model)
-    if table is None:
-        table = _TABLES[model] = CostTable()
-    return table
-
-
-def calibrate(model: Model, sizes: tuple[int, ...]) -> CostTable:
-    """Time dummy batches of the given sizes in a scratch KV sequence (best of two, after one
-    warm-up decode) that the model's cost table does not hold yet."""
-    table = step_costs(model)
-    seq = model.options.n_seq_max - 1
-    missing = [n for n in sizes if n not in table.seconds and n <= model.n_batch]
-    if seq < 1 or not missing:
-        return table
-    try:
-        time_decode(model, 1, seq)  # warm-up: a cold first decode would inflate c(1)
-        for n in missing:
-            table.observe(n, min(time_decode(model, n, seq) for _ in range(2)))
-    except ModelError as exc:  # no free KV cells: learn from real steps instead
-        log.debug("calibration of %s skipped: %s", model.path.name, exc)
-    log.debug("step costs of %s: %s", model.path.name,
-              {n: f"{s * 1e3:.1f} ms" for n, s in sorted(table.seconds.items())})
-    return table
-
-
-def one_token_seconds(model: Model) -> float:
-    """The measured cost of decoding one token (calibrated if not measured yet)."""
-    return calibrate(model, (1,))(1)
-
-
 @dataclass
 class Acceptance:
-    """Per-level acceptance rate from accepted lengths (decaying Beta-style counts)."""
+    """Per-level acceptance rate from accepted lengths (decaying Beta-style counts; `counts` is
+    [accepted, rejected], shared with a profile so it persists)."""
 
-    accepted: float = 0.0
-    rejected: float = 0.0
+    counts: list[float] = field(default_factory=lambda: [0.0, 0.0])
 
     def decay(self) -> None:
-        self.accepted *= DECAY
-        self.rejected *= DECAY
+        self.counts[0] *= DECAY
+        self.counts[1] *= DECAY
 
     def observe(self, n_accepted: int, depth: int) -> None:
-        self.accepted += n_accepted
-        self.rejected += 1.0 if n_accepted < depth else 0.0
+        self.counts[0] += n_accepted
+        self.counts[1] += 1.0 if n_accepted < depth else 0.0
 
     @property
     def alpha(self) -> float:
-        return (self.accepted + PRIOR_ACCEPT) / (self.accepted + self.rejected + PRIOR_ACCEPT + PRIOR_REJECT)
+        a, r = self.counts
+        return (a + PRIOR_ACCEPT) / (a + r + PRIOR_ACCEPT + PRIOR_REJECT)
 
     @property
     def optimistic(self) -> float:
         """α plus one standard deviation of its Beta posterior: an upper confidence bound, so a
-        drafter with few (or decayed) observations gets tried, and one measured to lose does not."""
-        a, b = self.accepted + PRIOR_ACCEPT, self.rejected + PRIOR_REJECT
+        kind of draft with few (or decayed) observations gets tried, and one measured to lose does not."""
+        a, b = self.counts[0] + PRIOR_ACCEPT, self.counts[1] + PRIOR_REJECT
         sd = (a * b / ((a + b) ** 2 * (a + b + 1))) ** 0.5
         return min(1.0, self.alpha + OPTIMISM * sd)
 
@@ -154,49 +115,116 @@ def expected_tokens(alpha: float, depth: int) -> float:
     return (1.0 - alpha ** (depth + 1)) / (1.0 - alpha)
 
 
+def profile_of(model: Any) -> Profile:
+    """The cost profile of a loaded (or lazily loaded) model."""
+    return STORE.get(model.identity)
+
+
+def one_token_seconds(model: Any) -> float:
+    """The measured cost of decoding one token (0: not measured yet)."""
+    return profile_of(model).costs.get(1, 0.0)
+
+
 class Planner:
-    """Chooses each step's draft depth for one generation (costs persist on the models)."""
+    """Chooses each step's draft depth for one target and its drafters."""
 
-    def __init__(self, target: Model, draft: Model | None, shape: Shape) -> None:
+    def __init__(self, target: Any, shape: Shape) -> None:
         self.shape = shape
-        top = shape.n_nodes + 1
-        powers = {2 ** i for i in range(top.bit_length()) if 2 ** i <= top}  # 1, 2, 4, 8, ... (the curve's shape)
-        sizes = tuple(sorted(powers | {shape.truncated(1).n_nodes + 1, top}))
-        self.target_cost = calibrate(target, sizes)
-        self.draft_cost = calibrate(draft, (1,)) if draft is not None else None
-        self.acceptance = {"model": Acceptance(), "ngram": Acceptance()}
+        self.target_bytes = target.file_bytes
+        self.profile = profile_of(target)
+        self.target_cost = CostTable(self.profile.costs, lambda: self.profile.prefill)
+        self._acceptance: dict[str, Acceptance] = {}
+        self._draft_costs: dict[str, CostTable] = {}
 
-    def draft_level_cost(self) -> float:
-        return self.draft_cost(1) if self.draft_cost is not None else 0.0
+    # ------------------------------------------------------------------ what things cost
 
-    def rate(self, drafter: str, depth: int) -> float:
-        """Predicted tokens per second when drafting `depth` levels with `drafter`."""
-        c_draft = self.draft_level_cost() if drafter == "model" else 0.0
+    def acceptance(self, kind: str) -> Acceptance:
+        acc = self._acceptance.get(kind)
+        if acc is None:
+            acc = self._acceptance[kind] = Acceptance(self.profile.counts(kind))
+        return acc
+
+    def draft_cost(self, drafter: Any) -> CostTable:
+        """A draft model's cost per level, from its profile."""
+        profile = profile_of(drafter.source)
+        table = self._draft_costs.get(profile.key)
+        if table is None:
+            table = self._draft_costs[profile.key] = CostTable(profile.costs, lambda: profile.prefill)
+        return table
+
+    def _draft_level(self, drafter: Any) -> float:
+        """Seconds per draft level: measured, else the target's c(1) scaled by the file sizes
+        (on a CPU a model's step costs about its size)."""
+        own = self.draft_cost(drafter)(1)
+        return own if own > 0 else self.target_cost(1) * drafter.source.file_bytes / self.target_bytes
+
+    def step_cost(self, drafter: Any, depth: int, lag: int) -> float:
         nodes = self.shape.truncated(depth).n_nodes
-        cost = depth * c_draft + self.target_cost(nodes + 1)
-        if cost <= 0:
-            return float("inf")
-        return expected_tokens(self.acceptance[drafter].optimistic, depth) / cost
+        cost = self.target_cost(nodes + 1)
+        if drafter.source is not None:  # a draft model: catch up on `lag` tokens, then `depth` levels
+            level = self._draft_level(drafter)
+            per_token = profile_of(drafter.source).prefill or level / 3
+            cost += lag * per_token + depth * level
+        return cost
 
-    def depth(self, drafter: str, max_depth: int) -> int:
-        """The draft depth to use now (0: decode with the target alone)."""
-        if max_depth <= 0 or self.target_cost(1) <= 0:
-            return max_depth
-        plain = 1.0 / self.target_cost(1)
-        best, best_rate = 0, plain * MARGIN
-        for d in range(1, max_depth + 1):
-            r = self.rate(drafter, d)
-            if r > best_rate:
-                best, best_rate = d, r
-        return best
+    # ------------------------------------------------------------------ decisions
 
-    def observe(self, drafter: str | None, depth: int, n_accepted: int, n_target_tokens: int,
-                target_seconds: float, draft_seconds: float) -> None:
-        for acc in self.acceptance.values():
+    def choose(self, drafter: Any, kind: str, available: int, lag: int = 0) -> tuple[int, float]:
+        """The draft depth to use now with this drafter and its predicted tokens per second
+        (depth 0: the target alone does better)."""
+        c1 = self.target_cost(1)
+        if available <= 0 or c1 <= 0:
+            return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
+        alpha = self.acceptance(kind).optimistic
+        best, best_rate = 0, MARGIN / c1
+        for d in range(1, available + 1):
+            rate = expected_tokens(alpha, d) / self.step_cost(drafter, d, lag)
+            if rate > best_rate:
+                best, best_rate = d, rate
+        return best, best_rate
+
+    def worth_loading(self, drafter: Any, prompt_tokens: int, remaining: int) -> bool:
+        """Is a draft model worth loading now? Only with measured target costs, and only when its
+        best case (everything accepted) over the `remaining` tokens repays loading it and
+        prefilling the prompt."""
+        c1 = self.target_cost(1)
+        measured = [n for n in self.target_cost.seconds if n > 1]
+        if c1 <= 0 or not measured or remaining <= 1:
+            return False
+        source = drafter.source
+        level = self._draft_level(drafter)
+        load = profile_of(source).load or 2.0 * source.file_bytes / 1e9  # ~2 s per GB here
+        prefill = prompt_tokens * (profile_of(source).prefill or level / 3)
+        best = min(self.step_cost(drafter, d, 0) / (d + 1) for d in range(1, self.shape.depth + 1))
+        gain = remaining * (c1 - best)
+        log.debug("draft model: best case %.1f ms/token vs %.1f, gain %.2f s vs load+prefill %.2f s",
+                  best * 1e3, c1 * 1e3, gain, load + prefill)
+        return gain > load + prefill
+
+    # ------------------------------------------------------------------ learning
+
+    def observe(self, kind: str | None, depth: int, n_accepted: int, n_target_tokens: int,
+                target_seconds: float) -> None:
+        for acc in self._acceptance.values():
             acc.decay()
         self.target_cost.observe(n_target_tokens, target_seconds)
-        if drafter is None or depth <= 0:
-            return
-        self.acceptance[drafter].observe(n_accepted, depth)
-        if drafter == "model" and self.draft_cost is not None:
-            self.draft_cost.observe(1, draft_seconds / depth)
+        if kind is not None and depth > 0:
+            self.acceptance(kind).observe(n_accepted, depth)
+        self.profile.dirty = True
+
+    def observe_draft(self, drafter: Any) -> None:
+        """A draft model's last draft: its cost per level, and its catch-up as a prefill rate."""
+        profile = profile_of(drafter.source)
+        levels, secs = drafter.timing.levels
+        if levels > 0:
+            self.draft_cost(drafter).observe(1, secs / levels)
+        n, secs = drafter.timing.catch_up
+        self.observe_prefill(profile, n, secs)
+        profile.dirty = True
+
+    def observe_prefill(self, profile: Profile, n_tokens: int, seconds: float) -> None:
+        """A prompt prefill: the per-token rate of long batches (only long ones tell it)."""
+        if n_tokens >= 32:
+            rate = seconds / n_tokens
+            profile.prefill = rate if profile.prefill is None else (1 - EMA) * profile.prefill + EMA * rate
+            profile.dirty = True

@@ -98,16 +98,22 @@ def _model_from_json(entry: dict) -> ModelSpec:
                      entry["sha256"].lower(), parts)
 
 
-def cache_dir() -> Path:
-    """Where fetched models live: $LOCALSPEC_CACHE_DIR, else the user cache dir + /models."""
+def cache_root() -> Path:
+    """localspec's cache: $LOCALSPEC_CACHE_DIR, else the user cache directory (which follows
+    $XDG_CACHE_HOME), e.g. ~/.cache/localspec. Models and cost profiles live below it."""
     override = os.environ.get(CACHE_ENV)
     if override:
         return Path(override).expanduser()
     try:
         import platformdirs
     except ImportError:  # declared dependency; keep working if an install skipped it
-        return Path.home() / ".cache" / "localspec" / "models"
-    return Path(platformdirs.user_cache_dir("localspec")) / "models"
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localspec"
+    return Path(platformdirs.user_cache_dir("localspec"))
+
+
+def cache_dir() -> Path:
+    """Where fetched models live: <cache root>/models."""
+    return cache_root() / "models"
 
 
 def _spec(model: str | ModelSpec) -> ModelSpec:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -10,9 +11,24 @@ import pytest
 from localspec.config import ModelOptions
 from localspec.model import Model
 from localspec.models import tiny
+from localspec.profiles import PROFILE_ENV
 
 # exact, deterministic logits: F32 KV cache, flash attention off, one thread
 EXACT = dict(cache_type="f32", flash_attn="off", threads=1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_profiles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Cost profiles the tests learn go to a directory of their own (subprocesses inherit it),
+    never to the user's cache."""
+    directory = tmp_path_factory.mktemp("profiles")
+    old = os.environ.get(PROFILE_ENV)
+    os.environ[PROFILE_ENV] = str(directory)
+    yield directory
+    if old is None:
+        os.environ.pop(PROFILE_ENV, None)
+    else:
+        os.environ[PROFILE_ENV] = old
 
 
 @pytest.fixture(scope="session")

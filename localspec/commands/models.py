@@ -75,12 +75,13 @@ def _list_entries() -> dict:
 def list_models(as_json: bool) -> None:
     """The registry's models (size, cached or not, where) and pairs.
 
-    Models are cached in $LOCALSPEC_CACHE_DIR, else the user cache
-    directory (e.g. ~/.cache/localspec/models).
+    Models are cached in <cache>/models, where <cache> is $LOCALSPEC_CACHE_DIR,
+    else the user cache directory (e.g. ~/.cache/localspec, which follows
+    $XDG_CACHE_HOME).
 
     \b
     localspec models list
-    LOCALSPEC_CACHE_DIR=/data/models localspec models list --json
+    LOCALSPEC_CACHE_DIR=/data/localspec localspec models list --json
     """
     from localspec import registry
 

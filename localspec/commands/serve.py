@@ -85,7 +85,7 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     sock = bind_socket(host, port)
     try:
         loaded = load_pair(model, draft, need_draft=defaults.drafter != "ngram" or draft is not None,
-                           **model_kwargs(options))
+                           lazy_draft=defaults.drafter == "auto", **model_kwargs(options))
     except BaseException:
         sock.close()
         raise

@@ -1,0 +1,72 @@
+"""``localspec profiles``: the per-machine cost profiles (list, reset)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import click
+
+log = logging.getLogger(__name__)
+
+
+def describe(profile: Any) -> list[str]:
+    """A profile in a few lines: what it is for and what it measured."""
+    ident = profile.identity
+    costs = ", ".join(f"c({n})={s * 1e3:.1f}" for n, s in sorted(profile.costs.items())) or "none yet"
+    lines = [f"{profile.name}  ({ident.get('threads')} threads, {ident.get('cache_type')} KV, "
+             f"{ident.get('n_gpu_layers')} GPU layers, key {profile.key})",
+             f"  step costs ms: {costs}"]
+    if profile.prefill:
+        lines.append(f"  prefill: {profile.prefill * 1e3:.2f} ms/token")
+    if profile.load:
+        lines.append(f"  load: {profile.load:.2f} s")
+    for kind, (accepted, rejected) in sorted(profile.acceptance.items()):
+        total = accepted + rejected
+        if total > 0:
+            lines.append(f"  acceptance {kind}: {accepted / total:.0%} of {total:.0f} (decayed counts)")
+    return lines
+
+
+@click.group()
+def profiles() -> None:
+    """Per-machine cost profiles: what steps cost and how often drafts are accepted.
+
+    localspec learns them from its own work (the prompt's prefill and every
+    step) and starts every run from them; they live in <cache>/profiles
+    ($LOCALSPEC_CACHE_DIR, else ~/.cache/localspec). Reset them after
+    changing hardware settings you want measured afresh.
+
+    \b
+    localspec profiles list
+    localspec profiles list --json
+    localspec profiles reset
+    """
+
+
+@profiles.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def list_profiles(as_json: bool) -> None:
+    """The profiles on disk, newest first."""
+    from localspec.profiles import STORE
+
+    found = STORE.on_disk()
+    if as_json:
+        click.echo(json.dumps({"directory": str(STORE.directory), "profiles": [p.to_json() for p in found]},
+                              indent=2))
+        return
+    click.echo(f"profiles in {STORE.directory}: {len(found)}")
+    for profile in found:
+        click.echo("\n".join(describe(profile)))
+
+
+@profiles.command("reset")
+def reset_profiles() -> None:
+    """Delete every profile (the next run measures afresh)."""
+    from localspec.profiles import STORE
+
+    click.echo(f"removed {STORE.reset()} profile(s) from {STORE.directory}")
+
+
+COMMANDS = (profiles,)

@@ -1,0 +1,140 @@
+"""Longest-match lookup over the whole context: a suffix automaton of token ids.
+
+After every committed token the automaton is extended (amortised O(1)); then the longest suffix
+of the context that also occurred earlier, and where it first occurred, are read off in O(1):
+the state of the longest earlier-occurring suffix is the suffix link of the automaton's last
+state (Blumer et al. 1985). What followed that occurrence is the proposal, and the length of the
+match says how much to trust it.
+
+Editing prompts (rename, refactor, add type hints) copy the input with small changes. After a
+change the longest match is short and points to the wrong place, so :class:`ContextLookup` also
+keeps the position it was copying from: when the output replaces a source token, copying goes
+on from the token after it ("re-alignment").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+class SuffixAutomaton:
+    """Suffix automaton of a growing token sequence, with the first end position of each state."""
+
+    def __init__(self) -> None:
+        self.length = [0]
+        self.link = [-1]
+        self.next: list[dict[int, int]] = [{}]
+        self.first_end = [-1]
+        self.last = 0
+        self.size = 0  # tokens added
+
+    def extend(self, token: int) -> None:
+        """Append one token (the standard online construction)."""
+        pos = self.size
+        self.size += 1
+        cur = self._new(self.length[self.last] + 1, -1, {}, pos)
+        p = self.last
+        while p != -1 and token not in self.next[p]:
+            self.next[p][token] = cur
+            p = self.link[p]
+        if p == -1:
+            self.link[cur] = 0
+        else:
+            q = self.next[p][token]
+            if self.length[p] + 1 == self.length[q]:
+                self.link[cur] = q
+            else:
+                clone = self._new(self.length[p] + 1, self.link[q], dict(self.next[q]), self.first_end[q])
+                while p != -1 and self.next[p].get(token) == q:
+                    self.next[p][token] = clone
+                    p = self.link[p]
+                self.link[q] = clone
+                self.link[cur] = clone
+        self.last = cur
+
+    def _new(self, length: int, link: int, nxt: dict[int, int], first_end: int) -> int:
+        self.length.append(length)
+        self.link.append(link)
+        self.next.append(nxt)
+        self.first_end.append(first_end)
+        return len(self.length) - 1
+
+    def longest_repeat(self) -> tuple[int, int]:
+        """(length, first end position) of the longest suffix of the sequence that also ends
+        earlier; (0, -1) when not even the last token occurred before."""
+        s = self.link[self.last] if self.last else -1
+        if s <= 0:
+            return 0, -1
+        return self.length[s], self.first_end[s]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Tokens to draft, where they were copied from, and the evidence behind them."""
+
+    tokens: tuple[int, ...]
+    source: int  # context index of tokens[0]
+    match: int  # length of the matched suffix (0 for a re-alignment)
+    kind: str  # the acceptance bucket (see ContextLookup.bucket)
+
+
+class ContextLookup:
+    """Proposals copied from the context: the continuation of the longest earlier match, or,
+    right after the output replaced a source token, the source from the next token on."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the context (a new prompt)."""
+        self.sam = SuffixAutomaton()
+        self.tokens: list[int] = []
+        self.cursor = -1  # context index the next token is expected to copy (-1: none)
+        self.misses = 0  # tokens in a row that neither a proposal nor the cursor predicted
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Index every context token not indexed yet (between resets the context only grows)."""
+        n = len(self.tokens)
+        if len(context) < n or (n and context[n - 1] != self.tokens[-1]):
+            self.reset()  # not the context indexed so far: start over
+        for t in context[len(self.tokens):]:
+            self.sam.extend(int(t))
+            self.tokens.append(int(t))
+
+    @staticmethod
+    def bucket(match: int) -> str:
+        """Acceptance is learned per bucket of match length."""
+        if match <= 0:
+            return "realign"
+        for limit, name in ((1, "m1"), (3, "m2-3"), (7, "m4-7"), (15, "m8-15")):
+            if match <= limit:
+                return name
+        return "m16+"
+
+    def propose(self, context: Sequence[int], depth: int) -> Proposal | None:
+        """The best proposal of up to `depth` tokens for what follows `context`."""
+        self.sync(context)
+        n = len(self.tokens)
+        match, end = self.sam.longest_repeat()
+        if match >= 4 or (match and self.cursor < 0):
+            return self._copy(end + 1, match, depth)
+        if 0 <= self.cursor < n:
+            return self._copy(self.cursor, 0, depth)
+        return self._copy(end + 1, match, depth) if match else None
+
+    def _copy(self, start: int, match: int, depth: int) -> Proposal | None:
+        tokens = tuple(self.tokens[start: start + depth])
+        return Proposal(tokens, start, match, self.bucket(match)) if tokens else None
+
+    def observe(self, proposal: Proposal | None, accepted: int, token: int) -> None:
+        """After a step: `accepted` proposal tokens were kept, then `token` was generated. The
+        cursor follows the source; a token that replaced the source's moves it past that token
+        (a substitution: a renamed identifier). Two misses in a row and the source is lost."""
+        if proposal is not None:
+            self.cursor = proposal.source + accepted + 1  # the extra token matched or replaced this one
+            self.misses = 0
+        elif 0 <= self.cursor < len(self.tokens):
+            hit = self.tokens[self.cursor] == token
+            self.misses = 0 if hit else self.misses + 1
+            self.cursor = self.cursor + 1 if self.misses < 2 else -1

@@ -1,0 +1,186 @@
+"""Per-machine cost profiles: what steps cost and how often drafts are accepted, kept between runs.
+
+A profile belongs to one model as it runs on this machine: keyed by everything that changes its
+speed (the model file, threads, GPU layers, KV cache type, flash attention, load mode, batch
+size, the llama.cpp build and the device). It holds
+
+* ``costs``: seconds per decode of n tokens with logits for all of them (what a verification
+  pass costs), learned from real steps;
+* ``prefill``: seconds per token of a prompt prefill (a long batch: the cheapest per token);
+* ``load``: seconds to load the model;
+* ``acceptance``: for a target, per kind of draft, decaying counts of accepted and rejected
+  draft tokens (the planner's prior for the next run).
+
+The first run learns them from its own work (the prompt's prefill, every step); later runs start
+from them and keep refining. Files live in ``<cache root>/profiles`` (see
+``localspec.registry.cache_root``); ``localspec profiles`` shows and resets them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from localspec.config import ModelOptions
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+MAX_WEIGHT = 200.0  # acceptance counts kept between runs (so a profile keeps adapting)
+PROFILE_ENV = "LOCALSPEC_PROFILE_DIR"  # overrides the directory (tests keep theirs apart)
+
+
+def profile_dir() -> Path:
+    from localspec import registry
+
+    override = os.environ.get(PROFILE_ENV)
+    return Path(override).expanduser() if override else registry.cache_root() / "profiles"
+
+
+@lru_cache(maxsize=1)
+def machine() -> dict[str, str]:
+    """The llama.cpp build and the CPU it runs on."""
+    import llama_cpp
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    info = llama_cpp.llama_print_system_info()
+    return {"llama_cpp": str(getattr(llama_cpp, "__version__", "?")),
+            "build": info.decode("utf-8", "replace").strip() if isinstance(info, bytes) else str(info),
+            "cpu": cpu, "cores": str(os.cpu_count())}
+
+
+def identity(path: Path, options: ModelOptions, extra: dict | None = None) -> dict[str, Any]:
+    """What a model's speed depends on (without loading it)."""
+    st = path.stat()
+    return {"file": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "threads": options.threads or os.cpu_count(), "n_gpu_layers": options.n_gpu_layers,
+            "cache_type": options.cache_type, "flash_attn": options.flash_attn, "load_mode": options.load_mode,
+            "batch_size": options.batch_size, **machine(), **(extra or {})}
+
+
+def key_of(ident: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+
+
+@dataclass
+class Profile:
+    key: str
+    identity: dict[str, Any]
+    costs: dict[int, float] = field(default_factory=dict)
+    prefill: float | None = None
+    load: float | None = None
+    acceptance: dict[str, list[float]] = field(default_factory=dict)
+    checks: dict[str, str] = field(default_factory=dict)  # e.g. "pair:<draft key>": "ok" or why not
+    updated: float = 0.0
+    dirty: bool = False
+
+    def to_json(self) -> dict:
+        return {"version": VERSION, "key": self.key, "identity": self.identity,
+                "costs": {str(n): s for n, s in sorted(self.costs.items())}, "prefill": self.prefill,
+                "load": self.load, "acceptance": self.acceptance, "checks": self.checks, "updated": self.updated}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Profile":
+        if data.get("version") != VERSION:
+            raise ValueError(f"profile version {data.get('version')!r}")
+        return cls(key=str(data["key"]), identity=dict(data["identity"]),
+                   costs={int(n): float(s) for n, s in data.get("costs", {}).items() if float(s) > 0},
+                   prefill=data.get("prefill"), load=data.get("load"),
+                   acceptance={k: [float(a), float(r)] for k, (a, r) in data.get("acceptance", {}).items()},
+                   checks={str(k): str(v) for k, v in data.get("checks", {}).items()},
+                   updated=float(data.get("updated", 0.0)))
+
+    @property
+    def name(self) -> str:
+        return Path(self.identity.get("file", "?")).name
+
+    def counts(self, kind: str) -> list[float]:
+        """The [accepted, rejected] counts of a kind of draft (created empty)."""
+        return self.acceptance.setdefault(kind, [0.0, 0.0])
+
+
+class Profiles:
+    """The profiles of this process, read from disk on first use and written back when changed."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self._directory = directory
+        self._loaded: dict[str, Profile] = {}
+
+    @property
+    def directory(self) -> Path:
+        return self._directory or profile_dir()
+
+    def get(self, ident: dict[str, Any]) -> Profile:
+        key = key_of(ident)
+        profile = self._loaded.get(key)
+        if profile is None:
+            profile = self._read(key) or Profile(key, ident)
+            self._loaded[key] = profile
+        return profile
+
+    def _read(self, key: str) -> Profile | None:
+        path = self.directory / f"{key}.json"
+        try:
+            return Profile.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring the unreadable cost profile %s (%s); it will be measured again", path, exc)
+            return None
+
+    def save(self) -> None:
+        """Write every changed profile (atomically; a failure is logged, never raised)."""
+        for profile in self._loaded.values():
+            if not profile.dirty:
+                continue
+            for counts in profile.acceptance.values():
+                total = counts[0] + counts[1]
+                if total > MAX_WEIGHT:
+                    counts[0], counts[1] = counts[0] * MAX_WEIGHT / total, counts[1] * MAX_WEIGHT / total
+            profile.updated = time.time()
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    json.dump(profile.to_json(), out, indent=1)
+                os.replace(tmp, self.directory / f"{profile.key}.json")
+                profile.dirty = False
+            except OSError as exc:
+                log.warning("cannot save the cost profile in %s: %s", self.directory, exc)
+
+    def on_disk(self) -> list[Profile]:
+        """Every readable profile in the directory, newest first."""
+        out = []
+        for path in sorted(self.directory.glob("*.json")):
+            found = self._read(path.stem)
+            if found is not None:
+                out.append(found)
+        return sorted(out, key=lambda p: -p.updated)
+
+    def reset(self) -> int:
+        """Delete every profile (on disk and in this process); how many files were removed."""
+        removed = 0
+        for path in self.directory.glob("*.json"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += 1
+        self._loaded.clear()
+        return removed
+
+
+STORE = Profiles()

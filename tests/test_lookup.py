@@ -1,0 +1,55 @@
+"""Longest-match lookup: the suffix automaton against brute force, proposals, re-alignment."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localspec.lookup import ContextLookup, SuffixAutomaton
+
+
+def brute_longest_repeat(seq: list[int]) -> tuple[int, int]:
+    """Longest suffix of seq that also ends earlier, and its first end position."""
+    n = len(seq)
+    for length in range(n - 1, 0, -1):
+        suffix = seq[n - length:]
+        for end in range(length - 1, n - 1):
+            if seq[end - length + 1: end + 1] == suffix:
+                return length, end
+    return 0, -1
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 10])
+def test_longest_repeat_equals_brute_force(alphabet: int) -> None:
+    rng = np.random.default_rng(alphabet)
+    for _ in range(30):
+        sam, seq = SuffixAutomaton(), []
+        for t in rng.integers(0, alphabet, size=60).tolist():
+            sam.extend(t)
+            seq.append(t)
+            assert sam.longest_repeat() == brute_longest_repeat(seq), seq
+
+
+def test_proposal_copies_what_followed_the_longest_match() -> None:
+    source = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    look = ContextLookup()
+    context = source + [50, 51] + [1, 2, 3, 4, 5]
+    p = look.propose(context, depth=3)
+    assert p is not None and p.tokens == (6, 7, 8) and p.match == 5 and p.kind == "m4-7" and p.source == 5
+    assert look.propose([7, 8, 9], depth=4) is None  # a new context, nothing repeats
+
+
+def test_realignment_after_a_replaced_token() -> None:
+    """Copying a source, the output writes 99 where the source has 4: copying goes on after 4."""
+    source = [10, 11, 12, 13, 4, 20, 21, 22, 23]
+    look = ContextLookup()
+    context = source + [10, 11, 12, 13]
+    p = look.propose(context, depth=5)
+    assert p.tokens == (4, 20, 21, 22, 23)
+    look.observe(p, accepted=0, token=99)  # the target rejected 4 and wrote 99 instead
+    context.append(99)
+    p = look.propose(context, depth=3)
+    assert p is not None and p.tokens == (20, 21, 22) and p.kind == "realign"
+    # control: without the cursor, the longest match (none: 99 is new) proposes nothing
+    fresh = ContextLookup()
+    assert fresh.propose(context, depth=3) is None
