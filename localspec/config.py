@@ -209,7 +209,7 @@ class GenerationConfig:
     sampling: SamplingParams = DEFAULT_SAMPLING
     seed: int | None = None  # None: a random seed
     verifier: str = "block"
-    shape: Shape = Shape(16)  # the most a drafter may draft per step; plan auto chooses how many
+    shape: Shape = Shape(32)  # the most a drafter may draft per step; plan auto chooses how many
     drafter: str = "auto"
     plan: str = "auto"  # auto: choose each step's depth (or none) from measured costs; fixed
     lenience: float = 0.0  # > 0: the LOSSY over-acceptance of Yin et al. (verifier token only)

@@ -22,7 +22,7 @@ from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig
 from localspec.drafters import Drafter
 from localspec.errors import ConfigError, ModelError
 from localspec.model import Model
-from localspec.planner import Planner
+from localspec.planner import PREFILL_WARM_UP, Planner
 from localspec.profiles import STORE
 from localspec.tree import DraftTree
 
@@ -147,15 +147,34 @@ class Engine:
         self.finish_reason = None
         t0 = time.perf_counter()
         common = self.target.reuse_prefix(prompt)
-        self.target.prefill(list(prompt[common:-1]), common)
-        if self.planner is not None:
-            self.planner.observe_prefill(self.planner.profile, len(prompt) - 1 - common, time.perf_counter() - t0)
+        self._prefill(list(prompt[common:-1]), common)
         for d in self.drafters:
             d.start(prompt)
         self._counters.prompt_s = time.perf_counter() - t0
         self._counters.start = time.perf_counter()
         self.tokens = list(prompt)
         self.n_cached = len(prompt) - 1
+
+    def _prefill(self, tokens: list[int], start: int) -> None:
+        """Decode the prompt into the target's cache. With the planner, chunks of the pass sizes
+        whose cost is unknown are decoded as verification passes are (logits for every token) and
+        timed: real work that measures the cost curve; the rest is timed as a prefill."""
+        if self.planner is None:
+            self.target.prefill(tokens, start)
+            return
+        planner, i = self.planner, 0
+        warm = min(PREFILL_WARM_UP, len(tokens))
+        if warm:
+            self.target.prefill(tokens[:warm], start)
+            i = warm
+        for n in planner.sizes_to_measure(len(tokens) - warm):
+            t0 = time.perf_counter()
+            self.target.decode(tokens[i: i + n], range(start + i, start + i + n), outputs="all")
+            planner.target_cost.observe(n, time.perf_counter() - t0)
+            i += n
+        t0 = time.perf_counter()
+        self.target.prefill(tokens[i:], start + i)
+        planner.observe_prefill(planner.profile, len(tokens) - i, time.perf_counter() - t0)
 
     def finish(self) -> None:
         """Record what the KV caches hold, so the next prompt can reuse its shared prefix."""

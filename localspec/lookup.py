@@ -91,16 +91,30 @@ class ContextLookup:
         self.sam = SuffixAutomaton()
         self.tokens: list[int] = []
         self.cursor = -1  # context index the next token is expected to copy (-1: none)
-        self.misses = 0  # tokens in a row that neither a proposal nor the cursor predicted
+        self.misses = 0  # tokens in a row that the cursor did not predict
+        self.run = 0  # tokens in a row that it did
 
     def sync(self, context: Sequence[int]) -> None:
-        """Index every context token not indexed yet (between resets the context only grows)."""
+        """Index every context token not indexed yet (between resets the context only grows),
+        following the copy source over each new token."""
         n = len(self.tokens)
         if len(context) < n or (n and context[n - 1] != self.tokens[-1]):
             self.reset()  # not the context indexed so far: start over
         for t in context[len(self.tokens):]:
+            self._follow(int(t))
             self.sam.extend(int(t))
             self.tokens.append(int(t))
+
+    def _follow(self, token: int) -> None:
+        """Move the cursor over the next output token: past a source token it equals, or past one
+        it replaced (a substitution: a renamed identifier); two misses in a row lose the source."""
+        if self.cursor < 0:
+            return
+        if self.cursor < len(self.tokens) and self.tokens[self.cursor] == token:
+            self.misses, self.run = 0, self.run + 1
+        else:
+            self.misses, self.run = self.misses + 1, 0
+        self.cursor = self.cursor + 1 if self.misses < 2 else -1
 
     @staticmethod
     def bucket(match: int) -> str:
@@ -113,28 +127,24 @@ class ContextLookup:
         return "m16+"
 
     def propose(self, context: Sequence[int], depth: int) -> Proposal | None:
-        """The best proposal of up to `depth` tokens for what follows `context`."""
+        """The best proposal of up to `depth` tokens for what follows `context`: the source being
+        copied while it keeps predicting the output; else a long match (4+ tokens) anywhere in
+        the context; else, right after a substitution, the source past it; else a short match."""
         self.sync(context)
-        n = len(self.tokens)
+        following = 0 <= self.cursor < len(self.tokens)
+        if following and self.misses == 0 and self.run > 0:
+            return self._copy(self.cursor, self.run, depth)
         match, end = self.sam.longest_repeat()
-        if match >= 4 or (match and self.cursor < 0):
+        if match >= 4 or (match and not following):
             return self._copy(end + 1, match, depth)
-        if 0 <= self.cursor < n:
+        if following:
             return self._copy(self.cursor, 0, depth)
-        return self._copy(end + 1, match, depth) if match else None
+        return None
 
     def _copy(self, start: int, match: int, depth: int) -> Proposal | None:
         tokens = tuple(self.tokens[start: start + depth])
-        return Proposal(tokens, start, match, self.bucket(match)) if tokens else None
-
-    def observe(self, proposal: Proposal | None, accepted: int, token: int) -> None:
-        """After a step: `accepted` proposal tokens were kept, then `token` was generated. The
-        cursor follows the source; a token that replaced the source's moves it past that token
-        (a substitution: a renamed identifier). Two misses in a row and the source is lost."""
-        if proposal is not None:
-            self.cursor = proposal.source + accepted + 1  # the extra token matched or replaced this one
-            self.misses = 0
-        elif 0 <= self.cursor < len(self.tokens):
-            hit = self.tokens[self.cursor] == token
-            self.misses = 0 if hit else self.misses + 1
-            self.cursor = self.cursor + 1 if self.misses < 2 else -1
+        if not tokens:
+            return None
+        if start != self.cursor:  # a new source: what follows is expected to copy from here
+            self.cursor, self.misses, self.run = start, 0, match
+        return Proposal(tokens, start, match, self.bucket(match))

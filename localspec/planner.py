@@ -10,10 +10,12 @@ beats the target alone by a margin.
 * Costs come from the models' profiles (localspec.profiles): measured on earlier runs, refined by
   every step, never by dummy batches. A size never measured is first estimated optimistically
   (from c(1) and the prompt prefill's rate), so it gets tried once and measured.
-* α is tracked per kind of draft: the n-gram drafter's proposals by the length of the context
-  match behind them, the draft model's per pair. Counts decay toward an optimistic prior within
-  a run and persist in the target's profile between runs; decisions use an upper confidence
-  bound, so a kind with little evidence gets tried and one measured to lose does not.
+* Acceptance is tracked per kind of draft (the n-gram drafter's proposals by the length of the
+  context match behind them, the draft model's per pair) and per draft level: E(d) comes from
+  the measured chance of getting past each level, not from one per-token rate (copies are
+  accepted in runs that end at an edit). Counts decay toward an optimistic prior within a run
+  and persist in the target's profile between runs; decisions use an upper confidence bound, so
+  a kind with little evidence gets tried and one measured to lose does not.
 * A draft model that is not loaded is loaded only when, at α = 1 and with measured target costs,
   its best case over the tokens still to generate repays loading it and prefilling the prompt.
 
@@ -34,11 +36,13 @@ from localspec.profiles import STORE, Profile
 log = logging.getLogger(__name__)
 
 EMA = 0.2  # weight of a new cost observation
-DECAY = 0.97  # per step: acceptance counts fade so the estimate can recover
+DECAY = 0.995  # per step: acceptance counts fade so an estimate can recover (half-life ~140 steps)
 PRIOR_ACCEPT, PRIOR_REJECT = 2.0, 1.0  # α prior 2/3, worth three observations
 MARGIN = 1.03  # speculate only when it is predicted to be at least 3 % faster
 OPTIMISM = 1.0  # decide with α + OPTIMISM·sd (explores a kind of draft until its acceptance is known)
 UNMEASURED_SLOPE = 0.5  # an unmeasured pass of n tokens is first taken to cost c(1)·(1 + 0.5 (n - 1))
+CURVE_SIZES = (32, 24, 16, 12, 8, 6, 5, 4, 3, 2)  # pass sizes the prompt prefill measures, once each
+PREFILL_WARM_UP = 4  # prompt tokens decoded first, unmeasured (a cold first decode is slow)
 
 
 @dataclass
@@ -79,33 +83,61 @@ class CostTable:
         return line
 
 
+LEVELS = 24  # acceptance is tracked per draft level up to here; deeper levels share the last one
+PRIOR_EVENT, PRIOR_SURVIVE = 0.5, 1.5  # rejection prior 1/4, worth two observations
+SHRINK = 2.0  # a level's rejection rate leans on the kind's pooled rate with this weight
+
+
 @dataclass
 class Acceptance:
-    """Per-level acceptance rate from accepted lengths (decaying Beta-style counts; `counts` is
-    [accepted, rejected], shared with a profile so it persists)."""
+    """How far drafts of one kind get accepted: per draft level k, decaying counts of drafts that
+    reached level k (`at_risk`) and of those rejected there (`rejected`), a Kaplan-Meier estimate
+    of P(accepted >= k). Copies of the context are accepted in runs that end at an edit, which a
+    single per-token rate (a geometric length) misjudges; per-level counts do not. The lists are
+    shared with a profile, so they persist."""
 
-    counts: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    at_risk: list[float] = field(default_factory=lambda: [0.0] * LEVELS)
+    rejected: list[float] = field(default_factory=lambda: [0.0] * LEVELS)
 
     def decay(self) -> None:
-        self.counts[0] *= DECAY
-        self.counts[1] *= DECAY
+        for k in range(LEVELS):
+            self.at_risk[k] *= DECAY
+            self.rejected[k] *= DECAY
 
     def observe(self, n_accepted: int, depth: int) -> None:
-        self.counts[0] += n_accepted
-        self.counts[1] += 1.0 if n_accepted < depth else 0.0
+        """A draft of `depth` tokens of which the first `n_accepted` were accepted."""
+        for k in range(min(n_accepted + 1, depth)):
+            self.at_risk[min(k, LEVELS - 1)] += 1.0
+        if n_accepted < depth:
+            self.rejected[min(n_accepted, LEVELS - 1)] += 1.0
+
+    def pooled(self, optimism: float = 0.0) -> float:
+        """The rejection rate over all levels (with the prior), minus `optimism` standard deviations."""
+        e = sum(self.rejected) + PRIOR_EVENT
+        n = sum(self.at_risk) + PRIOR_EVENT + PRIOR_SURVIVE
+        h = e / n
+        return max(0.0, h - optimism * (h * (1 - h) / (n + 1)) ** 0.5)
+
+    def hazard(self, k: int, optimism: float = 0.0) -> float:
+        """P(rejected at level k | reached it): the level's own counts shrunk toward the pooled
+        rate (levels seldom reached follow the kind's overall rate)."""
+        k = min(k, LEVELS - 1)
+        return (self.rejected[k] + SHRINK * self.pooled(optimism)) / (self.at_risk[k] + SHRINK)
+
+    def expected(self, depth: int, optimism: float = OPTIMISM) -> float:
+        """E[tokens per step] of a draft of `depth` tokens (accepted ones + the extra token), with
+        each level's rejection rate taken `optimism` standard deviations low (an upper bound, so a
+        kind of draft with little evidence gets tried, and one measured to lose does not)."""
+        total, survive = 1.0, 1.0
+        for k in range(depth):
+            survive *= 1.0 - self.hazard(k, optimism)
+            total += survive
+        return total
 
     @property
     def alpha(self) -> float:
-        a, r = self.counts
-        return (a + PRIOR_ACCEPT) / (a + r + PRIOR_ACCEPT + PRIOR_REJECT)
-
-    @property
-    def optimistic(self) -> float:
-        """α plus one standard deviation of its Beta posterior: an upper confidence bound, so a
-        kind of draft with few (or decayed) observations gets tried, and one measured to lose does not."""
-        a, b = self.counts[0] + PRIOR_ACCEPT, self.counts[1] + PRIOR_REJECT
-        sd = (a * b / ((a + b) ** 2 * (a + b + 1))) ** 0.5
-        return min(1.0, self.alpha + OPTIMISM * sd)
+        """The first level's acceptance rate (a summary for reports)."""
+        return 1.0 - self.hazard(0)
 
 
 def expected_tokens(alpha: float, depth: int) -> float:
@@ -141,7 +173,8 @@ class Planner:
     def acceptance(self, kind: str) -> Acceptance:
         acc = self._acceptance.get(kind)
         if acc is None:
-            acc = self._acceptance[kind] = Acceptance(self.profile.counts(kind))
+            at_risk, rejected = self.profile.levels(kind, LEVELS)
+            acc = self._acceptance[kind] = Acceptance(at_risk, rejected)
         return acc
 
     def draft_cost(self, drafter: Any) -> CostTable:
@@ -175,10 +208,10 @@ class Planner:
         c1 = self.target_cost(1)
         if available <= 0 or c1 <= 0:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
-        alpha = self.acceptance(kind).optimistic
+        acceptance = self.acceptance(kind)
         best, best_rate = 0, MARGIN / c1
         for d in range(1, available + 1):
-            rate = expected_tokens(alpha, d) / self.step_cost(drafter, d, lag)
+            rate = acceptance.expected(d) / self.step_cost(drafter, d, lag)
             if rate > best_rate:
                 best, best_rate = d, rate
         return best, best_rate
@@ -202,6 +235,16 @@ class Planner:
         return gain > load + prefill
 
     # ------------------------------------------------------------------ learning
+
+    def sizes_to_measure(self, budget: int) -> list[int]:
+        """Pass sizes whose cost is not known yet that a prefill of `budget` tokens can measure
+        (largest first): the cost curve is learned from the prompt, a chunk of each size."""
+        out = []
+        for n in CURVE_SIZES:
+            if n <= budget and n not in self.target_cost.seconds:
+                out.append(n)
+                budget -= n
+        return out
 
     def observe(self, kind: str | None, depth: int, n_accepted: int, n_target_tokens: int,
                 target_seconds: float) -> None:

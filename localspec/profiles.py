@@ -35,8 +35,8 @@ from localspec.config import ModelOptions
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
-MAX_WEIGHT = 200.0  # acceptance counts kept between runs (so a profile keeps adapting)
+VERSION = 2
+MAX_WEIGHT = 100.0  # acceptance counts kept per level between runs (so a profile keeps adapting)
 PROFILE_ENV = "LOCALSPEC_PROFILE_DIR"  # overrides the directory (tests keep theirs apart)
 
 
@@ -84,7 +84,7 @@ class Profile:
     costs: dict[int, float] = field(default_factory=dict)
     prefill: float | None = None
     load: float | None = None
-    acceptance: dict[str, list[float]] = field(default_factory=dict)
+    acceptance: dict[str, list[list[float]]] = field(default_factory=dict)  # kind: [at_risk, rejected] per level
     checks: dict[str, str] = field(default_factory=dict)  # e.g. "pair:<draft key>": "ok" or why not
     updated: float = 0.0
     dirty: bool = False
@@ -101,7 +101,8 @@ class Profile:
         return cls(key=str(data["key"]), identity=dict(data["identity"]),
                    costs={int(n): float(s) for n, s in data.get("costs", {}).items() if float(s) > 0},
                    prefill=data.get("prefill"), load=data.get("load"),
-                   acceptance={k: [float(a), float(r)] for k, (a, r) in data.get("acceptance", {}).items()},
+                   acceptance={k: [[float(x) for x in at_risk], [float(x) for x in rejected]]
+                               for k, (at_risk, rejected) in data.get("acceptance", {}).items()},
                    checks={str(k): str(v) for k, v in data.get("checks", {}).items()},
                    updated=float(data.get("updated", 0.0)))
 
@@ -109,9 +110,12 @@ class Profile:
     def name(self) -> str:
         return Path(self.identity.get("file", "?")).name
 
-    def counts(self, kind: str) -> list[float]:
-        """The [accepted, rejected] counts of a kind of draft (created empty)."""
-        return self.acceptance.setdefault(kind, [0.0, 0.0])
+    def levels(self, kind: str, levels: int) -> list[list[float]]:
+        """The per-level [at_risk, rejected] counts of a kind of draft (created empty)."""
+        pair = self.acceptance.setdefault(kind, [[0.0] * levels, [0.0] * levels])
+        for counts in pair:
+            counts.extend([0.0] * (levels - len(counts)))
+        return pair
 
 
 class Profiles:
@@ -148,10 +152,10 @@ class Profiles:
         for profile in self._loaded.values():
             if not profile.dirty:
                 continue
-            for counts in profile.acceptance.values():
-                total = counts[0] + counts[1]
-                if total > MAX_WEIGHT:
-                    counts[0], counts[1] = counts[0] * MAX_WEIGHT / total, counts[1] * MAX_WEIGHT / total
+            for at_risk, rejected in profile.acceptance.values():
+                scale = min(1.0, MAX_WEIGHT / max(at_risk + [1.0]))
+                at_risk[:] = [x * scale for x in at_risk]
+                rejected[:] = [x * scale for x in rejected]
             profile.updated = time.time()
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)

@@ -46,10 +46,11 @@ def test_realignment_after_a_replaced_token() -> None:
     context = source + [10, 11, 12, 13]
     p = look.propose(context, depth=5)
     assert p.tokens == (4, 20, 21, 22, 23)
-    look.observe(p, accepted=0, token=99)  # the target rejected 4 and wrote 99 instead
-    context.append(99)
+    context.append(99)  # the target rejected 4 and wrote 99 instead
     p = look.propose(context, depth=3)
     assert p is not None and p.tokens == (20, 21, 22) and p.kind == "realign"
     # control: without the cursor, the longest match (none: 99 is new) proposes nothing
-    fresh = ContextLookup()
-    assert fresh.propose(context, depth=3) is None
+    assert ContextLookup().propose(context, depth=3) is None
+    context += [20, 21]  # it copies on: the proposals follow the source, with the run as evidence
+    p = look.propose(context, depth=2)
+    assert p is not None and p.tokens == (22, 23) and p.match == 2 and p.kind == "m2-3"

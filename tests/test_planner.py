@@ -54,15 +54,28 @@ def test_an_unmeasured_size_is_estimated_optimistically_from_the_prefill_rate() 
     assert CostTable({1: 0.034})(3) == pytest.approx(0.034 * 2)  # no prefill rate: UNMEASURED_SLOPE 0.5
 
 
-def test_acceptance_estimate_and_decay() -> None:
+def test_acceptance_per_level_and_decay() -> None:
     a = Acceptance()
-    assert a.alpha == pytest.approx(2 / 3)  # the prior
-    for _ in range(200):
-        a.observe(1, 4)  # one of four accepted, then a rejection
-    assert a.alpha == pytest.approx(0.5, abs=0.02)
+    assert a.alpha == pytest.approx(0.75)  # the prior: a level is passed 3 times in 4
+    assert a.expected(2, optimism=0) == pytest.approx(1 + 0.75 + 0.75 ** 2)
     for _ in range(300):
+        a.observe(1, 4)  # the first draft token accepted, the second rejected, every time
+    assert a.hazard(0) < 0.02 and a.hazard(1) > 0.95  # per level: not one rate for all
+    assert a.expected(4, optimism=0) == pytest.approx(2.0, abs=0.05)
+    assert a.expected(4, optimism=1) >= a.expected(4, optimism=0)  # the optimistic bound is above
+    for _ in range(3000):
         a.decay()
-    assert a.alpha == pytest.approx(2 / 3, abs=0.01)  # back to the prior: worth probing again
+    assert a.alpha == pytest.approx(0.75, abs=0.01)  # back to the prior: worth probing again
+
+
+def test_runs_that_end_at_an_edit_are_not_a_geometric_length() -> None:
+    """Copies accepted 10 tokens at a time (then an edit): deep drafts pay where a single
+    per-token rate (0.9 here) would predict 1/(1 - 0.9) = 10 tokens at most and decline depth 10."""
+    a = Acceptance()
+    for _ in range(200):
+        a.observe(10, 16)
+    assert a.expected(10, optimism=0) == pytest.approx(11.0, abs=0.3)
+    assert expected_tokens(0.9, 10) < 7
 
 
 # ---------------------------------------------------------------- decisions
@@ -76,7 +89,7 @@ def planner_with(target_costs: dict[int, float], shape: Shape, kind: str, alpha_
     p = Planner.__new__(Planner)
     p.shape = shape
     p.target_bytes = 1_117_320_768
-    p.profile = Profile("t", {})
+    p.profile = Profile(f"t{id(shape)}", {})
     p.target_cost = CostTable(dict(target_costs))
     p._acceptance = {}
     p._draft_costs = {}
@@ -99,7 +112,7 @@ def test_planner_declines_a_model_drafter_that_cannot_pay(tmp_path: Path) -> Non
     acceptance, so the planner decodes with the target alone, and would not even load it."""
     p = planner_with(CPU, Shape.chain(4), "model:x", alpha_runs=100, accepted=4, depth=4)  # α ≈ 1
     drafter = model_drafter(0.021, tmp_path)
-    assert p.acceptance("model:x").alpha > 0.9
+    assert p.acceptance("model:x").expected(4, optimism=0) > 4.5
     assert p.choose(drafter, "model:x", 4)[0] == 0
     (tmp_path / "u").mkdir()
     unloaded = model_drafter(None, tmp_path / "u", loaded=False)
@@ -156,14 +169,17 @@ def test_profiles_persist_atomically_and_reset(tmp_path: Path) -> None:
     ident = {"file": "/x/model.gguf", "threads": 2}
     p = store.get(ident)
     p.costs.update({1: 0.03, 5: 0.1})
-    p.counts("ngram:m16+")[:] = [500.0, 10.0]
+    at_risk, rejected = p.levels("ngram:m16+", 4)
+    at_risk[:] = [500.0, 400.0, 300.0, 0.0]
+    rejected[0] = 10.0
     p.dirty = True
     store.save()
     files = list((tmp_path / "profiles").glob("*.json"))
     assert [f.stem for f in files] == [key_of(ident)]
     again = Profiles(tmp_path / "profiles").get(ident)
     assert again.costs == {1: 0.03, 5: 0.1}
-    assert sum(again.acceptance["ngram:m16+"]) == pytest.approx(200.0)  # capped: a profile keeps adapting
+    assert again.acceptance["ngram:m16+"][0] == pytest.approx([100.0, 80.0, 60.0, 0.0])  # capped: it keeps adapting
+    assert again.acceptance["ngram:m16+"][1][0] == pytest.approx(2.0)
     (tmp_path / "profiles" / "broken.json").write_text("{not json")
     assert [q.key for q in Profiles(tmp_path / "profiles").on_disk()] == [key_of(ident)]  # unreadable: skipped
     assert store.reset() == 2 and not list((tmp_path / "profiles").glob("*.json"))

@@ -13,6 +13,8 @@ log = logging.getLogger(__name__)
 
 def describe(profile: Any) -> list[str]:
     """A profile in a few lines: what it is for and what it measured."""
+    from localspec.planner import Acceptance
+
     ident = profile.identity
     costs = ", ".join(f"c({n})={s * 1e3:.1f}" for n, s in sorted(profile.costs.items())) or "none yet"
     lines = [f"{profile.name}  ({ident.get('threads')} threads, {ident.get('cache_type')} KV, "
@@ -22,10 +24,12 @@ def describe(profile: Any) -> list[str]:
         lines.append(f"  prefill: {profile.prefill * 1e3:.2f} ms/token")
     if profile.load:
         lines.append(f"  load: {profile.load:.2f} s")
-    for kind, (accepted, rejected) in sorted(profile.acceptance.items()):
-        total = accepted + rejected
-        if total > 0:
-            lines.append(f"  acceptance {kind}: {accepted / total:.0%} of {total:.0f} (decayed counts)")
+    for kind, (at_risk, rejected) in sorted(profile.acceptance.items()):
+        if at_risk and at_risk[0] > 0:
+            acc = Acceptance(at_risk, rejected)
+            lines.append(f"  drafts {kind}: first token accepted {acc.alpha:.0%}, E[tokens per step] at depth "
+                         f"4/16/32: {acc.expected(4, 0):.1f}/{acc.expected(16, 0):.1f}/{acc.expected(32, 0):.1f} "
+                         f"({at_risk[0]:.0f} drafts, decayed)")
     return lines
 
 
