@@ -43,9 +43,9 @@ import numpy as np
 from localspec import registry
 from localspec.api import load_model, stream_generate
 from localspec.prompt import prompt_tokens
-from localspec.drafters import NGramDrafter
+from localspec.lookup import ContextLookup
 from localspec.efficiency import default_groups, paired_ratio, paired_scores, target_contexts
-from localspec.planner import CostTable, expected_tokens, time_decode
+from localspec.planner import CostTable, expected_tokens
 
 log = logging.getLogger("head_to_head")
 
@@ -294,6 +294,16 @@ CURVE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 24, 32)  # tokens per targ
 NGRAM_HORIZON = 31  # longest n-gram draft the ceiling considers (decodes of up to 32 tokens)
 
 
+def time_decode(model, n: int, seq: int) -> float:
+    """Seconds for one decode of n dummy tokens (all logits) in scratch KV sequence `seq`."""
+    tokens = [model.bos if model.bos >= 0 else 0] * n
+    t0 = time.perf_counter()
+    model.decode(tokens, range(n), [(seq,)] * n, outputs="all")
+    secs = time.perf_counter() - t0
+    model.seq_rm(seq, -1, -1)
+    return secs
+
+
 def cost_curve(target, sizes: Sequence[int] = CURVE_SIZES, rounds: int = 5) -> dict[int, float]:
     """Seconds per target decode of n tokens with every row's logits (a verification pass): the
     median of `rounds` interleaved rounds in a scratch KV sequence, after one warm-up decode (a
@@ -309,15 +319,15 @@ def cost_curve(target, sizes: Sequence[int] = CURVE_SIZES, rounds: int = 5) -> d
 
 
 def ngram_runs(prompt: Sequence[int], output: Sequence[int], horizon: int = NGRAM_HORIZON) -> list[int]:
-    """For each output position i: how many of output[i], output[i+1], ... the prompt-lookup
-    drafter (localspec's, default n-gram sizes) proposes correctly in a row from the context
-    prompt + output[:i]."""
-    drafter = NGramDrafter(n_vocab=1, max_nodes=1)
+    """For each output position i: how many of output[i], output[i+1], ... localspec's context
+    lookup proposes correctly in a row from the context prompt + output[:i]."""
+    lookup = ContextLookup()
     context = list(prompt)
     runs = []
     for i, token in enumerate(output):
         run = 0
-        for proposed, actual in zip(drafter.lookup(context, horizon), output[i:]):
+        proposal = lookup.propose(context, horizon)
+        for proposed, actual in zip(proposal.tokens if proposal else (), output[i:]):
             if proposed != actual:
                 break
             run += 1

@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -167,8 +168,9 @@ def generation_config(options: dict) -> GenerationConfig:
 @dataclass
 class Loaded:
     target: Any  # Model
-    draft: Any  # Model | None
+    draft: Any  # Model | LazyModel | None
     target_name: str
+    load_seconds: tuple[float, float | None] = (0.0, None)  # target, draft (None: not loaded)
 
     def close(self) -> None:
         self.target.close()
@@ -194,7 +196,9 @@ def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int |
     pair = reg.pairs[reg.default_pair]
     target_name = model or pair.target
     draft_name = None if (_is_none(draft) or not need_draft) else (draft or (None if model else pair.draft))
+    t0 = time.perf_counter()
     target = load_model(target_name, **options)
+    t1 = time.perf_counter()
     try:
         dm = None
         if draft_name:
@@ -206,7 +210,7 @@ def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int |
     except BaseException:
         target.close()
         raise
-    return Loaded(target, dm, target_name)
+    return Loaded(target, dm, target_name, (t1 - t0, None if dm is None or lazy_draft else time.perf_counter() - t1))
 
 
 def model_kwargs(options: dict) -> dict:
@@ -316,10 +320,22 @@ def stats_json(stats: Any) -> dict:
             "verifier_share": stats.verifier_share}
 
 
-def response_json(text: str, finish: str | None, stats: Any, model: str, config: GenerationConfig) -> dict:
+def response_json(text: str, finish: str | None, stats: Any, model: str, config: GenerationConfig,
+                  timings: dict | None = None) -> dict:
     return {"model": model, "text": text, "finish_reason": finish, "settings": config.options(),
             "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens},
-            "stats": stats_json(stats)}
+            "stats": stats_json(stats), "timings": timings or {}}
+
+
+def timings_json(entered: float, loaded: Loaded, stats: Any) -> dict:
+    """Where the process's time went (seconds; `entered`: when the command started, epoch)."""
+    from localspec.profiles import STORE
+
+    draft_load = loaded.load_seconds[1]
+    if draft_load is None:
+        draft_load = getattr(loaded.draft, "load_seconds", None)  # a lazy draft the planner loaded
+    return {"command_started": entered, "target_load": loaded.load_seconds[0], "draft_load": draft_load,
+            "profile_io": STORE.io_seconds, "prefill": stats.prompt_seconds, "decode": stats.elapsed_seconds}
 
 
 @cli.command()
@@ -346,6 +362,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     """
     from localspec.api import Generation
 
+    entered = time.time()
     config = generation_config(options)
     text = read_prompt(prompt)
     loaded = load_pair(model, draft, need_draft=config.drafter != "ngram", lazy_draft=config.drafter == "auto",
@@ -356,7 +373,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
             message = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         generation = Generation(loaded.target, loaded.draft, message, config)
         parts, last, interrupted = _stream(generation, as_json)
-        _report(parts, last, as_json, usage, loaded, generation.config)  # also after Ctrl-C: nothing is lost
+        _report(parts, last, as_json, usage, loaded, generation.config, entered)  # also after Ctrl-C: nothing lost
     finally:
         loaded.close()
     if interrupted:
@@ -383,7 +400,8 @@ def _stream(generation: Any, as_json: bool) -> tuple[list[str], Any, bool]:
     return parts, last, False
 
 
-def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loaded, config: GenerationConfig) -> None:
+def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loaded, config: GenerationConfig,
+            entered: float) -> None:
     """After generation: the final newline or the JSON object on stdout, the statistics on stderr."""
     from localspec.planner import one_token_seconds
 
@@ -393,7 +411,7 @@ def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loa
         return
     if as_json:
         click.echo(json.dumps(response_json("".join(parts), last.finish_reason, last.stats,
-                                            loaded.target_name, config)))
+                                            loaded.target_name, config, timings_json(entered, loaded, last.stats))))
     if usage:
         one = one_token_seconds(loaded.target) if config.speculative else 0.0
         click.echo(format_stats(last.stats, config.speculative, one), err=True)

@@ -281,14 +281,18 @@ class GenerationConfig:
         """The same generation decoded by the target alone (no draft tokens)."""
         return replace(self, shape=Shape(0))
 
-    def check_fits(self, n_batch: int, n_seq_max: int) -> None:
-        """The limits of a loaded target's context: one batch holds the root and every node, one
-        KV sequence per branch."""
+    def fitted(self, n_batch: int, n_seq_max: int) -> "GenerationConfig":
+        """The config within a loaded target's limits: one batch holds the root and every node,
+        one KV sequence per branch. Chains and paths are cut to the depth that fits (the depth is
+        a maximum); a tree that does not fit is an error."""
         s = self.shape
-        _require(s.n_nodes + 1 <= n_batch, "num_draft_tokens",
-                 f"the draft {s.describe()} has {s.n_nodes} nodes; at most n_batch - 1 = {n_batch - 1} fit")
         _require(s.n_leaves <= n_seq_max, "tree",
                  f"the draft has {s.n_leaves} branches but the target context holds {n_seq_max} sequences")
+        if s.n_nodes + 1 <= n_batch:
+            return self
+        _require(s.branching is None and n_batch - 1 >= s.paths, "num_draft_tokens",
+                 f"the draft {s.describe()} has {s.n_nodes} nodes; at most n_batch - 1 = {n_batch - 1} fit")
+        return replace(self, shape=s.truncated((n_batch - 1) // s.paths))
 
 
 def _shape_from_options(base: Shape, num_draft_tokens: int | None = None, paths: int | None = None,

@@ -118,7 +118,7 @@ class Engine:
 
     def __init__(self, target: Model, drafters: Sequence[Drafter], config: GenerationConfig) -> None:
         if drafters:
-            config.check_fits(target.n_batch, target.options.n_seq_max)
+            config = config.fitted(target.n_batch, target.options.n_seq_max)
         self.target = target
         self.drafters = list(drafters)
         self.config = config

@@ -420,6 +420,7 @@ class LazyModel:
         _check_gguf_file(self.path)
         self.identity = profiles.identity(self.path, self.options)
         self._model: Model | None = None
+        self.load_seconds: float | None = None  # set when it is loaded
 
     @property
     def loaded(self) -> bool:
@@ -440,7 +441,7 @@ class LazyModel:
             t0 = time.perf_counter()
             self._model = Model(self.path, self.options)
             profile = profiles.STORE.get(self.identity)
-            profile.load = time.perf_counter() - t0
+            profile.load = self.load_seconds = time.perf_counter() - t0
             profile.dirty = True
             log.info("loaded the draft %s in %.2f s", self.path.name, profile.load)
         return self._model

@@ -124,6 +124,7 @@ class Profiles:
     def __init__(self, directory: Path | None = None) -> None:
         self._directory = directory
         self._loaded: dict[str, Profile] = {}
+        self.io_seconds = 0.0  # spent reading and writing profiles (reported by `localspec --json`)
 
     @property
     def directory(self) -> Path:
@@ -139,6 +140,7 @@ class Profiles:
 
     def _read(self, key: str) -> Profile | None:
         path = self.directory / f"{key}.json"
+        t0 = time.perf_counter()
         try:
             return Profile.from_json(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
@@ -146,9 +148,16 @@ class Profiles:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring the unreadable cost profile %s (%s); it will be measured again", path, exc)
             return None
+        finally:
+            self.io_seconds += time.perf_counter() - t0
 
     def save(self) -> None:
         """Write every changed profile (atomically; a failure is logged, never raised)."""
+        t0 = time.perf_counter()
+        self._write_changed()
+        self.io_seconds += time.perf_counter() - t0
+
+    def _write_changed(self) -> None:
         for profile in self._loaded.values():
             if not profile.dirty:
                 continue

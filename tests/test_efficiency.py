@@ -141,6 +141,6 @@ def test_paired_ratio_refuses_mismatched_arrays() -> None:
 
 def test_groups_validate_as_engine_specs(tiny_target: Model) -> None:
     for group in default_groups():
-        group.config.check_fits(512, 16)
+        assert group.config.fitted(512, 16) == group.config
         assert all(isinstance(m, Method) for m in group.methods)
     assert isinstance(default_groups()[0], Group)

@@ -353,7 +353,7 @@ def test_batch_larger_than_n_batch_is_an_error_not_an_abort(tiny_paths: tuple[Pa
 
 def test_tree_too_large(tiny_target: Model, tiny_draft: Model) -> None:
     with pytest.raises(ConfigError, match="n_batch"):
-        generate(tiny_target, tiny_draft, PROMPT, verifier="traversal", tree=(4, 4, 4, 1, 1, 1, 1))  # 340 nodes
+        generate(tiny_target, tiny_draft, PROMPT, verifier="traversal", tree=(2, 2, 2, 2) + (1,) * 15)  # 270 nodes
     with pytest.raises(ConfigError, match="branches"):
         generate(tiny_target, tiny_draft, PROMPT, verifier="traversal", tree=(16, 8))
 

@@ -57,8 +57,9 @@ def test_nonpositive_counts_are_usage_errors(capsys) -> None:
 
 
 def test_ngram_runs_count_the_lookups_right_proposals_in_a_row() -> None:
-    # from the context ...1,2 the lookup proposes 3,4,5,6,...: right three times, then 9 differs
-    assert h2h.ngram_runs([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 9]) == [0, 0, 3, 2, 1, 0]
+    # from the context ...6,1 the lookup proposes 2,3,4,5,6 (what followed the earlier 1): right four
+    # times, then 9 differs; and so on as the match grows
+    assert h2h.ngram_runs([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 9]) == [0, 4, 3, 2, 1, 0]
 
 
 def test_oracle_seconds_is_the_cheapest_segmentation() -> None:
@@ -76,7 +77,7 @@ def test_ngram_ceiling_report_against_the_measured_rows() -> None:
     curve = {1: 1.0, 2: 1.0, 32: 1.0}  # batches cost one step: the ceiling is the step count
     text = "\n".join(h2h.ngram_ceiling_report({("code-edit", 0.0): (prompt, output),
                                                ("code", 0.0): (prompt, output)}, curve, rows))
-    assert "| code-edit | 0 | 6 | 50% | 2.00× | 2.00× | 1.20× |" in text  # 3 steps instead of 6
+    assert "| code-edit | 0 | 6 | 67% | 3.00× | 3.00× | 1.20× |" in text  # 2 steps instead of 6: 0, then 4 + 1
     assert "| code |" not in text  # only the input-grounded prompts
     assert "| 1 | 1000.0 ms | 1.00 | 1.0 | 1.00× |" in "\n".join(h2h.cost_curve_report(curve))
 

@@ -1,0 +1,187 @@
+"""Whole-process benchmark: localspec as users run it, against the target alone run the same way.
+
+Every run is a fresh ``localspec`` process (start-up, model loads, profile, prefill and decode
+included), alternated with the target alone (``-d none -k 0``); the table gives medians over
+`--repeat` pairs. Default settings run cold (an empty cost profile: the first run on a machine)
+and warm (the profile earlier runs left). At T = 0 both sides produce the same text, so the ratio
+is of wall times; at T > 0 texts differ in length, so the ratio is of wall time per generated
+token (and the decode's tokens per second is shown beside it). A second table splits a warm
+default run's time into its components, a third times a 5-turn chat.
+
+    python benchmarks/whole_process.py                          # every prompt, T = 0 and 0.8
+    python benchmarks/whole_process.py --prompts code-edit --repeat 5 --temperatures 0
+    python benchmarks/whole_process.py --skip-chat --tokens 64
+
+Progress goes to stderr, the markdown tables to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from head_to_head import GROUNDED, PROMPTS as H2H_PROMPTS  # noqa: E402
+
+PROMPTS = dict(H2H_PROMPTS)
+PROMPTS["rename"] = ("Rename the variable `tmp` to `total` in this code and show the whole code:\n\n"
+                     "def mean(numbers):\n    tmp = 0\n    for n in numbers:\n        tmp += n\n"
+                     "    return tmp / len(numbers) if numbers else 0.0\n")
+GROUNDED_PROMPTS = (*GROUNDED, "rename")
+TARGET_ALONE = ("-d", "none", "-k", "0")
+CHAT_TURNS = (
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Add type hints to it and show the whole function.",
+    "Rename the loop variable to `step` and show the whole function again.",
+    "Add a docstring and show the whole function.",
+    "Write a pytest test for it.",
+)
+
+
+@dataclass
+class Run:
+    wall: float  # seconds, spawn to exit
+    tokens: int
+    decode_tps: float
+    timings: dict
+
+
+def localspec(args: Sequence[str], prompt: str, profile_dir: Path, threads: int | None) -> Run:
+    """One fresh `localspec --json` process."""
+    cmd = [sys.executable, "-m", "localspec", "--json", *(["--threads", str(threads)] if threads else []), *args,
+           prompt]
+    env = dict(os.environ, LOCALSPEC_PROFILE_DIR=str(profile_dir))
+    spawned = time.time()
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=900)
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:8])} ... failed:\n{out.stderr[-2000:]}")
+    data = json.loads(out.stdout)
+    timings = dict(data["timings"], import_=data["timings"]["command_started"] - spawned)
+    return Run(wall, data["usage"]["completion_tokens"], data["stats"]["tokens_per_second"], timings)
+
+
+def chat(args: Sequence[str], profile_dir: Path, threads: int | None, tokens: int) -> float:
+    """Wall seconds of a fresh `localspec chat` answering CHAT_TURNS, piped."""
+    cmd = [sys.executable, "-m", "localspec", "chat", "-t", "0", "-n", str(tokens),
+           *(["--threads", str(threads)] if threads else []), *args]
+    env = dict(os.environ, LOCALSPEC_PROFILE_DIR=str(profile_dir))
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, input="\n".join(CHAT_TURNS) + "\n", capture_output=True, text=True, env=env,
+                         timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"chat failed:\n{out.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def ratio(default: Sequence[Run], alone: Sequence[Run], temperature: float) -> float:
+    """Speed of the default against the target alone: wall time (T = 0), or wall time per
+    generated token (T > 0), medians."""
+    if temperature == 0:
+        return statistics.median(r.wall for r in alone) / statistics.median(r.wall for r in default)
+    return (statistics.median(r.wall / max(r.tokens, 1) for r in alone)
+            / statistics.median(r.wall / max(r.tokens, 1) for r in default))
+
+
+def measure(args: argparse.Namespace, root: Path) -> tuple[list[str], list[Run]]:
+    rows, warm_runs = [], []
+    alone_dir = root / "alone"
+    for temperature in args.temperatures:
+        warm_dir = root / f"warm-{temperature:g}"
+        common = ["-n", str(args.tokens), "-t", f"{temperature:g}", "--seed", "1"]
+        for name in args.prompts:  # the warm profile: what earlier runs of these prompts left
+            progress(f"warm-up T={temperature:g} {name}")
+            localspec(common, PROMPTS[name], warm_dir, args.threads)
+        for name in args.prompts:
+            cold, warm, alone = [], [], []
+            for r in range(args.repeat):
+                progress(f"T={temperature:g} {name} pair {r + 1}/{args.repeat}")
+                cold.append(localspec(common, PROMPTS[name], root / f"cold-{temperature:g}-{name}-{r}", args.threads))
+                alone.append(localspec([*common, *TARGET_ALONE], PROMPTS[name], alone_dir, args.threads))
+                warm.append(localspec(common, PROMPTS[name], warm_dir, args.threads))
+                alone.append(localspec([*common, *TARGET_ALONE], PROMPTS[name], alone_dir, args.threads))
+            warm_runs += warm
+            med = statistics.median
+            rows.append(
+                f"| {name}{' (grounded)' if name in GROUNDED_PROMPTS else ''} | {temperature:g} | "
+                f"{med(r.wall for r in alone):.2f} | {med(r.wall for r in cold):.2f} | {med(r.wall for r in warm):.2f} | "
+                f"**{ratio(cold, alone, temperature):.2f}×** | **{ratio(warm, alone, temperature):.2f}×** | "
+                f"{med(r.tokens for r in warm):.0f} | {med(r.decode_tps for r in alone):.1f} / "
+                f"{med(r.decode_tps for r in warm):.1f} |")
+    header = ["| prompt | T | target alone s | default cold s | default warm s | cold vs alone | warm vs alone | "
+              "tokens | decode tok/s alone / warm |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    return header + rows, warm_runs
+
+
+def components(runs: Sequence[Run]) -> list[str]:
+    keys = [("import", "import_"), ("target load", "target_load"), ("draft load", "draft_load"),
+            ("profile read/write", "profile_io"), ("prefill", "prefill"), ("decode", "decode")]
+    lines = ["| component (warm default runs, median) | ms |", "| --- | ---: |"]
+    for label, key in keys:
+        values = [r.timings.get(key) or 0.0 for r in runs]
+        lines.append(f"| {label} | {statistics.median(values) * 1e3:.0f} |")
+    rest = [r.wall - sum((r.timings.get(k) or 0.0) for _, k in keys) for r in runs]
+    lines.append(f"| everything else (exit, detokenizing, output) | {statistics.median(rest) * 1e3:.0f} |")
+    lines.append(f"| whole process | {statistics.median(r.wall for r in runs) * 1e3:.0f} |")
+    return lines
+
+
+def chat_table(args: argparse.Namespace, root: Path) -> list[str]:
+    default, alone = [], []
+    for r in range(args.repeat):
+        progress(f"5-turn chat, pair {r + 1}/{args.repeat}")
+        default.append(chat([], root / "warm-0", args.threads, args.tokens))
+        alone.append(chat(list(TARGET_ALONE), root / "alone", args.threads, args.tokens))
+    d, a = statistics.median(default), statistics.median(alone)
+    return ["| 5-turn chat, T = 0 | target alone s | default s | default vs alone |", "| --- | ---: | ---: | ---: |",
+            f"| {len(CHAT_TURNS)} turns, up to {args.tokens} tokens each | {a:.2f} | {d:.2f} | **{a / d:.2f}×** |"]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prompts", type=lambda s: s.split(","), default=list(PROMPTS),
+                   help=f"comma list (default all: {','.join(PROMPTS)})")
+    p.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.8])
+    p.add_argument("--repeat", type=int, default=3, help="alternated pairs per cell (default 3)")
+    p.add_argument("--tokens", type=int, default=128, help="max tokens per run (default 128)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--skip-chat", action="store_true", help="no 5-turn chat table")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.prompts if n not in PROMPTS]
+    if unknown:
+        p.error(f"unknown prompt(s) {', '.join(unknown)}; choose from {', '.join(PROMPTS)}")
+    if args.repeat < 1 or args.tokens < 1:
+        p.error("--repeat and --tokens must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="localspec-whole-") as tmp:
+        root = Path(tmp)
+        table, warm_runs = measure(args, root)
+        print("\n".join(table))
+        print()
+        print("\n".join(components(warm_runs)))
+        if not args.skip_chat:
+            print()
+            print("\n".join(chat_table(args, root)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
