@@ -205,8 +205,9 @@ def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int |
             draft_options = dict(options)
             if draft_n_gpu_layers is not None:
                 draft_options["n_gpu_layers"] = draft_n_gpu_layers
-            dm = (LazyModel(registry.resolve(draft_name), ModelOptions.from_options(draft_options)) if lazy_draft
-                  else load_model(draft_name, **draft_options))
+            paired = draft_name == pair.draft and target_name == pair.target  # the registry vouches for it
+            dm = (LazyModel(registry.resolve(draft_name), ModelOptions.from_options(draft_options), paired)
+                  if lazy_draft else load_model(draft_name, **draft_options))
     except BaseException:
         target.close()
         raise

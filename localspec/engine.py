@@ -159,7 +159,7 @@ class Engine:
         """Decode the prompt into the target's cache. With the planner, chunks of the pass sizes
         whose cost is unknown are decoded as verification passes are (logits for every token) and
         timed: real work that measures the cost curve; the rest is timed as a prefill."""
-        if self.planner is None:
+        if self.planner is None or not self.drafters:
             self.target.prefill(tokens, start)
             return
         planner, i = self.planner, 0

@@ -414,9 +414,10 @@ class LazyModel:
     """A model loaded on first use (a draft the planner may never need). Its load time is kept
     in its cost profile."""
 
-    def __init__(self, path: str | os.PathLike, options: ModelOptions | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, options: ModelOptions | None = None, paired: bool = False) -> None:
         self.path = Path(path).expanduser()
         self.options = options or ModelOptions()
+        self.paired = paired  # a registry pair: its vocabulary is known to match the target's
         _check_gguf_file(self.path)
         self.identity = profiles.identity(self.path, self.options)
         self._model: Model | None = None
@@ -455,6 +456,8 @@ class LazyModel:
 def check_lazy_pair(target: Model, draft: LazyModel) -> None:
     """check_pair for a draft that is not loaded: its vocabulary alone is read, once per machine
     (the verdict is kept in the target's profile)."""
+    if draft.paired:
+        return
     profile = profiles.STORE.get(target.identity)
     key = "pair:" + profiles.key_of(draft.identity)
     verdict = profile.checks.get(key)

@@ -41,7 +41,7 @@ PRIOR_ACCEPT, PRIOR_REJECT = 2.0, 1.0  # α prior 2/3, worth three observations
 MARGIN = 1.03  # speculate only when it is predicted to be at least 3 % faster
 OPTIMISM = 1.0  # decide with α + OPTIMISM·sd (explores a kind of draft until its acceptance is known)
 UNMEASURED_SLOPE = 0.5  # an unmeasured pass of n tokens is first taken to cost c(1)·(1 + 0.5 (n - 1))
-CURVE_SIZES = (32, 24, 16, 12, 8, 6, 5, 4, 3, 2)  # pass sizes the prompt prefill measures, once each
+CURVE_SIZES = (32, 16)  # pass sizes the prompt prefill measures, once each (smaller ones: by drafts)
 PREFILL_WARM_UP = 4  # prompt tokens decoded first, unmeasured (a cold first decode is slow)
 
 
@@ -84,7 +84,12 @@ class CostTable:
 
 
 LEVELS = 24  # acceptance is tracked per draft level up to here; deeper levels share the last one
-PRIOR_EVENT, PRIOR_SURVIVE = 0.5, 1.5  # rejection prior 1/4, worth two observations
+PRIOR_WEIGHT = 2.0  # the prior rejection rate is worth two observations
+PRIOR_HAZARD = {  # per kind of draft, the rejection rate per level before any evidence
+    "ngram:m1": 0.6, "ngram:realign": 0.5, "ngram:m2-3": 0.45, "ngram:m4-7": 0.3, "ngram:m8-15": 0.15,
+    "ngram:m16+": 0.08,  # the longer the context match behind a proposal, the likelier it continues
+}
+DEFAULT_PRIOR_HAZARD = 0.4  # a draft model's tokens
 SHRINK = 2.0  # a level's rejection rate leans on the kind's pooled rate with this weight
 
 
@@ -98,6 +103,7 @@ class Acceptance:
 
     at_risk: list[float] = field(default_factory=lambda: [0.0] * LEVELS)
     rejected: list[float] = field(default_factory=lambda: [0.0] * LEVELS)
+    prior: float = DEFAULT_PRIOR_HAZARD
 
     def decay(self) -> None:
         for k in range(LEVELS):
@@ -113,8 +119,8 @@ class Acceptance:
 
     def pooled(self, optimism: float = 0.0) -> float:
         """The rejection rate over all levels (with the prior), minus `optimism` standard deviations."""
-        e = sum(self.rejected) + PRIOR_EVENT
-        n = sum(self.at_risk) + PRIOR_EVENT + PRIOR_SURVIVE
+        e = sum(self.rejected) + PRIOR_WEIGHT * self.prior
+        n = sum(self.at_risk) + PRIOR_WEIGHT
         h = e / n
         return max(0.0, h - optimism * (h * (1 - h) / (n + 1)) ** 0.5)
 
@@ -174,7 +180,7 @@ class Planner:
         acc = self._acceptance.get(kind)
         if acc is None:
             at_risk, rejected = self.profile.levels(kind, LEVELS)
-            acc = self._acceptance[kind] = Acceptance(at_risk, rejected)
+            acc = self._acceptance[kind] = Acceptance(at_risk, rejected, PRIOR_HAZARD.get(kind, DEFAULT_PRIOR_HAZARD))
         return acc
 
     def draft_cost(self, drafter: Any) -> CostTable:

@@ -55,7 +55,7 @@ def test_an_unmeasured_size_is_estimated_optimistically_from_the_prefill_rate() 
 
 
 def test_acceptance_per_level_and_decay() -> None:
-    a = Acceptance()
+    a = Acceptance(prior=0.25)
     assert a.alpha == pytest.approx(0.75)  # the prior: a level is passed 3 times in 4
     assert a.expected(2, optimism=0) == pytest.approx(1 + 0.75 + 0.75 ** 2)
     for _ in range(300):
