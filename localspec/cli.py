@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from localspec import __version__
+from localspec import __version__, rpc
 from localspec.config import (CACHE_TYPES, DEFAULT_SAMPLING, DEFAULTS, DRAFTERS, LOAD_MODES, MODEL_DEFAULTS, PLANS,
                               VERIFIERS, GenerationConfig)
 from localspec.errors import (ConfigError, DependencyError, FetchError, LocalspecError, ModelError, ModelNotFound,
@@ -110,6 +110,12 @@ def model_options(f: Callable) -> Callable:
                      help="read: copy the weights into memory (no second resident copy where llama.cpp "
                           "repacks them for its CPU kernels); mmap: map the file; auto: llama.cpp decides "
                           "(env LOCALSPEC_LOAD_MODE)."),
+        click.option("--rpc", envvar="LOCALSPEC_RPC", default=None, metavar="HOST:PORT[,...]",
+                     help="Put the target's layers on these llama.cpp RPC servers (`localspec rpc-server`; "
+                          "all layers unless --n-gpu-layers says how many; several servers share them). "
+                          "Needs llama-cpp-python built with -DGGML_RPC=on (env LOCALSPEC_RPC)."),
+        click.option("--draft-rpc", default=None, metavar="HOST:PORT[,...]",
+                     help="RPC servers for the draft model (default: the draft stays on this machine)."),
     ])
 
 
@@ -183,7 +189,8 @@ def _is_none(value: str | None) -> bool:
 
 
 def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int | None = None,
-              need_draft: bool = True, lazy_draft: bool = False, **options: Any) -> Loaded:
+              draft_rpc: str | None = None, need_draft: bool = True, lazy_draft: bool = False,
+              **options: Any) -> Loaded:
     """Load the target and the draft the options name (options: those of localspec.load_model).
     lazy_draft: the draft is fetched if needed but loaded only when the planner wants it."""
     from localspec import registry
@@ -202,7 +209,7 @@ def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int |
     try:
         dm = None
         if draft_name:
-            draft_options = dict(options)
+            draft_options = dict(options, rpc=draft_rpc)
             if draft_n_gpu_layers is not None:
                 draft_options["n_gpu_layers"] = draft_n_gpu_layers
             paired = draft_name == pair.draft and target_name == pair.target  # the registry vouches for it
@@ -216,7 +223,8 @@ def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int |
 
 def model_kwargs(options: dict) -> dict:
     """The load_pair keywords among a command's options."""
-    keys = ("ctx_size", "n_gpu_layers", "draft_n_gpu_layers", "threads", "cache_type", "load_mode")
+    keys = ("ctx_size", "n_gpu_layers", "draft_n_gpu_layers", "threads", "cache_type", "load_mode", "rpc",
+            "draft_rpc")
     return {k: options[k] for k in keys if k in options}
 
 
@@ -373,7 +381,12 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
         if chat_template and loaded.target.chat_template:
             message = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         generation = Generation(loaded.target, loaded.draft, message, config)
-        parts, last, interrupted = _stream(generation, as_json)
+        parts: list[str] = []
+        unregister = rpc.on_fatal(lambda error: _remote_failed(parts, as_json, loaded, config, error))
+        try:
+            last, interrupted = _stream(generation, as_json, parts)
+        finally:
+            unregister()
         _report(parts, last, as_json, usage, loaded, generation.config, entered)  # also after Ctrl-C: nothing lost
     finally:
         loaded.close()
@@ -381,9 +394,18 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
         sys.exit(EXIT_INTERRUPTED)
 
 
-def _stream(generation: Any, as_json: bool) -> tuple[list[str], Any, bool]:
-    """Run the generation, echoing text unless JSON is wanted; Ctrl-C stops it with what it has."""
-    parts: list[str] = []
+def _remote_failed(parts: list[str], as_json: bool, loaded: Loaded, config: GenerationConfig, error: str) -> None:
+    """A remote device failed mid-generation: what was generated is kept (printed) before the exit."""
+    if as_json:
+        click.echo(json.dumps({"model": loaded.target_name, "text": "".join(parts), "finish_reason": "error",
+                               "error": error, "settings": config.options()}))
+    elif parts:
+        click.echo("")
+
+
+def _stream(generation: Any, as_json: bool, parts: list[str]) -> tuple[Any, bool]:
+    """Run the generation into `parts`, echoing text unless JSON is wanted; Ctrl-C stops it with
+    what it has."""
     last = None
     stream = iter(generation)
     try:
@@ -395,10 +417,10 @@ def _stream(generation: Any, as_json: bool) -> tuple[list[str], Any, bool]:
                 sys.stdout.flush()
     except KeyboardInterrupt:
         click.echo("\ninterrupted", err=True)
-        return parts, last, True
+        return last, True
     finally:
         stream.close()
-    return parts, last, False
+    return last, False
 
 
 def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loaded, config: GenerationConfig,

@@ -39,6 +39,25 @@ MAX_BRANCHES = 64  # root-to-leaf paths of one draft (KV sequences)
 SEED_LIMIT = 2**64
 
 
+_ENDPOINT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-_]+):(\d{1,5})$")
+RPC_PORT = 50052  # llama.cpp's rpc-server default
+
+
+def parse_endpoints(value: str | Sequence[str] | None, param: str = "rpc") -> tuple[str, ...]:
+    """RPC servers as "host:port[,host:port...]" (or a list of them); ConfigError names a bad one."""
+    if value is None or value == "" or value == ():
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = []
+    for item in (str(i).strip() for i in items):
+        m = _ENDPOINT.match(item)
+        _require(m is not None and 1 <= int(m.group(2)) <= 65535, param,
+                 f"{item!r} is not an RPC server address; use HOST:PORT, e.g. 192.168.1.20:{RPC_PORT} "
+                 "(several: comma-separated)")
+        out.append(item)
+    return tuple(dict.fromkeys(out))
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -324,8 +343,10 @@ class ModelOptions:
     cache_type: str = "f16"  # KV cache type
     n_seq_max: int = 16  # sequences (tree branches) in flight
     load_mode: str = "read"  # read: copy the weights into memory (no mapped duplicate); mmap; auto
+    rpc: tuple[str, ...] = ()  # RPC servers ("host:port") that take the model's layers
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "rpc", parse_endpoints(self.rpc))
         _require(_is_int(self.ctx_size) and self.ctx_size >= 16, "ctx_size",
                  f"ctx_size must be at least 16 tokens, got {self.ctx_size!r}")
         _require(_is_int(self.batch_size) and self.batch_size >= 1, "batch_size",

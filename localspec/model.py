@@ -21,7 +21,7 @@ import numpy as np
 
 import llama_cpp as lc
 
-from localspec import profiles
+from localspec import profiles, rpc
 from localspec.config import ModelOptions
 from localspec.errors import ModelError
 from localspec.verifier import LogitsPointer
@@ -131,10 +131,19 @@ class Model:
         return self
 
     def _load_model(self, vocab_only: bool = False) -> None:
+        o = self.options
         params = lc.llama_model_default_params()
         params.vocab_only = vocab_only
-        params.n_gpu_layers = self.options.n_gpu_layers if self.options.n_gpu_layers >= 0 else 999
-        params.load_mode = LOAD_MODES[self.options.load_mode]
+        layers = -1 if o.rpc and o.n_gpu_layers == 0 else o.n_gpu_layers  # with --rpc: all remote by default
+        params.n_gpu_layers = layers if layers >= 0 else 999
+        params.load_mode = LOAD_MODES[o.load_mode]
+        devices = None  # NULL: every registered device
+        if o.rpc:
+            devices = rpc.device_array(rpc.devices(o.rpc))
+        elif rpc.in_use():  # RPC servers are registered here: keep this model on this machine's devices
+            devices = rpc.device_array(rpc.local_devices())
+        if devices is not None:
+            params.devices = ctypes.addressof(devices)
         model = lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
             raise ModelError(f"llama.cpp could not load {self.path} (unsupported architecture, "
@@ -344,7 +353,11 @@ class Model:
             self._b_logits[:n] = 0
             self._b_logits[n - 1] = 1
         self._batch.n_tokens = n
-        rc = lc.llama_decode(self._ctx, self._batch)
+        if self.options.rpc:
+            with rpc.DecodeWatch(self.options.rpc):
+                rc = lc.llama_decode(self._ctx, self._batch)
+        else:
+            rc = lc.llama_decode(self._ctx, self._batch)
         if rc == 1:
             raise ModelError(f"the context is full: no KV slot for {n} more tokens "
                              f"(ctx_size={self.n_ctx}); use a larger --ctx-size")

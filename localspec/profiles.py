@@ -70,7 +70,7 @@ def identity(path: Path, options: ModelOptions, extra: dict | None = None) -> di
     return {"file": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
             "threads": options.threads or os.cpu_count(), "n_gpu_layers": options.n_gpu_layers,
             "cache_type": options.cache_type, "flash_attn": options.flash_attn, "load_mode": options.load_mode,
-            "batch_size": options.batch_size, **machine(), **(extra or {})}
+            "batch_size": options.batch_size, "rpc": list(options.rpc), **machine(), **(extra or {})}
 
 
 def key_of(ident: dict[str, Any]) -> str:
@@ -142,7 +142,11 @@ class Profiles:
         path = self.directory / f"{key}.json"
         t0 = time.perf_counter()
         try:
-            return Profile.from_json(json.loads(path.read_text(encoding="utf-8")))
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict) and data.get("version") != VERSION:
+                log.info("the cost profile %s is from another localspec version: measured again", path)
+                return None
+            return Profile.from_json(data)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:

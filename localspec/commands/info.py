@@ -149,8 +149,22 @@ def native_info() -> dict:
 # ---------------------------------------------------------------- the report
 
 
-def collect() -> dict:
+def rpc_info(endpoints: tuple[str, ...]) -> dict:
+    """Whether the build has the RPC backend, and the given servers' devices."""
+    from localspec import rpc
+
+    out: dict = {"available": rpc.available()}
+    if endpoints:
+        try:
+            out["servers"] = rpc.describe(endpoints)
+        except Exception as exc:  # an unreachable server must not break `info`
+            out["error"] = str(exc)
+    return out
+
+
+def collect(endpoints: tuple[str, ...] = ()) -> dict:
     from localspec import registry
+    from localspec.profiles import STORE
 
     return {
         "localspec": __version__,
@@ -161,6 +175,8 @@ def collect() -> dict:
         "verifier": native_info(),
         "packages": {name: _version(name) for name in ("numpy", "cffi", "click", "jinja2")},
         "cache": {"dir": str(registry.cache_dir()), "from_env": bool(os.environ.get(registry.CACHE_ENV))},
+        "profiles": {"dir": str(STORE.directory), "count": len(STORE.on_disk())},
+        "rpc": rpc_info(endpoints),
     }
 
 
@@ -195,13 +211,24 @@ def render(info: dict) -> str:
               f"  self-test      {status}",
               "packages         " + ", ".join(f"{k} {v or 'not installed'}" for k, v in info["packages"].items()),
               f"model cache      {info['cache']['dir']}" + (" (from $LOCALSPEC_CACHE_DIR)" if info["cache"]["from_env"]
-                                                          else "")]
+                                                          else ""),
+              f"cost profiles    {info['profiles']['count']} in {info['profiles']['dir']} (`localspec profiles list`)"]
+    r = info["rpc"]
+    lines.append("RPC backend      " + ("available" if r["available"] else "not in this build (rebuild with "
+                                                                           "CMAKE_ARGS=-DGGML_RPC=on)"))
+    if "error" in r:
+        lines.append(f"  {r['error']}")
+    for d in r.get("servers", []):
+        lines.append(f"  {d['endpoint']}: {d['name']} ({d['description']}), "
+                     f"{d['memory_free'] / 1024 ** 3:.1f} / {d['memory_total'] / 1024 ** 3:.1f} GiB free")
     return "\n".join(lines)
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def info(as_json: bool) -> None:
+@click.option("--rpc", envvar="LOCALSPEC_RPC", default=None, metavar="HOST:PORT[,...]",
+              help="Also list the devices of these RPC servers (env LOCALSPEC_RPC).")
+def info(as_json: bool, rpc: str | None) -> None:
     """Versions, the llama.cpp build and its devices, the native verifier, the model cache.
 
     Useful in bug reports. Exit status 1 when the native verifier fails its
@@ -210,8 +237,16 @@ def info(as_json: bool) -> None:
     \b
     localspec info
     localspec info --json
+    localspec info --rpc 192.168.1.20:50052
     """
-    data = collect()
+    from localspec.config import parse_endpoints
+    from localspec.errors import ConfigError
+
+    try:
+        endpoints = parse_endpoints(rpc)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--rpc") from None
+    data = collect(endpoints)
     click.echo(json.dumps(data, indent=2) if as_json else render(data))
     if data["verifier"]["self_test"] != "ok":
         raise SystemExit(1)

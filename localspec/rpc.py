@@ -1,0 +1,248 @@
+"""llama.cpp's RPC backend: a target's layers on other machines, and the server that hosts them.
+
+llama-cpp-python's bindings expose no RPC calls, so they are reached through ctypes on the
+libraries it bundles: ``ggml_backend_reg_by_name("RPC")`` tells whether the build has the RPC
+backend (``CMAKE_ARGS="-DGGML_RPC=on"``), its ``ggml_backend_rpc_add_server`` registers a server's
+devices, and a model's ``llama_model_params.devices`` (a NULL-terminated device list) says where
+its layers go — every registered device when NULL, so models that must stay local get an
+explicit list. ``ggml_backend_rpc_start_server`` serves this machine's CPU.
+
+llama.cpp aborts the process when an RPC server stops answering mid-computation. localspec turns
+that into a clear message and a clean exit (:func:`on_fatal` hooks print what was generated
+first), and bounds a remote decode in time so a server that hangs cannot hang the client.
+Upstream calls RPC insecure: no authentication, no encryption. Keep servers on loopback or a
+trusted network.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import socket
+import sys
+import threading
+from typing import Callable, Sequence
+
+from localspec.config import RPC_PORT
+from localspec.errors import DependencyError, ModelError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = RPC_PORT
+EXIT_REMOTE = 3  # exit status after a remote device failed
+CONNECT_TIMEOUT = 3.0  # seconds to reach a server before loading
+TIMEOUT_ENV = "LOCALSPEC_RPC_TIMEOUT"  # seconds one remote decode may take before the server counts as gone
+DECODE_TIMEOUT = 120.0  # ... by default
+REBUILD = ('CMAKE_ARGS="-DGGML_RPC=on" pip install --no-cache-dir --force-reinstall '
+           '"llama-cpp-python==0.3.36"')
+
+_lock = threading.Lock()
+_servers: dict[str, list[int]] = {}  # endpoint -> its registered device pointers
+_fatal_hooks: list[Callable[[str], None]] = []
+_abort_callback = None  # keeps the ctypes callback alive
+
+
+# ---------------------------------------------------------------- the libraries
+
+
+def _ggml() -> ctypes.CDLL:
+    from llama_cpp import _ggml as bundled  # llama-cpp-python's handle on libggml (and its dependencies)
+
+    lib = bundled.libggml
+    if not getattr(lib, "_localspec_typed", False):
+        vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+        for name, res, args in (("ggml_backend_reg_by_name", vp, [cp]), ("ggml_backend_register", None, [vp]),
+                                ("ggml_backend_reg_get_proc_address", vp, [vp, cp]),
+                                ("ggml_backend_reg_dev_count", sz, [vp]), ("ggml_backend_reg_dev_get", vp, [vp, sz]),
+                                ("ggml_backend_dev_count", sz, []), ("ggml_backend_dev_get", vp, [sz]),
+                                ("ggml_backend_dev_name", cp, [vp]), ("ggml_backend_dev_description", cp, [vp]),
+                                ("ggml_backend_dev_type", ctypes.c_int, [vp]),
+                                ("ggml_backend_dev_backend_reg", vp, [vp]), ("ggml_backend_reg_name", cp, [vp]),
+                                ("ggml_backend_dev_by_type", vp, [ctypes.c_int]),
+                                ("ggml_backend_dev_memory", None, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)])):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        lib._localspec_typed = True
+    return lib
+
+
+def _reg() -> int | None:
+    return _ggml().ggml_backend_reg_by_name(b"RPC")
+
+
+def available() -> bool:
+    """Does this llama-cpp-python build have the RPC backend?"""
+    try:
+        return bool(_reg())
+    except (OSError, AttributeError):
+        return False
+
+
+def require() -> int:
+    reg = _reg() if available() else None
+    if not reg:
+        raise DependencyError("this llama-cpp-python build has no RPC backend; rebuild it with:\n  " + REBUILD)
+    return reg
+
+
+def _proc(name: str, restype: object, argtypes: list) -> Callable:
+    address = _ggml().ggml_backend_reg_get_proc_address(require(), name.encode())
+    if not address:
+        raise DependencyError(f"this llama.cpp RPC backend has no {name}; rebuild it with:\n  " + REBUILD)
+    return ctypes.CFUNCTYPE(restype, *argtypes)(address)
+
+
+# ---------------------------------------------------------------- the client side
+
+
+def _reachable(endpoint: str) -> None:
+    host, port = endpoint.rsplit(":", 1)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        raise ModelError(f"cannot reach the RPC server at {endpoint}: {exc.strerror or exc}; start one there with "
+                         f"`localspec rpc-server --host {host.strip('[]')} --port {port}`") from None
+
+
+def devices(endpoints: Sequence[str]) -> list[int]:
+    """The devices of these servers, registered once per process (in endpoint order)."""
+    out: list[int] = []
+    with _lock:
+        for endpoint in endpoints:
+            if endpoint not in _servers:
+                _reachable(endpoint)
+                add_server = _proc("ggml_backend_rpc_add_server", ctypes.c_void_p, [ctypes.c_char_p])
+                reg = add_server(endpoint.encode())
+                g = _ggml()
+                found = [g.ggml_backend_reg_dev_get(reg, i) for i in range(g.ggml_backend_reg_dev_count(reg))] \
+                    if reg else []
+                if not found:
+                    raise ModelError(f"the RPC server at {endpoint} offers no device (a protocol mismatch? both "
+                                     "sides need the same llama.cpp RPC version)")
+                g.ggml_backend_register(reg)
+                _servers[endpoint] = found
+                install_abort_handler()
+            out += _servers[endpoint]
+    return out
+
+
+def in_use() -> bool:
+    """Are RPC servers registered in this process (so local models need an explicit device list)?"""
+    return bool(_servers)
+
+
+def local_devices() -> list[int]:
+    """Offload devices of this machine (GPUs; not the CPU, not RPC servers)."""
+    g = _ggml()
+    out = []
+    for i in range(g.ggml_backend_dev_count()):
+        dev = g.ggml_backend_dev_get(i)
+        reg_name = (g.ggml_backend_reg_name(g.ggml_backend_dev_backend_reg(dev)) or b"").decode()
+        if g.ggml_backend_dev_type(dev) != 0 and reg_name != "RPC":  # 0: GGML_BACKEND_DEVICE_TYPE_CPU
+            out.append(dev)
+    return out
+
+
+def device_array(devices: Sequence[int]) -> ctypes.Array:
+    """A NULL-terminated ggml_backend_dev_t array (keep it alive while the model loads)."""
+    return (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+
+
+def describe(endpoints: Sequence[str]) -> list[dict]:
+    """Name, description and memory of each server's devices (for `localspec info`)."""
+    g = _ggml()
+    out = []
+    for endpoint in endpoints:
+        for dev in devices([endpoint]):
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+            out.append({"endpoint": endpoint, "name": (g.ggml_backend_dev_name(dev) or b"").decode(),
+                        "description": (g.ggml_backend_dev_description(dev) or b"").decode(),
+                        "memory_free": free.value, "memory_total": total.value})
+    return out
+
+
+# ---------------------------------------------------------------- when a server goes away
+
+
+def on_fatal(hook: Callable[[str], None]) -> Callable[[], None]:
+    """Run `hook(message)` before the process exits on a remote failure; returns an unregister."""
+    _fatal_hooks.append(hook)
+    return lambda: _fatal_hooks.remove(hook) if hook in _fatal_hooks else None
+
+
+def fatal(message: str) -> None:
+    """Report a remote failure, let the hooks save what was generated, exit with EXIT_REMOTE."""
+    for hook in list(_fatal_hooks):
+        try:
+            hook(message)
+        except Exception:  # noqa: BLE001 - the exit must happen
+            log.exception("a fatal-error hook failed")
+    sys.stdout.flush()
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    os._exit(EXIT_REMOTE)
+
+
+def install_abort_handler() -> None:
+    """Turn llama.cpp's abort on a broken RPC connection into fatal() (a clean exit)."""
+    global _abort_callback
+    if _abort_callback is not None:
+        return
+    kind = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+    def handler(text: bytes | None) -> None:
+        detail = (text or b"").decode("utf-8", "replace").strip()
+        detail = re.sub(r"^\S+:\d+: ", "", detail)  # llama.cpp's "file:line: " prefix
+        if "rpc" in detail.lower() or _servers:
+            fatal(f"a remote device stopped answering ({detail or 'llama.cpp aborted'}); the text above is what "
+                  "was generated before it did")
+        sys.stderr.write(f"llama.cpp aborted: {detail}\n")
+
+    _abort_callback = kind(handler)
+    lib = _ggml()
+    lib.ggml_set_abort_callback.restype = ctypes.c_void_p
+    lib.ggml_set_abort_callback.argtypes = [kind]
+    lib.ggml_set_abort_callback(_abort_callback)
+
+
+class DecodeWatch:
+    """Bounds one remote decode: if it has not returned after DECODE_TIMEOUT seconds, the server
+    counts as gone (a hung server or a cut network) and the process exits through fatal()."""
+
+    def __init__(self, endpoints: Sequence[str], timeout: float | None = None) -> None:
+        self.endpoints = endpoints
+        self.timeout = timeout or float(os.environ.get(TIMEOUT_ENV) or DECODE_TIMEOUT)
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> "DecodeWatch":
+        self._timer = threading.Timer(self.timeout, fatal, args=(
+            f"the RPC server(s) {', '.join(self.endpoints)} did not answer within {self.timeout:g} s; the text "
+            "above is what was generated before",))
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+# ---------------------------------------------------------------- the server side
+
+
+def serve(host: str, port: int, threads: int, cache_dir: str | None) -> None:
+    """Serve this machine's CPU to RPC clients (blocks until the process ends)."""
+    from localspec.model import _init_backend
+
+    _init_backend()
+    require()
+    start = _proc("ggml_backend_rpc_start_server", None,
+                  [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
+                   ctypes.POINTER(ctypes.c_void_p)])
+    cpu = _ggml().ggml_backend_dev_by_type(0)
+    devs = (ctypes.c_void_p * 1)(cpu)
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    start(endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, 1, devs)
