@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from head_to_head import GROUNDED, PROMPTS as H2H_PROMPTS  # noqa: E402
+from head_to_head import GROUNDED, PROMPTS as H2H_PROMPTS, build_llama_tools, llama_cpp_version  # noqa: E402
 
 PROMPTS = dict(H2H_PROMPTS)
 PROMPTS["rename"] = ("Rename the variable `tmp` to `total` in this code and show the whole code:\n\n"
@@ -97,8 +98,9 @@ def ratio(default: Sequence[Run], alone: Sequence[Run], temperature: float) -> f
             / statistics.median(r.wall / max(r.tokens, 1) for r in default))
 
 
-def measure(args: argparse.Namespace, root: Path) -> tuple[list[str], list[Run]]:
-    rows, warm_runs = [], []
+def measure(args: argparse.Namespace, root: Path) -> tuple[list[str], dict[str, list[Run]]]:
+    rows: list[str] = []
+    warm_runs: dict[str, list[Run]] = {}
     alone_dir = root / "alone"
     for temperature in args.temperatures:
         warm_dir = root / f"warm-{temperature:g}"
@@ -114,7 +116,8 @@ def measure(args: argparse.Namespace, root: Path) -> tuple[list[str], list[Run]]
                 alone.append(localspec([*common, *TARGET_ALONE], PROMPTS[name], alone_dir, args.threads))
                 warm.append(localspec(common, PROMPTS[name], warm_dir, args.threads))
                 alone.append(localspec([*common, *TARGET_ALONE], PROMPTS[name], alone_dir, args.threads))
-            warm_runs += warm
+            if temperature == 0:
+                warm_runs[name] = warm
             med = statistics.median
             rows.append(
                 f"| {name}{' (grounded)' if name in GROUNDED_PROMPTS else ''} | {temperature:g} | "
@@ -151,6 +154,50 @@ def chat_table(args: argparse.Namespace, root: Path) -> list[str]:
             f"| {len(CHAT_TURNS)} turns, up to {args.tokens} tokens each | {a:.2f} | {d:.2f} | **{a / d:.2f}×** |"]
 
 
+LLAMA_NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")  # llama.cpp's draft-free speculative modes
+
+
+def llama_ngram(bindir: Path, prompt: str, spec_type: str, tokens: int, threads: int | None) -> tuple[float, float]:
+    """(whole-process seconds, decode tokens/s) of one llama-speculative-simple run at T = 0 with
+    one of llama.cpp's n-gram modes (up to 32 drafts; no draft model is loaded)."""
+    from localspec import registry
+
+    target = registry.resolve(registry.load_registry().pairs[registry.load_registry().default_pair].target)
+    cmd = [str(bindir / "llama-speculative-simple"), "-m", str(target), "-p", prompt, "-n", str(tokens), "-c", "4096",
+           "--temp", "0", "--seed", "1", "--spec-type", spec_type, "--spec-draft-n-max", "32",
+           *(["-t", str(threads)] if threads else [])]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    found = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", out.stdout + out.stderr)
+    if out.returncode != 0 or not found:
+        raise RuntimeError(f"llama-speculative-simple --spec-type {spec_type} failed:\n{(out.stdout + out.stderr)[-1500:]}")
+    return wall, int(found.group(1)) / float(found.group(2))
+
+
+def llama_table(args: argparse.Namespace, root: Path, warm: dict[str, list[Run]]) -> list[str]:
+    """localspec's default against llama.cpp's n-gram modes on the grounded prompts (T = 0).
+    llama.cpp's tools take the prompt as plain text (no chat template), localspec its chat
+    template: the decode rates compare the drafters, the wall times what each tool costs."""
+    bindir = build_llama_tools(Path.home() / ".cache" / "localspec-bench", llama_cpp_version(), os.cpu_count() or 1)
+    lines = ["| prompt | system | decode tok/s | whole process s |", "| --- | --- | ---: | ---: |"]
+    for name in [n for n in args.prompts if n in GROUNDED_PROMPTS and n in warm]:
+        runs = warm[name]
+        lines.append(f"| {name} | localspec default (warm) | {statistics.median(r.decode_tps for r in runs):.1f} | "
+                     f"{statistics.median(r.wall for r in runs):.2f} |")
+        for spec_type in LLAMA_NGRAM_TYPES:
+            progress(f"llama.cpp {spec_type} on {name}")
+            try:
+                got = [llama_ngram(bindir, PROMPTS[name], spec_type, args.tokens, args.threads)
+                       for _ in range(args.repeat)]
+            except RuntimeError as exc:
+                lines.append(f"| {name} | llama.cpp {spec_type} | failed: {str(exc).splitlines()[0]} | |")
+                continue
+            lines.append(f"| {name} | llama.cpp {spec_type} | {statistics.median(g[1] for g in got):.1f} | "
+                         f"{statistics.median(g[0] for g in got):.2f} |")
+    return lines
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompts", type=lambda s: s.split(","), default=list(PROMPTS),
@@ -160,6 +207,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=128, help="max tokens per run (default 128)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--skip-chat", action="store_true", help="no 5-turn chat table")
+    p.add_argument("--llama-cpp", action="store_true",
+                   help="also run llama.cpp's n-gram modes (builds llama-speculative-simple once, a few minutes)")
     args = p.parse_args(argv)
     unknown = [n for n in args.prompts if n not in PROMPTS]
     if unknown:
@@ -176,10 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         table, warm_runs = measure(args, root)
         print("\n".join(table))
         print()
-        print("\n".join(components(warm_runs)))
+        print("\n".join(components([r for runs in warm_runs.values() for r in runs])))
         if not args.skip_chat:
             print()
             print("\n".join(chat_table(args, root)))
+        if args.llama_cpp:
+            print()
+            print("\n".join(llama_table(args, root, warm_runs)))
     return 0
 
 

@@ -43,22 +43,24 @@ class Response:
 def load_model(model: str | Path, **options: Any) -> Model:
     """Load a GGUF file, or a registry model by name (fetched and cached on first use).
     Options: ctx_size, batch_size, threads, n_gpu_layers, flash_attn, cache_type, n_seq_max,
-    load_mode (see localspec.config.ModelOptions)."""
+    load_mode, rpc (see localspec.config.ModelOptions)."""
     from localspec import registry
 
     model_options = ModelOptions.from_options(options)
     return Model(registry.resolve(str(model)), model_options)
 
 
-def default_pair(*, draft_n_gpu_layers: int | None = None, **options: Any) -> tuple[Model, Model]:
+def default_pair(*, draft_n_gpu_layers: int | None = None, draft_rpc: str | None = None,
+                 **options: Any) -> tuple[Model, Model]:
     """The default (target, draft) pair of the registry, fetched if needed. Options as for
-    load_model; draft_n_gpu_layers defaults to n_gpu_layers."""
+    load_model; draft_n_gpu_layers defaults to n_gpu_layers; the draft stays on this machine
+    unless draft_rpc names RPC servers for it (rpc= applies to the target)."""
     from localspec import registry
 
     reg = registry.load_registry()
     pair = reg.pairs[reg.default_pair]
     target = load_model(pair.target, **options)
-    draft_options = dict(options)
+    draft_options = dict(options, rpc=draft_rpc)
     if draft_n_gpu_layers is not None:
         draft_options["n_gpu_layers"] = draft_n_gpu_layers
     try:

@@ -30,8 +30,15 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from localspec import lossless, reference
-from localspec.config import (DEFAULT_SAMPLING, DEFAULTS, VERIFIERS, WITHOUT_REPLACEMENT, GenerationConfig,
-                              SamplingParams, Shape)
+from localspec.config import (
+    DEFAULT_SAMPLING,
+    DEFAULTS,
+    VERIFIERS,
+    WITHOUT_REPLACEMENT,
+    GenerationConfig,
+    SamplingParams,
+    Shape,
+)
 from localspec.lossless import ToyModel
 from localspec.stats import pearson_pvalue
 

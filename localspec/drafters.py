@@ -25,7 +25,8 @@ from localspec import verifier
 from localspec.config import SamplingParams, Shape
 from localspec.errors import ConfigError
 from localspec.lookup import ContextLookup, Proposal
-from localspec.model import LazyModel, Model, check_lazy_pair, check_pair
+from localspec.model import Model
+from localspec.pairing import LazyModel, check_lazy_pair, check_pair
 from localspec.profiles import key_of
 from localspec.tree import DraftTree, leaf_ranges
 

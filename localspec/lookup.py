@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+RECENT = 16  # output tokens over which the lookup judges whether the output is copying the context
+
 
 class SuffixAutomaton:
     """Suffix automaton of a growing token sequence, with the first end position of each state."""
@@ -93,6 +95,7 @@ class ContextLookup:
         self.cursor = -1  # context index the next token is expected to copy (-1: none)
         self.misses = 0  # tokens in a row that the cursor did not predict
         self.run = 0  # tokens in a row that it did
+        self.recent: list[bool] = []  # whether the cursor predicted each of the last RECENT tokens
 
     def sync(self, context: Sequence[int]) -> None:
         """Index every context token not indexed yet (between resets the context only grows),
@@ -108,23 +111,29 @@ class ContextLookup:
     def _follow(self, token: int) -> None:
         """Move the cursor over the next output token: past a source token it equals, or past one
         it replaced (a substitution: a renamed identifier); two misses in a row lose the source."""
+        hit = 0 <= self.cursor < len(self.tokens) and self.tokens[self.cursor] == token
+        self.recent = (self.recent + [hit])[-RECENT:]
         if self.cursor < 0:
             return
-        if self.cursor < len(self.tokens) and self.tokens[self.cursor] == token:
+        if hit:
             self.misses, self.run = 0, self.run + 1
         else:
             self.misses, self.run = self.misses + 1, 0
         self.cursor = self.cursor + 1 if self.misses < 2 else -1
 
-    @staticmethod
-    def bucket(match: int) -> str:
-        """Acceptance is learned per bucket of match length."""
-        if match <= 0:
-            return "realign"
-        for limit, name in ((1, "m1"), (3, "m2-3"), (7, "m4-7"), (15, "m8-15")):
-            if match <= limit:
-                return name
-        return "m16+"
+    @property
+    def copying(self) -> bool:
+        """Has the output been copying the context lately (most of the last RECENT tokens)?"""
+        return len(self.recent) == RECENT and 2 * sum(self.recent) >= RECENT
+
+    def bucket(self, match: int) -> str:
+        """Acceptance is learned per bucket of evidence: the match length, and whether the output
+        has been copying lately (a copy in progress, or free text with chance matches)."""
+        name = "realign"
+        if match > 0:
+            name = next((n for limit, n in ((1, "m1"), (3, "m2-3"), (7, "m4-7"), (15, "m8-15")) if match <= limit),
+                        "m16+")
+        return name + ("/copying" if self.copying else "")
 
     def propose(self, context: Sequence[int], depth: int) -> Proposal | None:
         """The best proposal of up to `depth` tokens for what follows `context`: the source being

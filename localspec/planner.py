@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 EMA = 0.2  # weight of a new cost observation
 DECAY = 0.995  # per step: acceptance counts fade so an estimate can recover (half-life ~140 steps)
 PRIOR_ACCEPT, PRIOR_REJECT = 2.0, 1.0  # α prior 2/3, worth three observations
-MARGIN = 1.03  # speculate only when it is predicted to be at least 3 % faster
-OPTIMISM = 1.0  # decide with α + OPTIMISM·sd (explores a kind of draft until its acceptance is known)
+MARGIN = 1.1  # speculate only when it is predicted to be at least 10 % faster (estimates are noisy)
+OPTIMISM = 0.5  # decide with the rejection rate OPTIMISM·sd low (explores a kind of draft until it is known)
 UNMEASURED_SLOPE = 0.5  # an unmeasured pass of n tokens is first taken to cost c(1)·(1 + 0.5 (n - 1))
 CURVE_SIZES = (32, 16)  # pass sizes the prompt prefill measures, once each (smaller ones: by drafts)
 PREFILL_WARM_UP = 4  # prompt tokens decoded first, unmeasured (a cold first decode is slow)
@@ -85,9 +85,11 @@ class CostTable:
 
 LEVELS = 24  # acceptance is tracked per draft level up to here; deeper levels share the last one
 PRIOR_WEIGHT = 2.0  # the prior rejection rate is worth two observations
-PRIOR_HAZARD = {  # per kind of draft, the rejection rate per level before any evidence
-    "ngram:m1": 0.6, "ngram:realign": 0.5, "ngram:m2-3": 0.45, "ngram:m4-7": 0.3, "ngram:m8-15": 0.15,
-    "ngram:m16+": 0.08,  # the longer the context match behind a proposal, the likelier it continues
+PRIOR_HAZARD = {  # per kind of draft, the rejection rate per level before any evidence: the longer the
+    # context match behind a proposal, and the more the output has been copying, the likelier it goes on
+    "ngram:m1": 0.8, "ngram:realign": 0.7, "ngram:m2-3": 0.7, "ngram:m4-7": 0.5, "ngram:m8-15": 0.3,
+    "ngram:m16+": 0.15, "ngram:m1/copying": 0.4, "ngram:realign/copying": 0.3, "ngram:m2-3/copying": 0.3,
+    "ngram:m4-7/copying": 0.15, "ngram:m8-15/copying": 0.08, "ngram:m16+/copying": 0.04,
 }
 DEFAULT_PRIOR_HAZARD = 0.4  # a draft model's tokens
 SHRINK = 2.0  # a level's rejection rate leans on the kind's pooled rate with this weight

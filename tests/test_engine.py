@@ -16,7 +16,8 @@ from scipy import stats
 
 from localspec.api import generate, stream_generate
 from localspec.errors import ConfigError, ModelError
-from localspec.model import Model, check_pair
+from localspec.model import Model
+from localspec.pairing import check_pair
 from localspec.models import tiny
 
 from conftest import load

@@ -146,8 +146,10 @@ def test_free_drafts_follow_their_measured_acceptance() -> None:
     assert p.choose(FREE, "ngram:m16+", 8)[0] == 8  # always right: draft as deep as offered
     poor = planner_with(CPU, Shape.chain(8), "ngram:m1", alpha_runs=100, accepted=0, depth=4)
     assert poor.choose(FREE, "ngram:m1", 8)[0] == 0  # always wrong: not even a probe
-    unknown = planner_with(CPU, Shape.chain(8), "ngram:m2-3", alpha_runs=0, accepted=0, depth=1)
-    assert unknown.choose(FREE, "ngram:m2-3", 8)[0] >= 1  # no evidence: the optimistic prior tries it
+    unknown = planner_with(CPU, Shape.chain(8), "ngram:m16+/copying", alpha_runs=0, accepted=0, depth=1)
+    assert unknown.choose(FREE, "ngram:m16+/copying", 8)[0] >= 1  # no evidence: a long copy's prior tries it
+    chance = planner_with(CPU, Shape.chain(8), "ngram:m1", alpha_runs=0, accepted=0, depth=1)
+    assert chance.choose(FREE, "ngram:m1", 8)[0] == 0  # ... a one-token chance match's does not
     assert p.choose(FREE, "ngram:m16+", 8)[0] > 0 and planner_with({}, Shape.chain(8), "k", 0, 0, 1).choose(
         FREE, "k", 8)[0] == 0  # c(1) unknown: this step measures it
 

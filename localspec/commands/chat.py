@@ -16,9 +16,18 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from localspec.cli import (Loaded, format_stats, generation_config, load_pair, model_kwargs, model_options,
-                           sampling_options, spec_options, user_errors)
+from localspec.cli import (
+    Loaded,
+    generation_config,
+    load_pair,
+    model_kwargs,
+    model_options,
+    sampling_options,
+    spec_options,
+    user_errors,
+)
 from localspec.config import GenerationConfig
+from localspec.report import format_stats
 
 log = logging.getLogger(__name__)
 

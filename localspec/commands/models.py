@@ -281,7 +281,7 @@ def pair(ctx: click.Context, target: str, draft: str) -> None:
     localspec models pair target.gguf draft.gguf
     """
     from localspec.errors import ModelError
-    from localspec.model import check_pair
+    from localspec.pairing import check_pair
 
     with _open(_resolve_local(target)) as t, _open(_resolve_local(draft)) as d:
         try:

@@ -7,8 +7,15 @@ from typing import Any
 
 import click
 
-from localspec.cli import (generation_config, load_pair, model_kwargs, model_options, sampling_options, spec_options,
-                           user_errors)
+from localspec.cli import (
+    generation_config,
+    load_pair,
+    model_kwargs,
+    model_options,
+    sampling_options,
+    spec_options,
+    user_errors,
+)
 from localspec.server import ServerLimits
 
 log = logging.getLogger(__name__)
@@ -75,7 +82,8 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     from localspec import server
 
     server.require_server_deps()
-    from localspec.server.run import base_url, bind_socket, serve as run_server
+    from localspec.server.run import base_url, bind_socket
+    from localspec.server.run import serve as run_server
 
     defaults = generation_config(options)
     limits = ServerLimits(api_key=api_key or None, **{k: options[k] for k in LIMITS})

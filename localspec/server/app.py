@@ -21,13 +21,21 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response as HTTPResponse, StreamingResponse
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import Response as HTTPResponse
 from starlette.routing import Route
 
 from localspec.api import Response, applied_config
 from localspec.config import DEFAULTS, GenerationConfig
-from localspec.errors import (ConfigError, DependencyError, FetchError, LocalspecError, ModelError, RequestError,
-                              VerifierError)
+from localspec.errors import (
+    ConfigError,
+    DependencyError,
+    FetchError,
+    LocalspecError,
+    ModelError,
+    RequestError,
+    VerifierError,
+)
 from localspec.model import Model
 from localspec.server import ServerLimits, schemas
 from localspec.server.responses import Reply, error_body, sse

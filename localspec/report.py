@@ -1,0 +1,61 @@
+"""What a generation did, for people (stderr) and programs (JSON): the CLI's and chat's reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localspec.config import GenerationConfig
+
+
+def format_stats(stats: Any, speculative: bool, one_token_seconds: float = 0.0) -> str:
+    """Human-readable generation statistics (for stderr). With the target's measured one-token
+    step cost, a speedup estimate."""
+    lines = [f"{stats.generated_tokens} tokens in {stats.elapsed_seconds:.2f} s: "
+             f"{stats.tokens_per_second:.1f} tok/s (prompt {stats.prompt_tokens} tokens, "
+             f"{stats.prompt_seconds:.2f} s)"]
+    if speculative and stats.target_passes and not stats.drafted_tokens:
+        lines.append("no tokens drafted: the planner (--plan auto) found that speculation does not pay with "
+                     "these step costs; --plan fixed forces it")
+    elif speculative and stats.target_passes:
+        lines.append(f"block efficiency {stats.block_efficiency:.2f} tokens/target pass, "
+                     f"acceptance {stats.acceptance_rate:.1%} ({stats.accepted_tokens}/{stats.drafted_tokens} "
+                     f"drafted), verifier {stats.verifier_share:.1%} of step time")
+        hist = stats.accept_histogram
+        if hist:
+            total = sum(hist)
+            lines.append("accepted per step:")
+            for n, count in enumerate(hist):
+                bar = "#" * round(30 * count / total) if total else ""
+                lines.append(f"  {n:2d} | {bar} {count}")
+        busy = stats.draft_seconds + stats.target_seconds + stats.verify_seconds
+        if busy > 0 and one_token_seconds > 0:
+            est = stats.generated_tokens * one_token_seconds / busy
+            lines.append(f"speedup estimate vs target alone: {est:.2f}x (from the measured one-token step "
+                         "cost; `localspec bench` measures it side by side)")
+    return "\n".join(lines)
+
+
+def stats_json(stats: Any) -> dict:
+    return {"tokens_per_second": stats.tokens_per_second, "elapsed_seconds": stats.elapsed_seconds,
+            "block_efficiency": stats.block_efficiency, "acceptance_rate": stats.acceptance_rate,
+            "target_passes": stats.target_passes, "drafted_tokens": stats.drafted_tokens,
+            "accepted_tokens": stats.accepted_tokens, "accept_histogram": list(stats.accept_histogram),
+            "verifier_share": stats.verifier_share}
+
+
+def response_json(text: str, finish: str | None, stats: Any, model: str, config: GenerationConfig,
+                  timings: dict | None = None) -> dict:
+    return {"model": model, "text": text, "finish_reason": finish, "settings": config.options(),
+            "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens},
+            "stats": stats_json(stats), "timings": timings or {}}
+
+
+def timings_json(entered: float, loaded: Any, stats: Any) -> dict:
+    """Where the process's time went (seconds; `entered`: when the command started, epoch)."""
+    from localspec.profiles import STORE
+
+    draft_load = loaded.load_seconds[1]
+    if draft_load is None:
+        draft_load = getattr(loaded.draft, "load_seconds", None)  # a lazy draft the planner loaded
+    return {"command_started": entered, "target_load": loaded.load_seconds[0], "draft_load": draft_load,
+            "profile_io": STORE.io_seconds, "prefill": stats.prompt_seconds, "decode": stats.elapsed_seconds}
