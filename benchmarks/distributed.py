@@ -135,14 +135,21 @@ def run_localspec(args: Sequence[str], prompt: str, profile_dir: Path) -> dict:
 
 
 def predicted(profile_dir: Path, endpoint: str, stats: dict) -> float:
-    """Tokens/s the cost model predicts for what the run did: its tokens per pass over the profile's
-    cost of its mean pass size."""
-    profiles = [p for p in Profiles(profile_dir).on_disk() if endpoint in p.identity.get("rpc", [])]
-    if not profiles or not stats["target_passes"]:
+    """Tokens/s the cost model predicts for what the run did: its target passes priced by the
+    learned profile of the remote target (one-token passes at c(1), drafting passes at the cost
+    of their mean size), plus the draft model's levels at its profile's cost per level."""
+    found = Profiles(profile_dir).on_disk()
+    remote = [p for p in found if endpoint in p.identity.get("rpc", [])]
+    if not remote or not stats["target_passes"]:
         return 0.0
-    costs = CostTable(profiles[0].costs)
-    size = round(1 + stats["drafted_tokens"] / stats["target_passes"])
-    return stats["block_efficiency"] / costs(size) if costs(size) > 0 else 0.0
+    costs = CostTable(remote[0].costs)
+    drafting = sum(stats["accept_histogram"])
+    seconds = (stats["target_passes"] - drafting) * costs(1)
+    if drafting:
+        seconds += drafting * costs(round(1 + stats["drafted_tokens"] / drafting))
+        local = [p for p in found if not p.identity.get("rpc") and 1 in p.costs]
+        seconds += stats["drafted_tokens"] * (local[0].costs[1] if local else 0.0)
+    return stats["generated_tokens"] / seconds if seconds > 0 else 0.0
 
 
 def measure(args: argparse.Namespace, workdir: Path) -> list[dict]:

@@ -238,6 +238,13 @@ def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int |
     return Loaded(target, dm, target_name, (t1 - t0, None if dm is None or lazy_draft else time.perf_counter() - t1))
 
 
+def load_for(config: GenerationConfig, model: str | None, draft: str | None, options: dict) -> Loaded:
+    """The pair a generation config needs: no draft for the n-gram drafter, a draft loaded only
+    when the planner wants it for auto, else loaded now."""
+    return load_pair(model, draft, need_draft=config.drafter != "ngram", lazy_draft=config.drafter == "auto",
+                     **model_kwargs(options))
+
+
 def model_kwargs(options: dict) -> dict:
     """The load_pair keywords among a command's options."""
     keys = ("ctx_size", "n_gpu_layers", "draft_n_gpu_layers", "threads", "cache_type", "load_mode", "rpc",
@@ -337,8 +344,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     entered = time.time()
     config = generation_config(options)
     text = read_prompt(prompt)
-    loaded = load_pair(model, draft, need_draft=config.drafter != "ngram", lazy_draft=config.drafter == "auto",
-                       **model_kwargs(options))
+    loaded = load_for(config, model, draft, options)
     try:
         message: Any = text
         if chat_template and loaded.target.chat_template:

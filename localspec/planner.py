@@ -91,7 +91,7 @@ PRIOR_HAZARD = {  # per kind of draft, the rejection rate per level before any e
     "ngram:m16+": 0.15, "ngram:m1/copying": 0.4, "ngram:realign/copying": 0.3, "ngram:m2-3/copying": 0.3,
     "ngram:m4-7/copying": 0.15, "ngram:m8-15/copying": 0.08, "ngram:m16+/copying": 0.04,
 }
-DEFAULT_PRIOR_HAZARD = 0.4  # a draft model's tokens
+DEFAULT_PRIOR_HAZARD = 0.25  # a draft model's tokens (a pair of one family agrees on ~3 tokens in 4)
 SHRINK = 2.0  # a level's rejection rate leans on the kind's pooled rate with this weight
 
 

@@ -19,8 +19,7 @@ import click
 from localspec.cli import (
     Loaded,
     generation_config,
-    load_pair,
-    model_kwargs,
+    load_for,
     model_options,
     sampling_options,
     spec_options,
@@ -366,8 +365,7 @@ def chat(model: str | None, draft: str | None, system: str | None, **options: An
     printf 'Write fizzbuzz\\n/stats\\n' | localspec chat -t 0
     """
     config = generation_config(options)
-    loaded = load_pair(model, draft, need_draft=config.drafter != "ngram", lazy_draft=config.drafter == "auto",
-                       **model_kwargs(options))
+    loaded = load_for(config, model, draft, options)
     try:
         config = _validate(loaded, config, system)
         if _interactive():

@@ -92,8 +92,9 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
                    "port can use the model", err=True)
     sock = bind_socket(host, port)
     try:
+        # a request may ask for another drafter than the default: a draft named with -d is kept
         loaded = load_pair(model, draft, need_draft=defaults.drafter != "ngram" or draft is not None,
-                           lazy_draft=defaults.drafter == "auto", **model_kwargs(options))
+                           lazy_draft=defaults.drafter in ("auto", "ngram"), **model_kwargs(options))
     except BaseException:
         sock.close()
         raise
