@@ -57,6 +57,7 @@ class CostTable:
 
     seconds: dict[int, float] = field(default_factory=dict)
     prefill: Callable[[], float | None] = lambda: None  # seconds per token of a long prefill
+    _sizes: list[int] = field(default_factory=list, repr=False)  # sorted keys of `seconds`
 
     def observe(self, n: int, secs: float) -> None:
         old = self.seconds.get(n)
@@ -67,7 +68,9 @@ class CostTable:
             return self.seconds[n]
         if not self.seconds:
             return 0.0
-        sizes = sorted(self.seconds)
+        if len(self._sizes) != len(self.seconds):
+            self._sizes = sorted(self.seconds)
+        sizes = self._sizes
         if len(sizes) == 1:
             c, size = self.seconds[sizes[0]], sizes[0]
             per_token = self.prefill() or UNMEASURED_SLOPE * c / size
@@ -126,21 +129,27 @@ class Acceptance:
         h = e / n
         return max(0.0, h - optimism * (h * (1 - h) / (n + 1)) ** 0.5)
 
-    def hazard(self, k: int, optimism: float = 0.0) -> float:
+    def hazard(self, k: int, optimism: float = 0.0, pooled: float | None = None) -> float:
         """P(rejected at level k | reached it): the level's own counts shrunk toward the pooled
         rate (levels seldom reached follow the kind's overall rate)."""
         k = min(k, LEVELS - 1)
-        return (self.rejected[k] + SHRINK * self.pooled(optimism)) / (self.at_risk[k] + SHRINK)
+        base = self.pooled(optimism) if pooled is None else pooled
+        return (self.rejected[k] + SHRINK * base) / (self.at_risk[k] + SHRINK)
+
+    def expectations(self, depth: int, optimism: float = OPTIMISM) -> list[float]:
+        """E[tokens per step] of drafts of 0, 1, ..., `depth` tokens (accepted ones + the extra
+        token), each level's rejection rate taken `optimism` standard deviations low (an upper
+        bound, so a kind of draft with little evidence gets tried, and one measured to lose does
+        not): 1 + the sum over levels k < d of P(accepted > k)."""
+        pooled = self.pooled(optimism)
+        out, survive = [1.0], 1.0
+        for k in range(depth):
+            survive *= 1.0 - self.hazard(k, pooled=pooled)
+            out.append(out[-1] + survive)
+        return out
 
     def expected(self, depth: int, optimism: float = OPTIMISM) -> float:
-        """E[tokens per step] of a draft of `depth` tokens (accepted ones + the extra token), with
-        each level's rejection rate taken `optimism` standard deviations low (an upper bound, so a
-        kind of draft with little evidence gets tried, and one measured to lose does not)."""
-        total, survive = 1.0, 1.0
-        for k in range(depth):
-            survive *= 1.0 - self.hazard(k, optimism)
-            total += survive
-        return total
+        return self.expectations(depth, optimism)[depth]
 
     @property
     def alpha(self) -> float:
@@ -170,6 +179,7 @@ class Planner:
 
     def __init__(self, target: Any, shape: Shape) -> None:
         self.shape = shape
+        self._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]  # nodes by depth
         self.target_bytes = target.file_bytes
         self.profile = profile_of(target)
         self.target_cost = CostTable(self.profile.costs, lambda: self.profile.prefill)
@@ -200,8 +210,7 @@ class Planner:
         return own if own > 0 else self.target_cost(1) * drafter.source.file_bytes / self.target_bytes
 
     def step_cost(self, drafter: Any, depth: int, lag: int) -> float:
-        nodes = self.shape.truncated(depth).n_nodes
-        cost = self.target_cost(nodes + 1)
+        cost = self.target_cost(self._nodes[depth] + 1)
         if drafter.source is not None:  # a draft model: catch up on `lag` tokens, then `depth` levels
             level = self._draft_level(drafter)
             per_token = profile_of(drafter.source).prefill or level / 3
@@ -216,10 +225,10 @@ class Planner:
         c1 = self.target_cost(1)
         if available <= 0 or c1 <= 0:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
-        acceptance = self.acceptance(kind)
+        expected = self.acceptance(kind).expectations(available)
         best, best_rate = 0, MARGIN / c1
         for d in range(1, available + 1):
-            rate = acceptance.expected(d) / self.step_cost(drafter, d, lag)
+            rate = expected[d] / self.step_cost(drafter, d, lag)
             if rate > best_rate:
                 best, best_rate = d, rate
         return best, best_rate

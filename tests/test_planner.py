@@ -88,6 +88,7 @@ def planner_with(target_costs: dict[int, float], shape: Shape, kind: str, alpha_
                  depth: int) -> Planner:
     p = Planner.__new__(Planner)
     p.shape = shape
+    p._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]
     p.target_bytes = 1_117_320_768
     p.profile = Profile(f"t{id(shape)}", {})
     p.target_cost = CostTable(dict(target_costs))
