@@ -41,6 +41,7 @@ PRIOR_ACCEPT, PRIOR_REJECT = 2.0, 1.0  # α prior 2/3, worth three observations
 MARGIN = 1.1  # speculate only when it is predicted to be at least 10 % faster (estimates are noisy)
 OPTIMISM = 0.5  # decide with the rejection rate OPTIMISM·sd low (explores a kind of draft until it is known)
 UNMEASURED_SLOPE = 0.5  # an unmeasured pass of n tokens is first taken to cost c(1)·(1 + 0.5 (n - 1))
+DECODE_VS_PREFILL = 3.0  # a one-token decode costs about this many tokens of a long prefill (CPU)
 CURVE_SIZES = (32, 16)  # pass sizes the prompt prefill measures, once each (smaller ones: by drafts)
 PREFILL_WARM_UP = 4  # prompt tokens decoded first, unmeasured (a cold first decode is slow)
 
@@ -204,10 +205,17 @@ class Planner:
         return table
 
     def _draft_level(self, drafter: Any) -> float:
-        """Seconds per draft level: measured, else the target's c(1) scaled by the file sizes
-        (on a CPU a model's step costs about its size)."""
+        """Seconds per draft level: measured, else the target's compute per decoded token scaled by
+        the file sizes (a model's step costs about its size). The target's compute is taken as
+        DECODE_VS_PREFILL times its prefill rate where that is known, so that a remote target's
+        round trips do not make an unmeasured local draft look expensive."""
         own = self.draft_cost(drafter)(1)
-        return own if own > 0 else self.target_cost(1) * drafter.source.file_bytes / self.target_bytes
+        if own > 0:
+            return own
+        compute = self.target_cost(1)
+        if self.profile.prefill:
+            compute = min(compute, DECODE_VS_PREFILL * self.profile.prefill)
+        return compute * drafter.source.file_bytes / self.target_bytes
 
     def step_cost(self, drafter: Any, depth: int, lag: int) -> float:
         cost = self.target_cost(self._nodes[depth] + 1)
