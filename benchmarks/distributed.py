@@ -45,6 +45,8 @@ CONFIGS = {  # name: extra localspec arguments
     "target alone": ["-d", "none", "-k", "0"],
     "n-gram": ["-d", "none", "--drafter", "ngram"],
     "model": ["--drafter", "model"],
+    # the planner overruled: what model drafting really costs here (the planner declines it on this CPU)
+    "model fixed k=4": ["--drafter", "model", "--plan", "fixed", "-k", "4"],
 }
 CODE_PROMPTS = ("code",)
 GROUNDED_PROMPTS = ("code-edit",)
@@ -162,6 +164,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> list[dict]:
             relay = f"127.0.0.1:{relay_port}"
             for prompt_name in (*CODE_PROMPTS, *GROUNDED_PROMPTS):
                 for config, extra in CONFIGS.items():
+                    if config not in args.configs and config != "target alone":
+                        continue
                     if config == "n-gram" and prompt_name in CODE_PROMPTS:
                         continue  # fresh code repeats nothing: n-gram drafting is for grounded prompts
                     profile_dir = workdir / f"{delay:g}-{config}"
@@ -223,9 +227,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="client threads (the draft)")
     p.add_argument("--server-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--configs", type=lambda s: s.split(","), default=list(CONFIGS),
+                   help=f"comma list (default all: {','.join(CONFIGS)}; the target alone always runs)")
     p.add_argument("--relay-only", nargs=3, metavar=("PORT", "UPSTREAM", "DELAY_MS"),
                    help="run only a relay (for real machines: see docs/distributed.md)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        p.error(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -116,7 +116,7 @@ def measure(args: argparse.Namespace, root: Path) -> tuple[list[str], dict[str, 
                 alone.append(localspec([*common, *TARGET_ALONE], PROMPTS[name], alone_dir, args.threads))
                 warm.append(localspec(common, PROMPTS[name], warm_dir, args.threads))
                 alone.append(localspec([*common, *TARGET_ALONE], PROMPTS[name], alone_dir, args.threads))
-            if temperature == 0:
+            if temperature == args.temperatures[0]:  # the components table: the first temperature's runs
                 warm_runs[name] = warm
             med = statistics.median
             rows.append(

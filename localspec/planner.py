@@ -42,6 +42,7 @@ MARGIN = 1.1  # speculate only when it is predicted to be at least 10 % faster (
 OPTIMISM = 0.5  # decide with the rejection rate OPTIMISM·sd low (explores a kind of draft until it is known)
 UNMEASURED_SLOPE = 0.5  # an unmeasured pass of n tokens is first taken to cost c(1)·(1 + 0.5 (n - 1))
 DECODE_VS_PREFILL = 3.0  # a one-token decode costs about this many tokens of a long prefill (CPU)
+UNMEASURED_LEVEL = 0.5  # an unmeasured draft level is first taken at half its size-scaled guess (see _draft_level)
 CURVE_SIZES = (32, 16)  # pass sizes the prompt prefill measures, once each (smaller ones: by drafts)
 PREFILL_WARM_UP = 4  # prompt tokens decoded first, unmeasured (a cold first decode is slow)
 
@@ -54,31 +55,51 @@ class CostTable:
     not a line: on the 2-core reference machine a batch of 16 costs about what 9 cost), and beyond
     the measured range extended along the line through the two nearest sizes. With c(1) alone, a
     larger batch is estimated from the prefill rate (a lower bound of any batch's cost per token)
-    or UNMEASURED_SLOPE: optimistic on purpose, the first real pass replaces it."""
+    or UNMEASURED_SLOPE: optimistic on purpose, the first real pass replaces it.
+
+    A process's first pass of a size may carry one-off set-up (on llama.cpp's RPC backend a new
+    batch shape costs ~5 extra round trips once), so it never enters the learned table: where the
+    size is known it is ignored, else it stands in (`first`, not persisted) until a second pass
+    measures the size."""
 
     seconds: dict[int, float] = field(default_factory=dict)
     prefill: Callable[[], float | None] = lambda: None  # seconds per token of a long prefill
-    _sizes: list[int] = field(default_factory=list, repr=False)  # sorted keys of `seconds`
+    first: dict[int, float] = field(default_factory=dict)  # this process's first passes of unlearned sizes
+    seen: set[int] = field(default_factory=set)  # sizes this process has passed once
+    _sizes: list[int] = field(default_factory=list, repr=False)  # sorted sizes of `seconds` and `first`
 
     def observe(self, n: int, secs: float) -> None:
+        if n not in self.seen:
+            self.seen.add(n)
+            if n not in self.seconds:
+                self.first[n] = secs
+                self._sizes = []
+            return
+        if self.first.pop(n, None) is not None:
+            self._sizes = []
         old = self.seconds.get(n)
         self.seconds[n] = secs if old is None else (1 - EMA) * old + EMA * secs
 
+    def _known(self, n: int) -> float | None:
+        known = self.seconds.get(n)
+        return self.first.get(n) if known is None else known
+
     def __call__(self, n: int) -> float:
-        if n in self.seconds:
-            return self.seconds[n]
-        if not self.seconds:
-            return 0.0
-        if len(self._sizes) != len(self.seconds):
-            self._sizes = sorted(self.seconds)
+        known = self._known(n)
+        if known is not None:
+            return known
+        if len(self._sizes) != len(self.seconds) + len(self.first):  # a size added, or the cache reset
+            self._sizes = sorted(set(self.seconds) | set(self.first))
         sizes = self._sizes
+        if not sizes:
+            return 0.0
         if len(sizes) == 1:
-            c, size = self.seconds[sizes[0]], sizes[0]
+            c, size = self._known(sizes[0]) or 0.0, sizes[0]
             per_token = self.prefill() or UNMEASURED_SLOPE * c / size
             return max(c, c + (n - size) * per_token) if n > size else c * n / size
         i = min(max(bisect.bisect_left(sizes, n), 1), len(sizes) - 1)  # sizes[i-1] < n < sizes[i] inside
         lo, hi = sizes[i - 1], sizes[i]
-        c_lo, c_hi = self.seconds[lo], self.seconds[hi]
+        c_lo, c_hi = self._known(lo) or 0.0, self._known(hi) or 0.0
         line = c_lo + (c_hi - c_lo) * (n - lo) / (hi - lo)
         if n > hi:  # beyond the largest measured size: never cheaper than it
             return max(line, c_hi)
@@ -183,7 +204,8 @@ class Planner:
         self._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]  # nodes by depth
         self.target_bytes = target.file_bytes
         self.profile = profile_of(target)
-        self.target_cost = CostTable(self.profile.costs, lambda: self.profile.prefill)
+        self.target_cost = CostTable(self.profile.costs, lambda: self.profile.prefill,
+                                     self.profile.first_passes, self.profile.passes_seen)
         self._acceptance: dict[str, Acceptance] = {}
         self._draft_costs: dict[str, CostTable] = {}
 
@@ -201,42 +223,56 @@ class Planner:
         profile = profile_of(drafter.source)
         table = self._draft_costs.get(profile.key)
         if table is None:
-            table = self._draft_costs[profile.key] = CostTable(profile.costs, lambda: profile.prefill)
+            table = self._draft_costs[profile.key] = CostTable(profile.costs, lambda: profile.prefill,
+                                                                     profile.first_passes, profile.passes_seen)
         return table
 
-    def _draft_level(self, drafter: Any) -> float:
-        """Seconds per draft level: measured, else the target's compute per decoded token scaled by
-        the file sizes (a model's step costs about its size). The target's compute is taken as
-        DECODE_VS_PREFILL times its prefill rate where that is known, so that a remote target's
-        round trips do not make an unmeasured local draft look expensive."""
+    def _draft_level(self, drafter: Any, optimistic: bool = True) -> float:
+        """Seconds per draft level: measured; else DECODE_VS_PREFILL times the draft's own
+        prefill rate; else the target's compute per decoded token scaled by the file sizes (a
+        model's step costs about its size), the compute taken as DECODE_VS_PREFILL times the
+        target's prefill rate where known (a remote target's round trips are not the draft's
+        cost). The last, a guess, is halved when `optimistic` (deciding a draft: the first one
+        measures it), not when deciding whether to load the model at all."""
         own = self.draft_cost(drafter)(1)
         if own > 0:
             return own
+        draft_prefill = profile_of(drafter.source).prefill
+        if draft_prefill:
+            return DECODE_VS_PREFILL * draft_prefill
         compute = self.target_cost(1)
         if self.profile.prefill:
             compute = min(compute, DECODE_VS_PREFILL * self.profile.prefill)
-        return compute * drafter.source.file_bytes / self.target_bytes
+        guess = compute * drafter.source.file_bytes / self.target_bytes
+        return UNMEASURED_LEVEL * guess if optimistic else guess
 
-    def step_cost(self, drafter: Any, depth: int, lag: int) -> float:
+    def step_cost(self, drafter: Any, depth: int, optimistic: bool = True) -> float:
+        """Seconds of one step drafting `depth` levels (a caught-up draft model) and verifying them."""
         cost = self.target_cost(self._nodes[depth] + 1)
-        if drafter.source is not None:  # a draft model: catch up on `lag` tokens, then `depth` levels
-            level = self._draft_level(drafter)
-            per_token = profile_of(drafter.source).prefill or level / 3
-            cost += lag * per_token + depth * level
+        if drafter.source is not None:
+            cost += depth * self._draft_level(drafter, optimistic)
         return cost
+
+    def catch_up_cost(self, drafter: Any, lag: int) -> float:
+        """Seconds for a draft model to decode the `lag` tokens it has not seen (a prefill)."""
+        if drafter.source is None or lag <= 0:
+            return 0.0
+        return lag * (profile_of(drafter.source).prefill or self._draft_level(drafter) / DECODE_VS_PREFILL)
 
     # ------------------------------------------------------------------ decisions
 
-    def choose(self, drafter: Any, kind: str, available: int, lag: int = 0) -> tuple[int, float]:
+    def choose(self, drafter: Any, kind: str, available: int, lag: int = 0, remaining: int = 1) -> tuple[int, float]:
         """The draft depth to use now with this drafter and its predicted tokens per second
-        (depth 0: the target alone does better)."""
+        (depth 0: the target alone does better). A lagging draft model's catch-up is paid once
+        and serves every later draft: it is spread over the `remaining` tokens to generate."""
         c1 = self.target_cost(1)
         if available <= 0 or c1 <= 0:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
         expected = self.acceptance(kind).expectations(available)
+        catch_up = self.catch_up_cost(drafter, lag) / max(remaining, 1)  # seconds per generated token
         best, best_rate = 0, MARGIN / c1
         for d in range(1, available + 1):
-            rate = expected[d] / self.step_cost(drafter, d, lag)
+            rate = 1.0 / (self.step_cost(drafter, d) / expected[d] + catch_up)
             if rate > best_rate:
                 best, best_rate = d, rate
         return best, best_rate
@@ -246,14 +282,14 @@ class Planner:
         best case (everything accepted) over the `remaining` tokens repays loading it and
         prefilling the prompt."""
         c1 = self.target_cost(1)
-        measured = [n for n in self.target_cost.seconds if n > 1]
+        measured = [n for n in (*self.target_cost.seconds, *self.target_cost.first) if n > 1]
         if c1 <= 0 or not measured or remaining <= 1:
             return False
         source = drafter.source
-        level = self._draft_level(drafter)
         load = profile_of(source).load or 2.0 * source.file_bytes / 1e9  # ~2 s per GB here
-        prefill = prompt_tokens * (profile_of(source).prefill or level / 3)
-        best = min(self.step_cost(drafter, d, 0) / (d + 1) for d in range(1, self.shape.depth + 1))
+        prefill = prompt_tokens * (profile_of(source).prefill
+                                   or self._draft_level(drafter, optimistic=False) / DECODE_VS_PREFILL)
+        best = min(self.step_cost(drafter, d, optimistic=False) / (d + 1) for d in range(1, self.shape.depth + 1))
         gain = remaining * (c1 - best)
         log.debug("draft model: best case %.1f ms/token vs %.1f, gain %.2f s vs load+prefill %.2f s",
                   best * 1e3, c1 * 1e3, gain, load + prefill)

@@ -88,6 +88,8 @@ class Profile:
     checks: dict[str, str] = field(default_factory=dict)  # e.g. "pair:<draft key>": "ok" or why not
     updated: float = 0.0
     dirty: bool = False
+    first_passes: dict[int, float] = field(default_factory=dict)  # this process only (see planner.CostTable)
+    passes_seen: set[int] = field(default_factory=set)  # this process only
 
     def to_json(self) -> dict:
         return {"version": VERSION, "key": self.key, "identity": self.identity,
