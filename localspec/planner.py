@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from localspec.config import Shape
-from localspec.profiles import STORE, Profile
+from localspec.profiles import STORE, Passes, Profile
 
 log = logging.getLogger(__name__)
 
@@ -57,39 +57,42 @@ class CostTable:
     larger batch is estimated from the prefill rate (a lower bound of any batch's cost per token)
     or UNMEASURED_SLOPE: optimistic on purpose, the first real pass replaces it.
 
-    A process's first pass of a size may carry one-off set-up (on llama.cpp's RPC backend a new
-    batch shape costs ~5 extra round trips once), so it never enters the learned table: where the
-    size is known it is ignored, else it stands in (`first`, not persisted) until a second pass
-    measures the size."""
+    A process's first pass of a size may carry one-off set-up (see profiles.Passes), so it never
+    enters the learned table: where the size is known the difference is learned as the set-up,
+    else the first pass stands in (not persisted) until a second pass measures the size."""
 
     seconds: dict[int, float] = field(default_factory=dict)
     prefill: Callable[[], float | None] = lambda: None  # seconds per token of a long prefill
-    first: dict[int, float] = field(default_factory=dict)  # this process's first passes of unlearned sizes
-    seen: set[int] = field(default_factory=set)  # sizes this process has passed once
-    _sizes: list[int] = field(default_factory=list, repr=False)  # sorted sizes of `seconds` and `first`
+    passes: Passes = field(default_factory=Passes)
+    _sizes: list[int] = field(default_factory=list, repr=False)  # sorted sizes of `seconds` and first passes
 
     def observe(self, n: int, secs: float) -> None:
-        if n not in self.seen:
-            self.seen.add(n)
-            if n not in self.seconds:
-                self.first[n] = secs
+        passes = self.passes
+        if n not in passes.seen:
+            passes.seen.add(n)
+            if n in self.seconds:
+                passes.observe_setup(secs - self.seconds[n])
+            else:
+                passes.first[n] = secs
                 self._sizes = []
             return
-        if self.first.pop(n, None) is not None:
+        first = passes.first.pop(n, None)
+        if first is not None:
+            passes.observe_setup(first - secs)
             self._sizes = []
         old = self.seconds.get(n)
         self.seconds[n] = secs if old is None else (1 - EMA) * old + EMA * secs
 
     def _known(self, n: int) -> float | None:
         known = self.seconds.get(n)
-        return self.first.get(n) if known is None else known
+        return self.passes.first.get(n) if known is None else known
 
     def __call__(self, n: int) -> float:
         known = self._known(n)
         if known is not None:
             return known
-        if len(self._sizes) != len(self.seconds) + len(self.first):  # a size added, or the cache reset
-            self._sizes = sorted(set(self.seconds) | set(self.first))
+        if len(self._sizes) != len(self.seconds) + len(self.passes.first):  # a size added, or the cache reset
+            self._sizes = sorted(set(self.seconds) | set(self.passes.first))
         sizes = self._sizes
         if not sizes:
             return 0.0
@@ -204,8 +207,7 @@ class Planner:
         self._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]  # nodes by depth
         self.target_bytes = target.file_bytes
         self.profile = profile_of(target)
-        self.target_cost = CostTable(self.profile.costs, lambda: self.profile.prefill,
-                                     self.profile.first_passes, self.profile.passes_seen)
+        self.target_cost = CostTable(self.profile.costs, lambda: self.profile.prefill, self.profile.passes)
         self._acceptance: dict[str, Acceptance] = {}
         self._draft_costs: dict[str, CostTable] = {}
 
@@ -223,8 +225,7 @@ class Planner:
         profile = profile_of(drafter.source)
         table = self._draft_costs.get(profile.key)
         if table is None:
-            table = self._draft_costs[profile.key] = CostTable(profile.costs, lambda: profile.prefill,
-                                                                     profile.first_passes, profile.passes_seen)
+            table = self._draft_costs[profile.key] = CostTable(profile.costs, lambda: profile.prefill, profile.passes)
         return table
 
     def _draft_level(self, drafter: Any, optimistic: bool = True) -> float:
@@ -247,8 +248,10 @@ class Planner:
         return UNMEASURED_LEVEL * guess if optimistic else guess
 
     def step_cost(self, drafter: Any, depth: int, optimistic: bool = True) -> float:
-        """Seconds of one step drafting `depth` levels (a caught-up draft model) and verifying them."""
-        cost = self.target_cost(self._nodes[depth] + 1)
+        """Seconds of one step drafting `depth` levels (a caught-up draft model) and verifying them,
+        with the one-off set-up of a pass size this process has not used yet."""
+        n = self._nodes[depth] + 1
+        cost = self.target_cost(n) + self.target_cost.passes.setup_cost(n)
         if drafter.source is not None:
             cost += depth * self._draft_level(drafter, optimistic)
         return cost
@@ -282,7 +285,7 @@ class Planner:
         best case (everything accepted) over the `remaining` tokens repays loading it and
         prefilling the prompt."""
         c1 = self.target_cost(1)
-        measured = [n for n in (*self.target_cost.seconds, *self.target_cost.first) if n > 1]
+        measured = [n for n in (*self.target_cost.seconds, *self.target_cost.passes.first) if n > 1]
         if c1 <= 0 or not measured or remaining <= 1:
             return False
         source = drafter.source

@@ -36,17 +36,20 @@ def test_cost_table_interpolates_a_line() -> None:
 def test_a_first_pass_of_a_size_stands_in_but_is_not_learned() -> None:
     """A process's first pass of a size can carry one-off set-up (a new batch shape on llama.cpp's
     RPC backend costs ~200 ms once at 20 ms per hop): it stands in for an unknown size, a second
-    pass replaces it, and it never moves a learned cost nor reaches the persisted table."""
+    pass replaces it, it never moves a learned cost nor reaches the persisted table, and the
+    difference is learned as the set-up a size not passed yet in this process will cost."""
     t = CostTable({1: 0.100})
-    t.observe(1, 0.500)  # this process's first one-token pass: the learned c(1) stays
-    assert t(1) == 0.100
+    t.observe(1, 0.300)  # this process's first one-token pass: the learned c(1) stays
+    assert t(1) == 0.100 and t.passes.setup == pytest.approx(0.200)
     t.observe(2, 0.350)  # unknown size: the first pass stands in, not persisted
     assert t(2) == 0.350 and 2 not in t.seconds
     assert t(3) == pytest.approx(0.350 + (0.350 - 0.100))  # and shapes the curve meanwhile
-    t.observe(2, 0.150)  # the second pass: learned, the stand-in gone
-    assert t(2) == 0.150 and t.seconds[2] == 0.150 and not t.first
+    t.observe(2, 0.150)  # the second pass: learned, the stand-in gone, the set-up seen again
+    assert t(2) == 0.150 and t.seconds[2] == 0.150 and not t.passes.first
+    assert t.passes.setup == pytest.approx(0.200)
     t.observe(1, 0.090)
     assert t(1) == pytest.approx(0.8 * 0.100 + 0.2 * 0.090)
+    assert t.passes.setup_cost(2) == 0.0 and t.passes.setup_cost(5) == pytest.approx(0.200)
 
 
 def test_cost_table_follows_a_kinked_curve() -> None:
