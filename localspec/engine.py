@@ -268,7 +268,7 @@ class Engine:
                 continue
             if not d.loaded and not self.planner.worth_loading(d, self._counters.prompt_tokens, self._remaining()):
                 continue
-            planned, rate = self.planner.choose(d, kind, available, d.lag(self.tokens), self._remaining())
+            planned, rate = self.planner.choose(d, kind, available, d.lag(self.tokens))
             if planned > 0 and (choice is None or rate > choice[0]):
                 choice = (rate, planned, d, kind)
         if choice is None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from localspec.config import Shape
-from localspec.profiles import STORE, Passes, Profile
+from localspec.profiles import STORE, Profile
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,6 @@ PRIOR_ACCEPT, PRIOR_REJECT = 2.0, 1.0  # α prior 2/3, worth three observations
 MARGIN = 1.1  # speculate only when it is predicted to be at least 10 % faster (estimates are noisy)
 OPTIMISM = 0.5  # decide with the rejection rate OPTIMISM·sd low (explores a kind of draft until it is known)
 UNMEASURED_SLOPE = 0.5  # an unmeasured pass of n tokens is first taken to cost c(1)·(1 + 0.5 (n - 1))
-DECODE_VS_PREFILL = 3.0  # a one-token decode costs about this many tokens of a long prefill (CPU)
-UNMEASURED_LEVEL = 0.5  # an unmeasured draft level is first taken at half its size-scaled guess (see _draft_level)
 CURVE_SIZES = (32, 16)  # pass sizes the prompt prefill measures, once each (smaller ones: by drafts)
 PREFILL_WARM_UP = 4  # prompt tokens decoded first, unmeasured (a cold first decode is slow)
 
@@ -55,54 +53,31 @@ class CostTable:
     not a line: on the 2-core reference machine a batch of 16 costs about what 9 cost), and beyond
     the measured range extended along the line through the two nearest sizes. With c(1) alone, a
     larger batch is estimated from the prefill rate (a lower bound of any batch's cost per token)
-    or UNMEASURED_SLOPE: optimistic on purpose, the first real pass replaces it.
-
-    A process's first pass of a size may carry one-off set-up (see profiles.Passes), so it never
-    enters the learned table: where the size is known the difference is learned as the set-up,
-    else the first pass stands in (not persisted) until a second pass measures the size."""
+    or UNMEASURED_SLOPE: optimistic on purpose, the first real pass replaces it."""
 
     seconds: dict[int, float] = field(default_factory=dict)
     prefill: Callable[[], float | None] = lambda: None  # seconds per token of a long prefill
-    passes: Passes = field(default_factory=Passes)
-    _sizes: list[int] = field(default_factory=list, repr=False)  # sorted sizes of `seconds` and first passes
+    _sizes: list[int] = field(default_factory=list, repr=False)  # sorted keys of `seconds`
 
     def observe(self, n: int, secs: float) -> None:
-        passes = self.passes
-        if n not in passes.seen:
-            passes.seen.add(n)
-            if n in self.seconds:
-                passes.observe_setup(secs - self.seconds[n])
-            else:
-                passes.first[n] = secs
-                self._sizes = []
-            return
-        first = passes.first.pop(n, None)
-        if first is not None:
-            passes.observe_setup(first - secs)
-            self._sizes = []
         old = self.seconds.get(n)
         self.seconds[n] = secs if old is None else (1 - EMA) * old + EMA * secs
 
-    def _known(self, n: int) -> float | None:
-        known = self.seconds.get(n)
-        return self.passes.first.get(n) if known is None else known
-
     def __call__(self, n: int) -> float:
-        known = self._known(n)
-        if known is not None:
-            return known
-        if len(self._sizes) != len(self.seconds) + len(self.passes.first):  # a size added, or the cache reset
-            self._sizes = sorted(set(self.seconds) | set(self.passes.first))
-        sizes = self._sizes
-        if not sizes:
+        if n in self.seconds:
+            return self.seconds[n]
+        if not self.seconds:
             return 0.0
+        if len(self._sizes) != len(self.seconds):
+            self._sizes = sorted(self.seconds)
+        sizes = self._sizes
         if len(sizes) == 1:
-            c, size = self._known(sizes[0]) or 0.0, sizes[0]
+            c, size = self.seconds[sizes[0]], sizes[0]
             per_token = self.prefill() or UNMEASURED_SLOPE * c / size
             return max(c, c + (n - size) * per_token) if n > size else c * n / size
         i = min(max(bisect.bisect_left(sizes, n), 1), len(sizes) - 1)  # sizes[i-1] < n < sizes[i] inside
         lo, hi = sizes[i - 1], sizes[i]
-        c_lo, c_hi = self._known(lo) or 0.0, self._known(hi) or 0.0
+        c_lo, c_hi = self.seconds[lo], self.seconds[hi]
         line = c_lo + (c_hi - c_lo) * (n - lo) / (hi - lo)
         if n > hi:  # beyond the largest measured size: never cheaper than it
             return max(line, c_hi)
@@ -207,7 +182,7 @@ class Planner:
         self._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]  # nodes by depth
         self.target_bytes = target.file_bytes
         self.profile = profile_of(target)
-        self.target_cost = CostTable(self.profile.costs, lambda: self.profile.prefill, self.profile.passes)
+        self.target_cost = CostTable(self.profile.costs, lambda: self.profile.prefill)
         self._acceptance: dict[str, Acceptance] = {}
         self._draft_costs: dict[str, CostTable] = {}
 
@@ -225,57 +200,35 @@ class Planner:
         profile = profile_of(drafter.source)
         table = self._draft_costs.get(profile.key)
         if table is None:
-            table = self._draft_costs[profile.key] = CostTable(profile.costs, lambda: profile.prefill, profile.passes)
+            table = self._draft_costs[profile.key] = CostTable(profile.costs, lambda: profile.prefill)
         return table
 
-    def _draft_level(self, drafter: Any, optimistic: bool = True) -> float:
-        """Seconds per draft level: measured; else DECODE_VS_PREFILL times the draft's own
-        prefill rate; else the target's compute per decoded token scaled by the file sizes (a
-        model's step costs about its size), the compute taken as DECODE_VS_PREFILL times the
-        target's prefill rate where known (a remote target's round trips are not the draft's
-        cost). The last, a guess, is halved when `optimistic` (deciding a draft: the first one
-        measures it), not when deciding whether to load the model at all."""
+    def _draft_level(self, drafter: Any) -> float:
+        """Seconds per draft level: measured, else the target's c(1) scaled by the file sizes
+        (on a CPU a model's step costs about its size)."""
         own = self.draft_cost(drafter)(1)
-        if own > 0:
-            return own
-        draft_prefill = profile_of(drafter.source).prefill
-        if draft_prefill:
-            return DECODE_VS_PREFILL * draft_prefill
-        compute = self.target_cost(1)
-        if self.profile.prefill:
-            compute = min(compute, DECODE_VS_PREFILL * self.profile.prefill)
-        guess = compute * drafter.source.file_bytes / self.target_bytes
-        return UNMEASURED_LEVEL * guess if optimistic else guess
+        return own if own > 0 else self.target_cost(1) * drafter.source.file_bytes / self.target_bytes
 
-    def step_cost(self, drafter: Any, depth: int, optimistic: bool = True) -> float:
-        """Seconds of one step drafting `depth` levels (a caught-up draft model) and verifying them,
-        with the one-off set-up of a pass size this process has not used yet."""
-        n = self._nodes[depth] + 1
-        cost = self.target_cost(n) + self.target_cost.passes.setup_cost(n)
-        if drafter.source is not None:
-            cost += depth * self._draft_level(drafter, optimistic)
+    def step_cost(self, drafter: Any, depth: int, lag: int) -> float:
+        cost = self.target_cost(self._nodes[depth] + 1)
+        if drafter.source is not None:  # a draft model: catch up on `lag` tokens, then `depth` levels
+            level = self._draft_level(drafter)
+            per_token = profile_of(drafter.source).prefill or level / 3
+            cost += lag * per_token + depth * level
         return cost
-
-    def catch_up_cost(self, drafter: Any, lag: int) -> float:
-        """Seconds for a draft model to decode the `lag` tokens it has not seen (a prefill)."""
-        if drafter.source is None or lag <= 0:
-            return 0.0
-        return lag * (profile_of(drafter.source).prefill or self._draft_level(drafter) / DECODE_VS_PREFILL)
 
     # ------------------------------------------------------------------ decisions
 
-    def choose(self, drafter: Any, kind: str, available: int, lag: int = 0, remaining: int = 1) -> tuple[int, float]:
+    def choose(self, drafter: Any, kind: str, available: int, lag: int = 0) -> tuple[int, float]:
         """The draft depth to use now with this drafter and its predicted tokens per second
-        (depth 0: the target alone does better). A lagging draft model's catch-up is paid once
-        and serves every later draft: it is spread over the `remaining` tokens to generate."""
+        (depth 0: the target alone does better)."""
         c1 = self.target_cost(1)
         if available <= 0 or c1 <= 0:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
         expected = self.acceptance(kind).expectations(available)
-        catch_up = self.catch_up_cost(drafter, lag) / max(remaining, 1)  # seconds per generated token
         best, best_rate = 0, MARGIN / c1
         for d in range(1, available + 1):
-            rate = 1.0 / (self.step_cost(drafter, d) / expected[d] + catch_up)
+            rate = expected[d] / self.step_cost(drafter, d, lag)
             if rate > best_rate:
                 best, best_rate = d, rate
         return best, best_rate
@@ -285,14 +238,14 @@ class Planner:
         best case (everything accepted) over the `remaining` tokens repays loading it and
         prefilling the prompt."""
         c1 = self.target_cost(1)
-        measured = [n for n in (*self.target_cost.seconds, *self.target_cost.passes.first) if n > 1]
+        measured = [n for n in self.target_cost.seconds if n > 1]
         if c1 <= 0 or not measured or remaining <= 1:
             return False
         source = drafter.source
+        level = self._draft_level(drafter)
         load = profile_of(source).load or 2.0 * source.file_bytes / 1e9  # ~2 s per GB here
-        prefill = prompt_tokens * (profile_of(source).prefill
-                                   or self._draft_level(drafter, optimistic=False) / DECODE_VS_PREFILL)
-        best = min(self.step_cost(drafter, d, optimistic=False) / (d + 1) for d in range(1, self.shape.depth + 1))
+        prefill = prompt_tokens * (profile_of(source).prefill or level / 3)
+        best = min(self.step_cost(drafter, d, 0) / (d + 1) for d in range(1, self.shape.depth + 1))
         gain = remaining * (c1 - best)
         log.debug("draft model: best case %.1f ms/token vs %.1f, gain %.2f s vs load+prefill %.2f s",
                   best * 1e3, c1 * 1e3, gain, load + prefill)

@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 VERSION = 2
 MAX_WEIGHT = 100.0  # acceptance counts kept per level between runs (so a profile keeps adapting)
-SETUP_EMA = 0.3  # weight of a new observation of a first pass's set-up
 PROFILE_ENV = "LOCALSPEC_PROFILE_DIR"  # overrides the directory (tests keep theirs apart)
 
 
@@ -79,26 +78,6 @@ def key_of(ident: dict[str, Any]) -> str:
 
 
 @dataclass
-class Passes:
-    """A process's first pass of each batch size may cost one-off set-up on top of its steady
-    cost (on llama.cpp's RPC backend a new shape costs ~5 round trips once): `setup` is that
-    extra (learned from sizes passed twice, persisted); `first` holds first passes of sizes not
-    learned yet and `seen` the sizes this process has passed (neither persisted)."""
-
-    setup: float | None = None
-    first: dict[int, float] = field(default_factory=dict)
-    seen: set[int] = field(default_factory=set)
-
-    def observe_setup(self, extra: float) -> None:
-        extra = max(extra, 0.0)
-        self.setup = extra if self.setup is None else (1 - SETUP_EMA) * self.setup + SETUP_EMA * extra
-
-    def setup_cost(self, n: int) -> float:
-        """What passing `n` tokens costs on top of the steady cost, in this process."""
-        return 0.0 if n in self.seen else (self.setup or 0.0)
-
-
-@dataclass
 class Profile:
     key: str
     identity: dict[str, Any]
@@ -109,13 +88,11 @@ class Profile:
     checks: dict[str, str] = field(default_factory=dict)  # e.g. "pair:<draft key>": "ok" or why not
     updated: float = 0.0
     dirty: bool = False
-    passes: "Passes" = field(default_factory=lambda: Passes())  # first passes of each batch size
 
     def to_json(self) -> dict:
         return {"version": VERSION, "key": self.key, "identity": self.identity,
                 "costs": {str(n): s for n, s in sorted(self.costs.items())}, "prefill": self.prefill,
-                "load": self.load, "acceptance": self.acceptance, "checks": self.checks, "updated": self.updated,
-                "setup": self.passes.setup}
+                "load": self.load, "acceptance": self.acceptance, "checks": self.checks, "updated": self.updated}
 
     @classmethod
     def from_json(cls, data: dict) -> "Profile":
@@ -127,8 +104,7 @@ class Profile:
                    acceptance={k: [[float(x) for x in at_risk], [float(x) for x in rejected]]
                                for k, (at_risk, rejected) in data.get("acceptance", {}).items()},
                    checks={str(k): str(v) for k, v in data.get("checks", {}).items()},
-                   updated=float(data.get("updated", 0.0)),
-                   passes=Passes(setup=float(data["setup"]) if data.get("setup") is not None else None))
+                   updated=float(data.get("updated", 0.0)))
 
     @property
     def name(self) -> str:

@@ -24,8 +24,6 @@ def describe(profile: Any) -> list[str]:
         lines.append(f"  prefill: {profile.prefill * 1e3:.2f} ms/token")
     if profile.load:
         lines.append(f"  load: {profile.load:.2f} s")
-    if profile.passes.setup is not None:
-        lines.append(f"  set-up of a new batch size: {profile.passes.setup * 1e3:.1f} ms (once per process)")
     for kind, (at_risk, rejected) in sorted(profile.acceptance.items()):
         if at_risk and at_risk[0] > 0:
             acc = Acceptance(at_risk, rejected)
