@@ -42,7 +42,7 @@ import numpy as np
 
 from localspec import registry
 from localspec.api import load_model, stream_generate
-from localspec.prompt import prompt_tokens
+from localspec.prompt import prompt_tokens, render_chat
 from localspec.lookup import ContextLookup
 from localspec.efficiency import default_groups, paired_ratio, paired_scores, target_contexts
 from localspec.planner import CostTable, expected_tokens
@@ -200,7 +200,7 @@ def measure_all(args, target, draft, target_path: Path, draft_path: Path,
                                                         + (2 if bindir else 0)) for name in prompts)
     done = 0
     for name, prompt in prompts.items():
-        text = target.apply_chat_template([{"role": "user", "content": prompt}])
+        text = render_chat(target, [{"role": "user", "content": prompt}])
         ptoks = chat_tokens(target, prompt)
         for t, rep in ((t, rep) for t in args.temperatures for rep in range(args.repeat)):
             def progress(what: str) -> None:
