@@ -14,6 +14,7 @@ on from the token after it ("re-alignment").
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -95,7 +96,7 @@ class ContextLookup:
         self.cursor = -1  # context index the next token is expected to copy (-1: none)
         self.misses = 0  # tokens in a row that the cursor did not predict
         self.run = 0  # tokens in a row that it did
-        self.recent: list[bool] = []  # whether the cursor predicted each of the last RECENT tokens
+        self.recent: deque[bool] = deque(maxlen=RECENT)  # the cursor predicted each of the last tokens?
 
     def sync(self, context: Sequence[int]) -> None:
         """Index every context token not indexed yet (between resets the context only grows),
@@ -112,7 +113,7 @@ class ContextLookup:
         """Move the cursor over the next output token: past a source token it equals, or past one
         it replaced (a substitution: a renamed identifier); two misses in a row lose the source."""
         hit = 0 <= self.cursor < len(self.tokens) and self.tokens[self.cursor] == token
-        self.recent = (self.recent + [hit])[-RECENT:]
+        self.recent.append(hit)
         if self.cursor < 0:
             return
         if hit:

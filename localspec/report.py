@@ -37,7 +37,8 @@ def format_stats(stats: Any, speculative: bool, one_token_seconds: float = 0.0) 
 
 def stats_json(stats: Any) -> dict:
     return {"generated_tokens": stats.generated_tokens, "tokens_per_second": stats.tokens_per_second,
-            "elapsed_seconds": stats.elapsed_seconds, "block_efficiency": stats.block_efficiency, "acceptance_rate": stats.acceptance_rate,
+            "elapsed_seconds": stats.elapsed_seconds, "block_efficiency": stats.block_efficiency,
+            "acceptance_rate": stats.acceptance_rate,
             "target_passes": stats.target_passes, "drafted_tokens": stats.drafted_tokens,
             "accepted_tokens": stats.accepted_tokens, "accept_histogram": list(stats.accept_histogram),
             "verifier_share": stats.verifier_share}

@@ -17,6 +17,7 @@ trusted network.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import re
@@ -25,18 +26,15 @@ import sys
 import threading
 from typing import Callable, Sequence
 
-from localspec.config import RPC_PORT
 from localspec.errors import DependencyError, ModelError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = RPC_PORT
 EXIT_REMOTE = 3  # exit status after a remote device failed
 CONNECT_TIMEOUT = 3.0  # seconds to reach a server before loading
 TIMEOUT_ENV = "LOCALSPEC_RPC_TIMEOUT"  # seconds one remote decode may take before the server counts as gone
 DECODE_TIMEOUT = 120.0  # ... by default
-REBUILD = ('CMAKE_ARGS="-DGGML_RPC=on" pip install --no-cache-dir --force-reinstall '
-           '"llama-cpp-python==0.3.36"')
+REBUILD_PREFIX = 'CMAKE_ARGS="-DGGML_RPC=on" pip install --no-cache-dir --force-reinstall'
 
 _lock = threading.Lock()
 _servers: dict[str, list[int]] = {}  # endpoint -> its registered device pointers
@@ -68,6 +66,14 @@ def _ggml() -> ctypes.CDLL:
     return lib
 
 
+@functools.lru_cache(maxsize=None)
+def rebuild_command() -> str:
+    """The command that rebuilds the installed llama-cpp-python version with the RPC backend."""
+    from importlib.metadata import version
+
+    return f'{REBUILD_PREFIX} "llama-cpp-python=={version("llama-cpp-python")}"'
+
+
 def _reg() -> int | None:
     return _ggml().ggml_backend_reg_by_name(b"RPC")
 
@@ -83,14 +89,16 @@ def available() -> bool:
 def require() -> int:
     reg = _reg() if available() else None
     if not reg:
-        raise DependencyError("this llama-cpp-python build has no RPC backend; rebuild it with:\n  " + REBUILD)
+        raise DependencyError("this llama-cpp-python build has no RPC backend; rebuild it with:\n  "
+                              + rebuild_command())
     return reg
 
 
 def _proc(name: str, restype: object, argtypes: list) -> Callable:
     address = _ggml().ggml_backend_reg_get_proc_address(require(), name.encode())
     if not address:
-        raise DependencyError(f"this llama.cpp RPC backend has no {name}; rebuild it with:\n  " + REBUILD)
+        raise DependencyError(f"this llama.cpp RPC backend has no {name}; rebuild it with:\n  "
+                              + rebuild_command())
     return ctypes.CFUNCTYPE(restype, *argtypes)(address)
 
 

@@ -36,7 +36,7 @@ PROMPT = "def add(a, b): return"
 REQUIRED = os.environ.get("LOCALSPEC_REQUIRE_RPC") == "1"
 needs_rpc = pytest.mark.skipif(not rpc.available() and not REQUIRED,
                                reason="this llama-cpp-python build has no RPC backend; rebuild it with "
-                                      f"{rpc.REBUILD} (CI does, and sets LOCALSPEC_REQUIRE_RPC=1)")
+                                      f"{rpc.rebuild_command()} (CI does, and sets LOCALSPEC_REQUIRE_RPC=1)")
 
 
 def free_port() -> int:
@@ -187,7 +187,7 @@ def test_info_lists_remote_devices(servers) -> None:
 
 def test_a_build_without_rpc_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rpc, "available", lambda: False)
-    with pytest.raises(DependencyError, match=re.escape(rpc.REBUILD)):
+    with pytest.raises(DependencyError, match=re.escape(rpc.rebuild_command())):
         rpc.require()
     result = CliRunner().invoke(cli, ["rpc-server", "--port", str(free_port())])
     assert result.exit_code == 1 and "no RPC backend" in result.output and "-DGGML_RPC=on" in result.output
