@@ -50,8 +50,12 @@ class Served:
     def __init__(self, url: str, worker: worker.ModelWorker) -> None:
         self.url = url
         self.worker = worker
-        self.http = httpx.Client(base_url=url, timeout=TIMEOUT)
-        self.openai = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=TIMEOUT)
+        # the server closes a connection idle for header_timeout (1 s here): the clients must
+        # not reuse one that old, or a request can race the close (as with any keep-alive server)
+        pool = httpx.Limits(keepalive_expiry=LIMITS.header_timeout / 2)
+        self.http = httpx.Client(base_url=url, timeout=TIMEOUT, limits=pool)
+        self.openai = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=TIMEOUT,
+                             http_client=httpx.Client(timeout=TIMEOUT, limits=pool))
 
 
 @pytest.fixture(scope="module")
