@@ -277,7 +277,11 @@ def test_end_of_generation_token_stops(tiny_target: Model, tiny_draft: Model) ->
         out = list(stream_generate(tiny_target, tiny_draft, messages, temperature=1.0, top_k=0,
                                    top_p=1.0, min_p=0.0, max_tokens=200, seed=seed))
         if out[-1].finish_reason == "stop":
-            assert tiny_target.is_eog(out[-1].token) and out[-1].text == ""
+            assert tiny_target.is_eog(out[-1].token)
+            # the EOG token adds no text of its own; the last response only flushes bytes still held
+            # back (a character left incomplete by the tokens before it becomes U+FFFD)
+            before = b"".join(tiny_target.token_bytes(r.token) for r in out[:-1])
+            assert "".join(r.text for r in out) == before.decode("utf-8", errors="replace")
             return
     pytest.fail("no generation ended with an end-of-generation token")
 
