@@ -163,11 +163,11 @@ class Engine:
             self.target.prefill(tokens, start)
             return
         planner, i = self.planner, 0
-        warm = min(PREFILL_WARM_UP, len(tokens))
-        if warm:
-            self.target.prefill(tokens[:warm], start)
-            i = warm
-        for n in planner.sizes_to_measure(len(tokens) - warm):
+        sizes = planner.sizes_to_measure(len(tokens) - PREFILL_WARM_UP)
+        if sizes:  # warm up first, unmeasured; nothing to measure: one plain prefill, as the target alone does
+            self.target.prefill(tokens[:PREFILL_WARM_UP], start)
+            i = PREFILL_WARM_UP
+        for n in sizes:
             t0 = time.perf_counter()
             self.target.decode(tokens[i: i + n], range(start + i, start + i + n), outputs="all")
             planner.target_cost.observe(n, time.perf_counter() - t0)

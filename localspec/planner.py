@@ -41,8 +41,9 @@ PRIOR_ACCEPT, PRIOR_REJECT = 2.0, 1.0  # α prior 2/3, worth three observations
 MARGIN = 1.1  # speculate only when it is predicted to be at least 10 % faster (estimates are noisy)
 OPTIMISM = 0.5  # decide with the rejection rate OPTIMISM·sd low (explores a kind of draft until it is known)
 UNMEASURED_SLOPE = 0.5  # an unmeasured pass of n tokens is first taken to cost c(1)·(1 + 0.5 (n - 1))
-CURVE_SIZES = (32, 16)  # pass sizes the prompt prefill measures, once each (smaller ones: by drafts)
-PREFILL_WARM_UP = 4  # prompt tokens decoded first, unmeasured (a cold first decode is slow)
+CURVE_SIZES = (16,)  # pass sizes the prompt prefill measures, once (others: by drafts; a measured pass of
+# n tokens costs ~n·(c(n)/n - prefill rate) more than prefilling them, ~0.1 s for 16 on the reference CPU)
+PREFILL_WARM_UP = 4  # prompt tokens decoded before a measured chunk, unmeasured (a cold first decode is slow)
 
 
 @dataclass
@@ -222,7 +223,7 @@ class Planner:
     def choose(self, drafter: Any, kind: str, available: int, lag: int = 0) -> tuple[int, float]:
         """The draft depth to use now with this drafter and its predicted tokens per second
         (depth 0: the target alone does better)."""
-        c1 = self.target_cost(1)
+        c1 = self.target_cost.seconds.get(1, 0.0)  # measured, not estimated from larger passes
         if available <= 0 or c1 <= 0:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
         expected = self.acceptance(kind).expectations(available)
@@ -237,7 +238,7 @@ class Planner:
         """Is a draft model worth loading now? Only with measured target costs, and only when its
         best case (everything accepted) over the `remaining` tokens repays loading it and
         prefilling the prompt."""
-        c1 = self.target_cost(1)
+        c1 = self.target_cost.seconds.get(1, 0.0)
         measured = [n for n in self.target_cost.seconds if n > 1]
         if c1 <= 0 or not measured or remaining <= 1:
             return False
