@@ -80,8 +80,9 @@ class CostTable:
         lo, hi = sizes[i - 1], sizes[i]
         c_lo, c_hi = self.seconds[lo], self.seconds[hi]
         line = c_lo + (c_hi - c_lo) * (n - lo) / (hi - lo)
-        if n > hi:  # beyond the largest measured size: never cheaper than it
-            return max(line, c_hi)
+        if n > hi:  # beyond the largest measured size: each further token costs at least a prefill's
+            # token (a flat last segment, c(16) ~ c(9) on a CPU, is no trend)
+            return max(line, c_hi + (n - hi) * (self.prefill() or 0.0))
         if n < lo:  # below the smallest: never cheaper per token than it
             return max(line, c_lo * n / lo)
         return line
@@ -91,8 +92,8 @@ LEVELS = 24  # acceptance is tracked per draft level up to here; deeper levels s
 PRIOR_WEIGHT = 2.0  # the prior rejection rate is worth two observations
 PRIOR_HAZARD = {  # per kind of draft, the rejection rate per level before any evidence: the longer the
     # context match behind a proposal, and the more the output has been copying, the likelier it goes on
-    "ngram:m1": 0.8, "ngram:realign": 0.7, "ngram:m2-3": 0.7, "ngram:m4-7": 0.5, "ngram:m8-15": 0.3,
-    "ngram:m16+": 0.15, "ngram:m1/copying": 0.4, "ngram:realign/copying": 0.3, "ngram:m2-3/copying": 0.3,
+    "ngram:m1": 0.8, "ngram:realign": 0.85, "ngram:m2-3": 0.7, "ngram:m4-7": 0.5, "ngram:m8-15": 0.3,
+    "ngram:m16+": 0.15, "ngram:m1/copying": 0.4, "ngram:realign/copying": 0.6, "ngram:m2-3/copying": 0.3,
     "ngram:m4-7/copying": 0.15, "ngram:m8-15/copying": 0.08, "ngram:m16+/copying": 0.04,
 }
 DEFAULT_PRIOR_HAZARD = 0.25  # a draft model's tokens (a pair of one family agrees on ~3 tokens in 4)
@@ -222,16 +223,20 @@ class Planner:
 
     def choose(self, drafter: Any, kind: str, available: int, lag: int = 0) -> tuple[int, float]:
         """The draft depth to use now with this drafter and its predicted tokens per second
-        (depth 0: the target alone does better)."""
+        (depth 0: the target alone does better). A depth is a candidate when the upper bound of
+        its acceptance beats the target alone by MARGIN (so a kind little seen gets tried); among
+        candidates, the one with the best rate at the mean estimate wins (so a try is only as deep,
+        and as costly, as the evidence so far says pays)."""
         c1 = self.target_cost.seconds.get(1, 0.0)  # measured, not estimated from larger passes
         if available <= 0 or c1 <= 0:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
-        expected = self.acceptance(kind).expectations(available)
-        best, best_rate = 0, MARGIN / c1
-        for d in range(1, available + 1):
-            rate = expected[d] / self.step_cost(drafter, d, lag)
-            if rate > best_rate:
-                best, best_rate = d, rate
+        acc = self.acceptance(kind)
+        optimistic, mean = acc.expectations(available), acc.expectations(available, optimism=0.0)
+        bar, best, best_rate = MARGIN / c1, 0, 0.0
+        for d in range(1, available + 1):  # worth trying by the upper bound; deep only as far as the mean pays
+            cost = self.step_cost(drafter, d, lag)
+            if optimistic[d] / cost > bar and mean[d] / cost > best_rate:
+                best, best_rate = d, mean[d] / cost
         return best, best_rate
 
     def worth_loading(self, drafter: Any, prompt_tokens: int, remaining: int) -> bool:

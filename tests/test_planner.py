@@ -40,6 +40,8 @@ def test_cost_table_follows_a_kinked_curve() -> None:
     assert t(8) == pytest.approx(0.2625)
     assert t(12) == pytest.approx(0.350 - 0.007 * 3 / 7)
     assert t(32) == pytest.approx(0.343)  # beyond: the falling last segment is floored at c(16)
+    with_prefill = CostTable(dict(t.seconds), lambda: 0.010)
+    assert with_prefill(32) == pytest.approx(0.343 + 16 * 0.010)  # ... or at least a prefill's per token
     assert t(4) == pytest.approx(0.040 + 0.135 * 3 / 6)
     below = CostTable({2: 0.06, 4: 0.10})
     assert below(1) == pytest.approx(0.04)
