@@ -6,7 +6,8 @@ included), alternated with the target alone (``-d none -k 0``); the table gives 
 and warm (the profile earlier runs left). At T = 0 both sides produce the same text, so the ratio
 is of wall times; at T > 0 texts differ in length, so the ratio is of wall time per generated
 token (and the decode's tokens per second is shown beside it). A second table splits a warm
-default run's time into its components, a third times a 5-turn chat.
+default run's time into its components, a third gives the n-gram drafter's ceiling per prompt
+(what perfect planning with the context lookup could reach), a fourth times a 5-turn chat.
 
     python benchmarks/whole_process.py                          # every prompt, T = 0 and 0.8
     python benchmarks/whole_process.py --prompts code-edit --repeat 5 --temperatures 0
@@ -98,9 +99,12 @@ def ratio(default: Sequence[Run], alone: Sequence[Run], temperature: float) -> f
             / statistics.median(r.wall / max(r.tokens, 1) for r in default))
 
 
-def measure(args: argparse.Namespace, root: Path) -> tuple[list[str], dict[str, list[Run]]]:
+def measure(args: argparse.Namespace, root: Path) -> tuple[list[str], dict[str, list[Run]], dict[str, list[Run]]]:
+    """The main table, and the warm default's and the target alone's runs per prompt at the first
+    temperature."""
     rows: list[str] = []
     warm_runs: dict[str, list[Run]] = {}
+    alone_runs: dict[str, list[Run]] = {}
     alone_dir = root / "alone"
     for temperature in args.temperatures:
         warm_dir = root / f"warm-{temperature:g}"
@@ -117,7 +121,7 @@ def measure(args: argparse.Namespace, root: Path) -> tuple[list[str], dict[str, 
                 warm.append(localspec(common, PROMPTS[name], warm_dir, args.threads))
                 alone.append(localspec([*common, *TARGET_ALONE], PROMPTS[name], alone_dir, args.threads))
             if temperature == args.temperatures[0]:  # the components table: the first temperature's runs
-                warm_runs[name] = warm
+                warm_runs[name], alone_runs[name] = warm, alone
             med = statistics.median
             rows.append(
                 f"| {name}{' (grounded)' if name in GROUNDED_PROMPTS else ''} | {temperature:g} | "
@@ -127,7 +131,7 @@ def measure(args: argparse.Namespace, root: Path) -> tuple[list[str], dict[str, 
                 f"{med(r.decode_tps for r in warm):.1f} |")
     header = ["| prompt | T | target alone s | default cold s | default warm s | cold vs alone | warm vs alone | "
               "tokens | decode tok/s alone / warm |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    return header + rows, warm_runs
+    return header + rows, warm_runs, alone_runs
 
 
 def components(runs: Sequence[Run]) -> list[str]:
@@ -140,6 +144,37 @@ def components(runs: Sequence[Run]) -> list[str]:
     rest = [r.wall - sum((r.timings.get(k) or 0.0) for _, k in keys) for r in runs]
     lines.append(f"| everything else (exit, detokenizing, output) | {statistics.median(rest) * 1e3:.0f} |")
     lines.append(f"| whole process | {statistics.median(r.wall for r in runs) * 1e3:.0f} |")
+    return lines
+
+
+def ceiling_table(args: argparse.Namespace, alone_runs: dict[str, list[Run]]) -> list[str]:
+    """Per prompt at T = 0: the n-gram drafter's ceiling on the target alone's output (head_to_head's
+    oracle: every step drafts exactly the tokens the context lookup gets right, all accepted, costs
+    from a cost curve measured now), and the whole-process ratio that decode ceiling would give
+    (the target alone's other components unchanged)."""
+    from head_to_head import NGRAM_HORIZON, cost_curve, ngram_runs, oracle_seconds
+
+    from localspec import registry
+    from localspec.api import load_model, stream_generate
+    from localspec.planner import CostTable
+    from localspec.prompt import prompt_tokens
+
+    progress("n-gram ceiling: cost curve and target-alone outputs")
+    reg = registry.load_registry()
+    lines = ["| prompt | output tokens | decode ceiling, n-gram lookup (k ≤ 31) | whole process at that ceiling |",
+             "| --- | ---: | ---: | ---: |"]
+    options = {"threads": args.threads} if args.threads else {}
+    with load_model(reg.pairs[reg.default_pair].target, **options) as target:
+        cost = CostTable(cost_curve(target))
+        for name in args.prompts:
+            messages = [{"role": "user", "content": PROMPTS[name]}]
+            output = [r.token for r in stream_generate(target, None, messages, temperature=0, max_tokens=args.tokens,
+                                                       num_draft_tokens=0)]
+            runs = ngram_runs(prompt_tokens(target, messages), output)
+            ceiling = len(output) * cost(1) / oracle_seconds(runs, cost, NGRAM_HORIZON)
+            wall = statistics.median(r.wall for r in alone_runs[name])
+            decode = statistics.median(r.timings["decode"] for r in alone_runs[name])
+            lines.append(f"| {name} | {len(output)} | {ceiling:.2f}× | {wall / (wall - decode + decode / ceiling):.2f}× |")
     return lines
 
 
@@ -207,6 +242,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=128, help="max tokens per run (default 128)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--skip-chat", action="store_true", help="no 5-turn chat table")
+    p.add_argument("--skip-ceiling", action="store_true",
+                   help="no n-gram ceiling table (computed when the first temperature is 0)")
     p.add_argument("--llama-cpp", action="store_true",
                    help="also run llama.cpp's n-gram modes (builds llama-speculative-simple once, a few minutes)")
     args = p.parse_args(argv)
@@ -222,10 +259,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="localspec-whole-") as tmp:
         root = Path(tmp)
-        table, warm_runs = measure(args, root)
+        table, warm_runs, alone_runs = measure(args, root)
         print("\n".join(table))
         print()
         print("\n".join(components([r for runs in warm_runs.values() for r in runs])))
+        if not args.skip_ceiling and args.temperatures[0] == 0:
+            print()
+            print("\n".join(ceiling_table(args, alone_runs)))
         if not args.skip_chat:
             print()
             print("\n".join(chat_table(args, root)))

@@ -98,6 +98,8 @@ PRIOR_HAZARD = {  # per kind of draft, the rejection rate per level before any e
 }
 DEFAULT_PRIOR_HAZARD = 0.25  # a draft model's tokens (a pair of one family agrees on ~3 tokens in 4)
 SHRINK = 2.0  # a level's rejection rate leans on the kind's pooled rate with this weight
+FIRST_TRY = 3  # draft levels of a first try of a kind of draft (explored_depth)
+EXPLORED = 0.5  # decayed count of drafts that reached a level for it to count as explored
 
 
 @dataclass
@@ -137,6 +139,13 @@ class Acceptance:
         k = min(k, LEVELS - 1)
         base = self.pooled(optimism) if pooled is None else pooled
         return (self.rejected[k] + SHRINK * base) / (self.at_risk[k] + SHRINK)
+
+    def explored_depth(self) -> int:
+        """The deepest draft worth trying on this evidence: FIRST_TRY levels, then twice as deep
+        as drafts of this kind have been seen to reach (accepted up to level k: 2(k + 1)), so an
+        unknown kind is not first tried 32 tokens deep, where a miss costs ~15 target steps."""
+        reached = max((k for k in range(LEVELS) if self.at_risk[k] >= EXPLORED), default=-1)
+        return LEVELS * 4 if reached == LEVELS - 1 else max(FIRST_TRY, 2 * (reached + 1))
 
     def expectations(self, depth: int, optimism: float = OPTIMISM) -> list[float]:
         """E[tokens per step] of drafts of 0, 1, ..., `depth` tokens (accepted ones + the extra
@@ -223,20 +232,20 @@ class Planner:
 
     def choose(self, drafter: Any, kind: str, available: int, lag: int = 0) -> tuple[int, float]:
         """The draft depth to use now with this drafter and its predicted tokens per second
-        (depth 0: the target alone does better). A depth is a candidate when the upper bound of
-        its acceptance beats the target alone by MARGIN (so a kind little seen gets tried); among
-        candidates, the one with the best rate at the mean estimate wins (so a try is only as deep,
-        and as costly, as the evidence so far says pays)."""
+        (depth 0: the target alone does better), deciding with the upper bound of the acceptance
+        (so a kind little seen gets tried) but never deeper than the kind has been explored
+        (Acceptance.explored_depth: a first try is cheap, later ones double)."""
         c1 = self.target_cost.seconds.get(1, 0.0)  # measured, not estimated from larger passes
         if available <= 0 or c1 <= 0:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
         acc = self.acceptance(kind)
-        optimistic, mean = acc.expectations(available), acc.expectations(available, optimism=0.0)
-        bar, best, best_rate = MARGIN / c1, 0, 0.0
-        for d in range(1, available + 1):  # worth trying by the upper bound; deep only as far as the mean pays
-            cost = self.step_cost(drafter, d, lag)
-            if optimistic[d] / cost > bar and mean[d] / cost > best_rate:
-                best, best_rate = d, mean[d] / cost
+        limit = min(available, acc.explored_depth())
+        expected = acc.expectations(limit)
+        best, best_rate = 0, MARGIN / c1
+        for d in range(1, limit + 1):
+            rate = expected[d] / self.step_cost(drafter, d, lag)
+            if rate > best_rate:
+                best, best_rate = d, rate
         return best, best_rate
 
     def worth_loading(self, drafter: Any, prompt_tokens: int, remaining: int) -> bool:
