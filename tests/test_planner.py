@@ -14,7 +14,7 @@ import pytest
 from localspec.api import stream_generate
 from localspec.config import Shape
 from localspec.model import Model
-from localspec.planner import Acceptance, CostTable, Planner, expected_tokens, profile_of
+from localspec.planner import FIRST_TRY, Acceptance, CostTable, Planner, expected_tokens, profile_of
 from localspec.profiles import Profile, Profiles, identity, key_of
 
 
@@ -155,6 +155,25 @@ def test_free_drafts_follow_their_measured_acceptance() -> None:
     assert chance.choose(FREE, "ngram:m1", 8)[0] == 0  # ... a one-token chance match's does not
     assert p.choose(FREE, "ngram:m16+", 8)[0] > 0 and planner_with({}, Shape.chain(8), "k", 0, 0, 1).choose(
         FREE, "k", 8)[0] == 0  # c(1) unknown: this step measures it
+
+
+def test_a_kind_never_seen_is_first_tried_short_and_deepens_as_it_is_accepted() -> None:
+    """Exploration is cheap: a first try is FIRST_TRY deep however long the proposal and however
+    hopeful the prior, then twice as deep as drafts of that kind have been seen to reach; a try
+    that fails at once earns nothing deeper."""
+    flat = {1: 0.030, 2: 0.031, 4: 0.032, 16: 0.035, 32: 0.040}  # deep drafts nearly free: depth is tempting
+    p = planner_with(flat, Shape.chain(32), "ngram:m16+/copying", alpha_runs=0, accepted=0, depth=1)
+    acc = p.acceptance("ngram:m16+/copying")
+    assert p.choose(FREE, "ngram:m16+/copying", 32)[0] == FIRST_TRY
+    acc.observe(0, FIRST_TRY)  # rejected at once: levels beyond 0 not reached
+    assert p.choose(FREE, "ngram:m16+/copying", 32)[0] <= FIRST_TRY
+    depths = []
+    for _ in range(4):
+        d = p.choose(FREE, "ngram:m16+/copying", 32)[0]
+        depths.append(d)
+        acc.observe(d, d)  # all accepted
+    assert depths == [3, 6, 12, 24]
+    assert p.choose(FREE, "ngram:m16+/copying", 32)[0] == 32  # explored past the last tracked level: no cap
 
 
 # ---------------------------------------------------------------- learning and persistence
