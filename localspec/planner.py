@@ -15,7 +15,8 @@ beats the target alone by a margin.
   the measured chance of getting past each level, not from one per-token rate (copies are
   accepted in runs that end at an edit). Counts decay toward an optimistic prior within a run
   and persist in the target's profile between runs; decisions use an upper confidence bound, so
-  a kind with little evidence gets tried and one measured to lose does not.
+  a kind with little evidence gets tried and one measured to lose does not, but never deeper
+  than twice the levels that kind has been seen to reach (a first try is FIRST_TRY deep).
 * A draft model that is not loaded is loaded only when, at α = 1 and with measured target costs,
   its best case over the tokens still to generate repays loading it and prefilling the prompt.
 
@@ -100,6 +101,7 @@ DEFAULT_PRIOR_HAZARD = 0.25  # a draft model's tokens (a pair of one family agre
 SHRINK = 2.0  # a level's rejection rate leans on the kind's pooled rate with this weight
 FIRST_TRY = 3  # draft levels of a first try of a kind of draft (explored_depth)
 EXPLORED = 0.5  # decayed count of drafts that reached a level for it to count as explored
+NO_LIMIT = 1 << 16  # explored_depth once drafts reached the last tracked level
 
 
 @dataclass
@@ -145,7 +147,7 @@ class Acceptance:
         as drafts of this kind have been seen to reach (accepted up to level k: 2(k + 1)), so an
         unknown kind is not first tried 32 tokens deep, where a miss costs ~15 target steps."""
         reached = max((k for k in range(LEVELS) if self.at_risk[k] >= EXPLORED), default=-1)
-        return LEVELS * 4 if reached == LEVELS - 1 else max(FIRST_TRY, 2 * (reached + 1))
+        return NO_LIMIT if reached == LEVELS - 1 else max(FIRST_TRY, 2 * (reached + 1))
 
     def expectations(self, depth: int, optimism: float = OPTIMISM) -> list[float]:
         """E[tokens per step] of drafts of 0, 1, ..., `depth` tokens (accepted ones + the extra
