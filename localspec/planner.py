@@ -135,11 +135,11 @@ class Acceptance:
         h = e / n
         return max(0.0, h - optimism * (h * (1 - h) / (n + 1)) ** 0.5)
 
-    def hazard(self, k: int, optimism: float = 0.0, pooled: float | None = None) -> float:
+    def hazard(self, k: int, pooled: float | None = None) -> float:
         """P(rejected at level k | reached it): the level's own counts shrunk toward the pooled
-        rate (levels seldom reached follow the kind's overall rate)."""
+        rate (levels seldom reached follow the kind's overall rate; default: its mean)."""
         k = min(k, LEVELS - 1)
-        base = self.pooled(optimism) if pooled is None else pooled
+        base = self.pooled() if pooled is None else pooled
         return (self.rejected[k] + SHRINK * base) / (self.at_risk[k] + SHRINK)
 
     def explored_depth(self) -> int:
@@ -232,12 +232,16 @@ class Planner:
 
     # ------------------------------------------------------------------ decisions
 
+    def _measured_c1(self) -> float:
+        """c(1) as measured (0 until a single-token step has run), never estimated from larger passes."""
+        return self.target_cost.seconds.get(1, 0.0)
+
     def choose(self, drafter: Any, kind: str, available: int, lag: int = 0) -> tuple[int, float]:
         """The draft depth to use now with this drafter and its predicted tokens per second
         (depth 0: the target alone does better), deciding with the upper bound of the acceptance
         (so a kind little seen gets tried) but never deeper than the kind has been explored
         (Acceptance.explored_depth: a first try is cheap, later ones double)."""
-        c1 = self.target_cost.seconds.get(1, 0.0)  # measured, not estimated from larger passes
+        c1 = self._measured_c1()
         if available <= 0 or c1 <= 0:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
         acc = self.acceptance(kind)
@@ -254,7 +258,7 @@ class Planner:
         """Is a draft model worth loading now? Only with measured target costs, and only when its
         best case (everything accepted) over the `remaining` tokens repays loading it and
         prefilling the prompt."""
-        c1 = self.target_cost.seconds.get(1, 0.0)
+        c1 = self._measured_c1()
         measured = [n for n in self.target_cost.seconds if n > 1]
         if c1 <= 0 or not measured or remaining <= 1:
             return False
