@@ -9,7 +9,9 @@ match says how much to trust it.
 Editing prompts (rename, refactor, add type hints) copy the input with small changes. After a
 change the longest match is short and points to the wrong place, so :class:`ContextLookup` also
 keeps the position it was copying from: when the output replaces a source token, copying goes
-on from the token after it ("re-alignment").
+on from the token after it ("re-alignment"). A replaced token followed by a copy is taken for a
+rename: later copies propose the new token wherever the source has the old one, until the output
+keeps an old one.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class ContextLookup:
         self.misses = 0  # tokens in a row that the cursor did not predict
         self.run = 0  # tokens in a row that it did
         self.recent: deque[bool] = deque(maxlen=RECENT)  # the cursor predicted each of the last tokens?
+        self.renamed: dict[int, int] = {}  # source token -> the token the output put in its place
+        self._replaced: tuple[int, int] | None = None  # (source, output) of the last miss, to confirm
 
     def sync(self, context: Sequence[int]) -> None:
         """Index every context token not indexed yet (between resets the context only grows),
@@ -110,15 +114,24 @@ class ContextLookup:
             self.tokens.append(int(t))
 
     def _follow(self, token: int) -> None:
-        """Move the cursor over the next output token: past a source token it equals, or past one
-        it replaced (a substitution: a renamed identifier); two misses in a row lose the source."""
-        hit = 0 <= self.cursor < len(self.tokens) and self.tokens[self.cursor] == token
+        """Move the cursor over the next output token: past a source token it equals (or the
+        token a rename put in its place), or past one it replaced (a substitution: a renamed
+        identifier); two misses in a row lose the source. A substitution followed by a copy is
+        a rename: later copies of that source token propose its replacement."""
+        source = self.tokens[self.cursor] if 0 <= self.cursor < len(self.tokens) else None
+        hit = source is not None and token in (source, self.renamed.get(source, source))
         self.recent.append(hit)
-        if self.cursor < 0:
+        if source is None:
             return
         if hit:
+            if token == source:
+                self.renamed.pop(source, None)  # the output kept it: no longer renamed
+            if self._replaced is not None and self.misses == 1:
+                self.renamed[self._replaced[0]] = self._replaced[1]
+            self._replaced = None
             self.misses, self.run = 0, self.run + 1
         else:
+            self._replaced = (source, token)
             self.misses, self.run = self.misses + 1, 0
         self.cursor = self.cursor + 1 if self.misses < 2 else -1
 
@@ -152,7 +165,7 @@ class ContextLookup:
         return None
 
     def _copy(self, start: int, match: int, depth: int) -> Proposal | None:
-        tokens = tuple(self.tokens[start: start + depth])
+        tokens = tuple(self.renamed.get(t, t) for t in self.tokens[start: start + depth])
         if not tokens:
             return None
         if start != self.cursor:  # a new source: what follows is expected to copy from here

@@ -54,3 +54,25 @@ def test_realignment_after_a_replaced_token() -> None:
     context += [20, 21]  # it copies on: the proposals follow the source, with the run as evidence
     p = look.propose(context, depth=2)
     assert p is not None and p.tokens == (22, 23) and p.match == 2 and p.kind == "m2-3"
+
+
+def test_a_rename_is_applied_to_later_copies_of_the_source() -> None:
+    """Copying a source, the output writes 99 where the source has 4 and then copies on: a rename.
+    Later copies of the source propose 99 for 4, until the output keeps a 4."""
+    source = [10, 11, 4, 12, 13, 14, 15, 4, 16, 17, 18]
+    look = ContextLookup()
+    context = source + [10, 11]
+    look.propose(context, depth=3)
+    context += [99, 12]  # 4 renamed to 99, then the copy goes on
+    p = look.propose(context, depth=5)
+    assert p is not None and p.tokens == (13, 14, 15, 99, 16)
+    # control: a replaced token not followed by a copy (two misses) is no rename
+    other = ContextLookup()
+    ctx = source + [10, 11]
+    other.propose(ctx, depth=3)
+    ctx += [99, 98, 10, 11]
+    p = other.propose(ctx, depth=3)
+    assert p is not None and p.tokens == (4, 12, 13) and not other.renamed
+    context += [13, 14, 15, 4]  # the output kept 4 this time: the rename is forgotten
+    look.propose(context, depth=2)
+    assert 4 not in look.renamed
