@@ -9,9 +9,9 @@ match says how much to trust it.
 Editing prompts (rename, refactor, add type hints) copy the input with small changes. After a
 change the longest match is short and points to the wrong place, so :class:`ContextLookup` also
 keeps the position it was copying from: when the output replaces a source token, copying goes
-on from the token after it ("re-alignment"). A replaced token followed by a copy is taken for a
-rename: later copies propose the new token wherever the source has the old one, until the output
-keeps an old one.
+on from the token after it ("re-alignment"). A replaced token followed by a copy of a few tokens
+is taken for a rename: later copies propose the new token wherever the source has the old one,
+until the output keeps an old one.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 RECENT = 16  # output tokens over which the lookup judges whether the output is copying the context
+RENAME_CONFIRM = 2  # source tokens copied right after a replaced one for the replacement to count as a rename
 
 
 class SuffixAutomaton:
@@ -116,8 +117,9 @@ class ContextLookup:
     def _follow(self, token: int) -> None:
         """Move the cursor over the next output token: past a source token it equals (or the
         token a rename put in its place), or past one it replaced (a substitution: a renamed
-        identifier); two misses in a row lose the source. A substitution followed by a copy is
-        a rename: later copies of that source token propose its replacement."""
+        identifier); two misses in a row lose the source. A substitution followed by a copy
+        (RENAME_CONFIRM tokens) is a rename: later copies of that source token propose its
+        replacement."""
         source = self.tokens[self.cursor] if 0 <= self.cursor < len(self.tokens) else None
         hit = source is not None and token in (source, self.renamed.get(source, source))
         self.recent.append(hit)
@@ -126,12 +128,12 @@ class ContextLookup:
         if hit:
             if token == source:
                 self.renamed.pop(source, None)  # the output kept it: no longer renamed
-            if self._replaced is not None and self.misses == 1:
-                self.renamed[self._replaced[0]] = self._replaced[1]
-            self._replaced = None
             self.misses, self.run = 0, self.run + 1
+            if self._replaced is not None and self.run >= RENAME_CONFIRM:
+                self.renamed[self._replaced[0]] = self._replaced[1]
+                self._replaced = None
         else:
-            self._replaced = (source, token)
+            self._replaced = (source, token) if self.misses == 0 else None
             self.misses, self.run = self.misses + 1, 0
         self.cursor = self.cursor + 1 if self.misses < 2 else -1
 
@@ -151,14 +153,16 @@ class ContextLookup:
 
     def propose(self, context: Sequence[int], depth: int) -> Proposal | None:
         """The best proposal of up to `depth` tokens for what follows `context`: the source being
-        copied while it keeps predicting the output; else a long match (4+ tokens) anywhere in
-        the context; else, right after a substitution, the source past it; else a short match."""
+        copied while it keeps predicting the output (unless a longer match points elsewhere);
+        else the longest match anywhere in the context (after an edit of several tokens it finds
+        the place again); else, right after a substitution (the last token occurs nowhere
+        earlier), the source past it."""
         self.sync(context)
         following = 0 <= self.cursor < len(self.tokens)
-        if following and self.misses == 0 and self.run > 0:
-            return self._copy(self.cursor, self.run, depth)
         match, end = self.sam.longest_repeat()
-        if match >= 4 or (match and not following):
+        if following and self.misses == 0 and self.run >= max(match, 1):
+            return self._copy(self.cursor, self.run, depth)
+        if match:
             return self._copy(end + 1, match, depth)
         if following:
             return self._copy(self.cursor, 0, depth)
@@ -169,5 +173,5 @@ class ContextLookup:
         if not tokens:
             return None
         if start != self.cursor:  # a new source: what follows is expected to copy from here
-            self.cursor, self.misses, self.run = start, 0, match
+            self.cursor, self.misses, self.run, self._replaced = start, 0, match, None
         return Proposal(tokens, start, match, self.bucket(match))

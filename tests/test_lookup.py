@@ -63,16 +63,29 @@ def test_a_rename_is_applied_to_later_copies_of_the_source() -> None:
     look = ContextLookup()
     context = source + [10, 11]
     look.propose(context, depth=3)
-    context += [99, 12]  # 4 renamed to 99, then the copy goes on
-    p = look.propose(context, depth=5)
-    assert p is not None and p.tokens == (13, 14, 15, 99, 16)
-    # control: a replaced token not followed by a copy (two misses) is no rename
+    context += [99, 12, 13]  # 4 renamed to 99, then the copy goes on
+    p = look.propose(context, depth=4)
+    assert p is not None and p.tokens == (14, 15, 99, 16)
+    # control: a replaced token followed by one copied token and another miss is no rename
     other = ContextLookup()
     ctx = source + [10, 11]
     other.propose(ctx, depth=3)
-    ctx += [99, 98, 10, 11]
+    ctx += [99, 12, 98, 14]
     p = other.propose(ctx, depth=3)
-    assert p is not None and p.tokens == (4, 12, 13) and not other.renamed
-    context += [13, 14, 15, 4]  # the output kept 4 this time: the rename is forgotten
+    assert p is not None and p.tokens == (15, 4, 16) and not other.renamed
+    context += [14, 15, 4]  # the output kept 4 this time: the rename is forgotten
     look.propose(context, depth=2)
     assert 4 not in look.renamed
+
+
+def test_after_a_deletion_the_match_finds_the_place_again() -> None:
+    """The output skips source tokens 13 and 14: the last token (15) occurs in the source, so the
+    proposal continues after it there, not one token past the replaced one (the re-alignment,
+    which only guesses at single-token substitutions)."""
+    source = [10, 11, 12, 13, 14, 15, 16, 17, 18]
+    look = ContextLookup()
+    context = source + [10, 11, 12]
+    look.propose(context, depth=3)
+    context.append(15)
+    p = look.propose(context, depth=3)
+    assert p is not None and p.tokens == (16, 17, 18) and p.kind == "m1"
