@@ -318,20 +318,50 @@ def cost_curve(target, sizes: Sequence[int] = CURVE_SIZES, rounds: int = 5) -> d
     return {n: float(np.median(ts)) for n, ts in times.items()}
 
 
-def ngram_runs(prompt: Sequence[int], output: Sequence[int], horizon: int = NGRAM_HORIZON) -> list[int]:
+def first_token_alternatives(lookup: ContextLookup, exclude: int | None, limit: int,
+                             horizon: int) -> list[tuple[int, ...]]:
+    """Other continuations the context offers (what a tree of candidates would add to the
+    lookup's proposal): walking from the longest earlier-occurring suffix to shorter ones (suffix
+    links), each token that followed an earlier occurrence and is not `exclude` or found already,
+    with what followed its first occurrence; at most `limit`."""
+    sam, seen, out = lookup.sam, {exclude}, []
+    state = sam.link[sam.last] if sam.last else -1
+    while state > 0 and len(out) < limit:
+        for token, child in sam.next[state].items():
+            if token not in seen and len(out) < limit:
+                seen.add(token)
+                start = sam.first_end[child]
+                out.append(tuple(lookup.tokens[start: start + horizon]))
+        state = sam.link[state]
+    return out
+
+
+def _run(proposed: Sequence[int], actual: Sequence[int]) -> int:
+    """How many proposed tokens equal the actual ones, in a row from the first."""
+    run = 0
+    for p, a in zip(proposed, actual):
+        if p != a:
+            break
+        run += 1
+    return run
+
+
+def ngram_runs(prompt: Sequence[int], output: Sequence[int], horizon: int = NGRAM_HORIZON,
+               alternatives: int = 0) -> list[int]:
     """For each output position i: how many of output[i], output[i+1], ... localspec's context
-    lookup proposes correctly in a row from the context prompt + output[:i]."""
+    lookup proposes correctly in a row from the context prompt + output[:i]; with `alternatives`
+    > 0, the best of its proposal and that many first-token alternatives (a tree of candidates
+    whose right branch is known in advance)."""
     lookup = ContextLookup()
     context = list(prompt)
     runs = []
     for i, token in enumerate(output):
-        run = 0
         proposal = lookup.propose(context, horizon)
-        for proposed, actual in zip(proposal.tokens if proposal else (), output[i:]):
-            if proposed != actual:
-                break
-            run += 1
-        runs.append(run)
+        candidates = [proposal.tokens] if proposal else []
+        if alternatives:
+            first = proposal.tokens[0] if proposal else None
+            candidates += first_token_alternatives(lookup, first, alternatives, horizon)
+        runs.append(max((_run(c, output[i:]) for c in candidates), default=0))
         context.append(token)
     return runs
 

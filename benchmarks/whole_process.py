@@ -39,6 +39,7 @@ PROMPTS["rename"] = ("Rename the variable `tmp` to `total` in this code and show
                      "def mean(numbers):\n    tmp = 0\n    for n in numbers:\n        tmp += n\n"
                      "    return tmp / len(numbers) if numbers else 0.0\n")
 GROUNDED_PROMPTS = (*GROUNDED, "rename")
+TREE_ALTERNATIVES = 3  # first-token alternatives of the ceiling's tree of candidates
 TARGET_ALONE = ("-d", "none", "-k", "0")
 CHAT_TURNS = (
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -151,7 +152,8 @@ def ceiling_table(args: argparse.Namespace, alone_runs: dict[str, list[Run]]) ->
     """Per prompt at T = 0: the n-gram drafter's ceiling on the target alone's output (head_to_head's
     oracle: every step drafts exactly the tokens the context lookup gets right, all accepted, costs
     from a cost curve measured now), and the whole-process ratio that decode ceiling would give
-    (the target alone's other components unchanged)."""
+    (the target alone's other components unchanged); beside it, the same oracle for a tree of the
+    proposal and first-token alternatives (an upper bound: it drafts only the branch that is right)."""
     from head_to_head import NGRAM_HORIZON, cost_curve, ngram_runs, oracle_seconds
 
     from localspec import registry
@@ -161,8 +163,9 @@ def ceiling_table(args: argparse.Namespace, alone_runs: dict[str, list[Run]]) ->
 
     progress("n-gram ceiling: cost curve and target-alone outputs")
     reg = registry.load_registry()
-    lines = ["| prompt | output tokens | decode ceiling, n-gram lookup (k ≤ 31) | whole process at that ceiling |",
-             "| --- | ---: | ---: | ---: |"]
+    lines = ["| prompt | output tokens | decode ceiling, n-gram lookup (k ≤ 31) | whole process at that ceiling "
+             f"| decode ceiling, a tree of the proposal + {TREE_ALTERNATIVES} alternatives |",
+             "| --- | ---: | ---: | ---: | ---: |"]
     options = {"threads": args.threads} if args.threads else {}
     with load_model(reg.pairs[reg.default_pair].target, **options) as target:
         cost = CostTable(cost_curve(target))
@@ -170,11 +173,14 @@ def ceiling_table(args: argparse.Namespace, alone_runs: dict[str, list[Run]]) ->
             messages = [{"role": "user", "content": PROMPTS[name]}]
             output = [r.token for r in stream_generate(target, None, messages, temperature=0, max_tokens=args.tokens,
                                                        num_draft_tokens=0)]
-            runs = ngram_runs(prompt_tokens(target, messages), output)
-            ceiling = len(output) * cost(1) / oracle_seconds(runs, cost, NGRAM_HORIZON)
+            prompt = prompt_tokens(target, messages)
+            ceiling = len(output) * cost(1) / oracle_seconds(ngram_runs(prompt, output), cost, NGRAM_HORIZON)
+            tree_runs = ngram_runs(prompt, output, alternatives=TREE_ALTERNATIVES)
+            tree = len(output) * cost(1) / oracle_seconds(tree_runs, cost, NGRAM_HORIZON)
             wall = statistics.median(r.wall for r in alone_runs[name])
             decode = statistics.median(r.timings["decode"] for r in alone_runs[name])
-            lines.append(f"| {name} | {len(output)} | {ceiling:.2f}× | {wall / (wall - decode + decode / ceiling):.2f}× |")
+            lines.append(f"| {name} | {len(output)} | {ceiling:.2f}× | {wall / (wall - decode + decode / ceiling):.2f}× "
+                         f"| {tree:.2f}× |")
     return lines
 
 

@@ -62,6 +62,14 @@ def test_ngram_runs_count_the_lookups_right_proposals_in_a_row() -> None:
     assert h2h.ngram_runs([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 9]) == [0, 4, 3, 2, 1, 0]
 
 
+def test_ngram_runs_with_alternatives_take_the_best_continuation() -> None:
+    """After [9, 1] the longest match proposes 2; the shorter suffix [1] was also followed by 3,
+    which the output takes: only the tree of candidates gets it (negative control: none)."""
+    prompt, output = [9, 1, 2, 8, 1, 3, 7, 9], [1, 3]
+    assert h2h.ngram_runs(prompt, output) == [1, 0]
+    assert h2h.ngram_runs(prompt, output, alternatives=3) == [1, 1]
+
+
 def test_oracle_seconds_is_the_cheapest_segmentation() -> None:
     runs = [0, 0, 3, 2, 1, 0]
     assert h2h.oracle_seconds(runs, lambda n: float(n), 31) == 6.0  # linear cost: drafting cannot help
