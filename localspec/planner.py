@@ -102,6 +102,7 @@ SHRINK = 2.0  # a level's rejection rate leans on the kind's pooled rate with th
 FIRST_TRY = 3  # draft levels of a first try of a kind of draft (explored_depth)
 EXPLORED = 0.5  # decayed count of drafts that reached a level for it to count as explored
 NO_LIMIT = 1 << 16  # explored_depth once drafts reached the last tracked level
+SAMPLED = "@sampled"  # suffix of a kind's profile entry when the target samples (temperature > 0)
 
 
 @dataclass
@@ -190,8 +191,9 @@ def one_token_seconds(model: Any) -> float:
 class Planner:
     """Chooses each step's draft depth for one target and its drafters."""
 
-    def __init__(self, target: Any, shape: Shape) -> None:
+    def __init__(self, target: Any, shape: Shape, sampled: bool = False) -> None:
         self.shape = shape
+        self.sampled = sampled  # temperature > 0: acceptance is kept apart from greedy decoding's
         self._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]  # nodes by depth
         self.target_bytes = target.file_bytes
         self.profile = profile_of(target)
@@ -203,8 +205,8 @@ class Planner:
 
     def acceptance(self, kind: str) -> Acceptance:
         acc = self._acceptance.get(kind)
-        if acc is None:
-            at_risk, rejected = self.profile.levels(kind, LEVELS)
+        if acc is None:  # a sampled target accepts fewer copies than a greedy one: learned apart
+            at_risk, rejected = self.profile.levels(kind + SAMPLED if self.sampled else kind, LEVELS)
             acc = self._acceptance[kind] = Acceptance(at_risk, rejected, PRIOR_HAZARD.get(kind, DEFAULT_PRIOR_HAZARD))
         return acc
 

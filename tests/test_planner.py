@@ -14,7 +14,7 @@ import pytest
 from localspec.api import stream_generate
 from localspec.config import Shape
 from localspec.model import Model
-from localspec.planner import FIRST_TRY, Acceptance, CostTable, Planner, expected_tokens, profile_of
+from localspec.planner import FIRST_TRY, SAMPLED, Acceptance, CostTable, Planner, expected_tokens, profile_of
 from localspec.profiles import Profile, Profiles, identity, key_of
 
 
@@ -90,6 +90,7 @@ def planner_with(target_costs: dict[int, float], shape: Shape, kind: str, alpha_
                  depth: int) -> Planner:
     p = Planner.__new__(Planner)
     p.shape = shape
+    p.sampled = False
     p._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]
     p.target_bytes = 1_117_320_768
     p.profile = Profile(f"t{id(shape)}", {})
@@ -244,3 +245,14 @@ def _env() -> dict:
     import os
 
     return dict(os.environ)
+
+
+def test_sampled_and_greedy_acceptance_are_kept_apart(tiny_target) -> None:
+    """A sampled target accepts fewer copies: its counts go to their own profile entry, so a
+    greedy run's evidence does not make a sampled run draft (and the reverse)."""
+    greedy, sampled = Planner(tiny_target, Shape.chain(4)), Planner(tiny_target, Shape.chain(4), sampled=True)
+    greedy.acceptance("ngram:apart").observe(4, 4)
+    sampled.acceptance("ngram:apart").observe(0, 4)
+    levels = profile_of(tiny_target).acceptance
+    assert levels["ngram:apart"][1][0] == 0.0 and levels["ngram:apart" + SAMPLED][1][0] == 1.0
+    assert greedy.acceptance("ngram:apart").hazard(0) < sampled.acceptance("ngram:apart").hazard(0)
