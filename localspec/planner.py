@@ -15,9 +15,9 @@ beats the target alone by a margin.
   the measured chance of getting past each level, not from one per-token rate (copies are
   accepted in runs that end at an edit), kept apart for a sampling target (temperature > 0).
   Counts decay toward an optimistic prior within a run and persist in the target's profile
-  between runs; decisions use an upper confidence bound, so
-  a kind with little evidence gets tried and one measured to lose does not, but never deeper
-  than twice the levels that kind has been seen to reach (a first try is FIRST_TRY deep).
+  between runs; decisions use an upper confidence bound, so a kind with little evidence gets
+  tried and one measured to lose does not, but never deeper than twice the levels that kind has
+  been seen to reach (a first try is FIRST_TRY deep).
 * A draft model that is not loaded is loaded only when, at α = 1 and with measured target costs,
   its best case over the tokens still to generate repays loading it and prefilling the prompt.
 
