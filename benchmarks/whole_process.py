@@ -169,17 +169,20 @@ def ceiling_table(args: argparse.Namespace, alone_runs: dict[str, list[Run]]) ->
     options = {"threads": args.threads} if args.threads else {}
     with load_model(reg.pairs[reg.default_pair].target, **options) as target:
         cost = CostTable(cost_curve(target))
+
+        def ceiling(runs: list[int], n_tokens: int) -> float:
+            return n_tokens * cost(1) / oracle_seconds(runs, cost, NGRAM_HORIZON)
+
         for name in args.prompts:
             messages = [{"role": "user", "content": PROMPTS[name]}]
             output = [r.token for r in stream_generate(target, None, messages, temperature=0, max_tokens=args.tokens,
                                                        num_draft_tokens=0)]
             prompt = prompt_tokens(target, messages)
-            ceiling = len(output) * cost(1) / oracle_seconds(ngram_runs(prompt, output), cost, NGRAM_HORIZON)
-            tree_runs = ngram_runs(prompt, output, alternatives=TREE_ALTERNATIVES)
-            tree = len(output) * cost(1) / oracle_seconds(tree_runs, cost, NGRAM_HORIZON)
+            chain = ceiling(ngram_runs(prompt, output), len(output))
+            tree = ceiling(ngram_runs(prompt, output, alternatives=TREE_ALTERNATIVES), len(output))
             wall = statistics.median(r.wall for r in alone_runs[name])
             decode = statistics.median(r.timings["decode"] for r in alone_runs[name])
-            lines.append(f"| {name} | {len(output)} | {ceiling:.2f}× | {wall / (wall - decode + decode / ceiling):.2f}× "
+            lines.append(f"| {name} | {len(output)} | {chain:.2f}× | {wall / (wall - decode + decode / chain):.2f}× "
                          f"| {tree:.2f}× |")
     return lines
 

@@ -129,7 +129,7 @@ class Engine:
         self.n_cached = 0  # committed tokens in the target KV (sequence 0)
         self.finish_reason: str | None = None  # "stop" (end of generation) or "length" once done
         self._counters = _Counters()
-        self.planner = (Planner(target, self.shape, sampled=self.sampling.temperature > 0)
+        self.planner = (Planner(target, self.shape, sampled=not self.sampling.greedy)
                         if config.plan == "auto" else None)
 
     def stats(self) -> GenerationStats:
