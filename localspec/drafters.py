@@ -208,6 +208,11 @@ class ModelDrafter:
         self.n_past = keep
 
 
+def ngram_kind(proposal: Proposal) -> str:
+    """The planner's acceptance kind of an n-gram proposal."""
+    return f"{NGramDrafter.kind}:{proposal.kind}"
+
+
 class NGramDrafter:
     """Prompt lookup over the whole context (localspec.lookup): the continuation of the longest
     earlier match, re-aligned after the output replaced a source token. Chains only; one-hot
@@ -236,7 +241,7 @@ class NGramDrafter:
         self._proposal = self.lookup.propose(tokens, max_depth)
         if self._proposal is None:
             return self.kind, 0
-        return f"{self.kind}:{self._proposal.kind}", len(self._proposal.tokens)
+        return ngram_kind(self._proposal), len(self._proposal.tokens)
 
     def draft(self, tokens: Sequence[int], shape: Shape, sampling: SamplingParams,
               rng: np.random.Generator, without_replacement: bool) -> DraftTree:

@@ -192,12 +192,12 @@ def one_token_seconds(model: Any) -> float:
 class Planner:
     """Chooses each step's draft depth for one target and its drafters."""
 
-    def __init__(self, target: Any, shape: Shape, sampled: bool = False) -> None:
+    def __init__(self, target: Any, shape: Shape, sampled: bool = False, profile: Profile | None = None) -> None:
         self.shape = shape
         self.sampled = sampled  # temperature > 0: acceptance is kept apart from greedy decoding's
         self._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]  # nodes by depth
         self.target_bytes = target.file_bytes
-        self.profile = profile_of(target)
+        self.profile = profile_of(target) if profile is None else profile  # given: a replay's (benchmarks/)
         self.target_cost = CostTable(self.profile.costs, lambda: self.profile.prefill)
         self._acceptance: dict[str, Acceptance] = {}
         self._draft_costs: dict[str, CostTable] = {}

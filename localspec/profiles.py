@@ -110,6 +110,13 @@ class Profile:
     def name(self) -> str:
         return Path(self.identity.get("file", "?")).name
 
+    def cap_acceptance(self) -> None:
+        """Scale each kind's counts down to at most MAX_WEIGHT per level (so a profile keeps adapting)."""
+        for at_risk, rejected in self.acceptance.values():
+            scale = min(1.0, MAX_WEIGHT / max(at_risk + [1.0]))
+            at_risk[:] = [x * scale for x in at_risk]
+            rejected[:] = [x * scale for x in rejected]
+
     def levels(self, kind: str, levels: int) -> list[list[float]]:
         """The per-level [at_risk, rejected] counts of a kind of draft (created empty)."""
         pair = self.acceptance.setdefault(kind, [[0.0] * levels, [0.0] * levels])
@@ -165,10 +172,7 @@ class Profiles:
         for profile in self._loaded.values():
             if not profile.dirty:
                 continue
-            for at_risk, rejected in profile.acceptance.values():
-                scale = min(1.0, MAX_WEIGHT / max(at_risk + [1.0]))
-                at_risk[:] = [x * scale for x in at_risk]
-                rejected[:] = [x * scale for x in rejected]
+            profile.cap_acceptance()
             profile.updated = time.time()
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)

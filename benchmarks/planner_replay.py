@@ -1,0 +1,244 @@
+"""Replay the planner on recorded outputs: its n-gram decode speedup without timing noise, beside the ceiling.
+
+    python benchmarks/planner_replay.py                  # every prompt, baseline planner
+    python benchmarks/planner_replay.py --shadow         # plus the variant that learns from every proposal
+
+The target alone writes each prompt's greedy answer once (the output any lossless speculation at
+T = 0 reproduces); the cost curve is measured in the same process. The real planner and context
+lookup then decide every step as the engine does with the n-gram drafter (`--drafter auto`
+without a draft model), but a step's cost is read from the curve and its accepted tokens from
+the recorded answer, so a replay takes milliseconds and two planners can be compared on the
+same answers with no timing noise. "cold" starts from an empty profile (c(1), c(16) and the
+prefill rate known, as after a first run's prefill and first step); "warm" from the profile
+that replaying every prompt `--warm-rounds` times in order leaves (acceptance counts capped
+between generations as the profile store caps them). The ceiling is head_to_head's oracle:
+every step drafts exactly the tokens the lookup gets right.
+
+Prompts: whole_process's, plus held-out grounded prompts no setting was tuned on.
+
+`--shadow` replays a variant planner that, besides the drafts it makes, learns from every
+proposal it did not draft (or drafted only in part), comparing it with the tokens that
+followed: acceptance evidence at no cost for every kind and depth, which the baseline only
+gets by drafting (at T = 0 a one-hot draft is accepted exactly where it equals the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from head_to_head import NGRAM_HORIZON, _run, cost_curve, ngram_runs, oracle_seconds  # noqa: E402
+from whole_process import GROUNDED_PROMPTS, PROMPTS  # noqa: E402
+
+from localspec.config import GenerationConfig  # noqa: E402
+from localspec.drafters import NGramDrafter, ngram_kind  # noqa: E402
+from localspec.lookup import ContextLookup  # noqa: E402
+from localspec.planner import CostTable, Planner  # noqa: E402
+from localspec.profiles import Profile  # noqa: E402
+
+_CODE = ('def parse_config(path):\n    result = {}\n    with open(path) as handle:\n        for line in handle:\n'
+         '            line = line.strip()\n            if not line or line.startswith("#"):\n                continue\n'
+         '            key, value = line.split("=", 1)\n            result[key.strip()] = value.strip()\n'
+         '    return result\n')
+_TEXT = ("The city council met on Tuesday to discuss the new bicycle lanes planned for the river district. "
+         "Residents raised concerns about parking, while shop owners said more cyclists would bring more "
+         "customers. The council agreed to run a six-month trial on two streets before deciding on the full "
+         "plan, and asked the transport office to publish traffic counts every month.")
+HELD_OUT = {  # grounded prompts that no planner setting was tuned on
+    "hints": "Add type hints to this function and show the whole code:\n\n" + _CODE,
+    "rename2": "Rename `handle` to `config_file` in this code and show the whole code:\n\n" + _CODE,
+    "docstring": "Add a docstring to this function and show the whole code:\n\n" + _CODE,
+    "bugfix": "This function crashes on lines without '='. Fix it and show the whole code:\n\n" + _CODE,
+    "quote": "Quote the sentence about the trial from this text, then explain it in one sentence:\n\n" + _TEXT,
+    "summarise2": "Summarise this paragraph in two sentences:\n\n" + _TEXT,
+}
+REPLAY_PROMPTS = {**PROMPTS, **HELD_OUT}
+REPLAY_GROUNDED = (*GROUNDED_PROMPTS, *HELD_OUT)
+DEPTH = GenerationConfig().shape.depth  # the engine's default draft depth
+NGRAM = NGramDrafter  # the planner reads only `source` (None: free proposals) from a drafter
+
+Answers = dict[str, tuple[list[int], list[int]]]  # prompt name: (prompt tokens, greedy output)
+
+
+@dataclass(frozen=True)
+class Replay:
+    seconds: float  # target time of the replayed decode
+    steps: int
+    drafted: int
+    accepted: int
+
+
+def replay(planner: Planner, prompt: Sequence[int], output: Sequence[int], cost: Callable[[int], float],
+           max_tokens: int, depth: int = DEPTH, shadow: bool = False) -> Replay:
+    """Decode `output` again as the engine would with the n-gram drafter and this planner: each
+    step the lookup proposes, the planner picks a depth, the recorded output says how much of it
+    the target accepts (greedy: the drafted tokens that equal it), and the step costs cost(d + 1).
+    With `shadow`, every proposal is also scored against the output once the output shows how far
+    it was right, and that (not the draft) is what the planner learns acceptance from."""
+    lookup, pending = ContextLookup(), []
+    i = seconds = steps = drafted = accepted = 0
+    while i < len(output):
+        available = min(depth, max_tokens - i - 1)
+        proposal = lookup.propose([*prompt, *output[:i]], available) if available > 0 else None
+        kind, d = None, 0
+        if proposal is not None:
+            kind = ngram_kind(proposal)
+            d, _ = planner.choose(NGRAM, kind, len(proposal.tokens))
+            if shadow:
+                pending.append((i, proposal.tokens, kind))
+        n = _run(proposal.tokens[:d], output[i:]) if d else 0
+        secs = cost(d + 1)
+        planner.observe(None if shadow else kind, d, n, d + 1, secs)
+        seconds, steps, drafted, accepted, i = seconds + secs, steps + 1, drafted + d, accepted + n, i + n + 1
+        if shadow:
+            pending = settle(planner, pending, output[:i])
+    return Replay(seconds, steps, drafted, accepted)
+
+
+def settle(planner: Planner, pending: list[tuple[int, tuple[int, ...], str]],
+           known: Sequence[int]) -> list[tuple[int, tuple[int, ...], str]]:
+    """Learn from the proposals whose outcome the known output decides (a mismatch, or every
+    token matched), as if each had been drafted whole; returns those still undecided."""
+    undecided = []
+    for start, tokens, kind in pending:
+        n = _run(tokens, known[start:])
+        if n == len(tokens) or start + n < len(known):
+            planner.acceptance(kind).observe(n, len(tokens))
+        else:
+            undecided.append((start, tokens, kind))
+    return undecided
+
+
+class _Target:
+    file_bytes = 1  # only read for draft models' size-scaled costs (none here)
+
+
+def fresh_profile(curve: dict[int, float], prefill: float, warm_costs: bool) -> Profile:
+    """A replay's own profile (never saved): the whole measured curve, or what a first run knows
+    before its first draft (c(1) from its first step, c(16) and the prefill rate from its prefill)."""
+    profile = Profile("replay", {})
+    profile.costs = dict(curve) if warm_costs else {n: curve[n] for n in (1, 16) if n in curve}
+    profile.prefill = prefill
+    return profile
+
+
+def speedup(planner_of: Callable[[], Planner], answers: Answers, name: str, cost: CostTable, max_tokens: int,
+            shadow: bool) -> float:
+    prompt, output = answers[name]
+    got = replay(planner_of(), prompt, output, cost, max_tokens, shadow=shadow)
+    return len(output) * cost(1) / got.seconds
+
+
+def warm_profile(answers: Answers, curve: dict[int, float], prefill: float, cost: CostTable, max_tokens: int,
+                 rounds: int, shadow: bool) -> Profile:
+    """The profile after replaying every answer `rounds` times in order."""
+    profile = fresh_profile(curve, prefill, warm_costs=True)
+    for _ in range(rounds):
+        for prompt, output in answers.values():
+            replay(Planner(_Target(), GenerationConfig().shape, profile=profile), prompt, output, cost, max_tokens,
+                   shadow=shadow)
+            profile.cap_acceptance()
+    return profile
+
+
+def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens: int, rounds: int,
+          variants: Sequence[bool]) -> list[str]:
+    cost = CostTable(dict(curve))
+    shape = GenerationConfig().shape
+    names = {False: "baseline", True: "shadow"}
+    header = "| prompt | output tokens | ceiling |" + "".join(f" {names[v]} cold | {names[v]} warm |" for v in variants)
+    lines = [header, "|" + " --- |" + " ---: |" * (2 + 2 * len(variants))]
+    warm = {v: warm_profile(answers, curve, prefill, cost, max_tokens, rounds, v) for v in variants}
+    grounded: list[list[float]] = []
+    for name, (prompt, output) in answers.items():
+        ceiling = len(output) * cost(1) / oracle_seconds(ngram_runs(prompt, output), cost, NGRAM_HORIZON)
+        cells = [ceiling]
+        for v in variants:
+            cells.append(speedup(lambda: Planner(_Target(), shape, profile=fresh_profile(curve, prefill, False)),
+                                 answers, name, cost, max_tokens, v))
+            snapshot = Profile.from_json(warm[v].to_json())  # each prompt replayed from the same warm profile
+            cells.append(speedup(lambda: Planner(_Target(), shape, profile=snapshot), answers, name, cost,
+                                 max_tokens, v))
+        if name in REPLAY_GROUNDED:
+            grounded.append(cells)
+        label = f"{name} (grounded)" if name in REPLAY_GROUNDED else name
+        lines.append(f"| {label} | {len(output)} | " + " | ".join(f"{x:.2f}×" for x in cells) + " |")
+    means = [math.exp(sum(math.log(x) for x in column) / len(column)) for column in zip(*grounded)]
+    if means:
+        lines.append("| grounded, geometric mean | | " + " | ".join(f"{x:.2f}×" for x in means) + " |")
+    return lines
+
+
+def record(target, prompts: dict[str, str], max_tokens: int) -> Answers:
+    """The target alone's greedy answer to each prompt (chat template), as token ids."""
+    from localspec.api import stream_generate
+    from localspec.prompt import prompt_tokens
+
+    answers = {}
+    for name, text in prompts.items():
+        print(f"recording {name}", file=sys.stderr, flush=True)
+        messages = [{"role": "user", "content": text}]
+        output = [r.token for r in stream_generate(target, None, messages, temperature=0, max_tokens=max_tokens,
+                                                   num_draft_tokens=0)]
+        answers[name] = (list(prompt_tokens(target, messages)), output)
+    return answers
+
+
+def prefill_rate(target, tokens: int = 256) -> float:
+    """Seconds per token of a long prompt prefill."""
+    ids = (target.tokenize("The quick brown fox jumps over the lazy dog. " * 64) * 2)[:tokens]
+    target.prefill(ids[:8], 0)  # warm-up
+    target.seq_rm(0, 0, -1)
+    t0 = time.perf_counter()
+    target.prefill(ids, 0)
+    rate = (time.perf_counter() - t0) / len(ids)
+    target.seq_rm(0, 0, -1)
+    return rate
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prompts", type=lambda s: s.split(","), default=list(REPLAY_PROMPTS),
+                   help=f"comma list (default all: {','.join(REPLAY_PROMPTS)})")
+    p.add_argument("--tokens", type=int, default=128, help="max tokens per answer (default 128)")
+    p.add_argument("--warm-rounds", type=int, default=2, help="replays of every answer that build the warm profile")
+    p.add_argument("--shadow", action="store_true", help="also replay the planner that learns from every proposal")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.prompts if n not in REPLAY_PROMPTS]
+    if unknown:
+        p.error(f"unknown prompt(s) {', '.join(unknown)}; choose from {', '.join(REPLAY_PROMPTS)}")
+    if args.tokens < 2 or args.warm_rounds < 0:
+        p.error("--tokens must be >= 2 and --warm-rounds >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from localspec import registry
+    from localspec.api import load_model
+
+    reg = registry.load_registry()
+    options = {"threads": args.threads} if args.threads else {}
+    with load_model(reg.pairs[reg.default_pair].target, **options) as target:
+        print("measuring the cost curve", file=sys.stderr, flush=True)
+        curve = cost_curve(target)
+        prefill = prefill_rate(target)
+        answers = record(target, {n: REPLAY_PROMPTS[n] for n in args.prompts}, args.tokens)
+    variants = [False, True] if args.shadow else [False]
+    print("\n".join(table(answers, curve, prefill, args.tokens, args.warm_rounds, variants)))
+    c1 = curve[1]
+    print("\nn-gram decode speedup over the target alone; cost curve c(n)/c(1): "
+          + ", ".join(f"{n}: {curve[n] / c1:.2f}" for n in sorted(curve)) + f"; prefill {prefill / c1:.2f} c(1)/token")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
