@@ -552,6 +552,19 @@ def machine() -> str:
 # ---------------------------------------------------------------- main
 
 
+def add_prompts_option(p: argparse.ArgumentParser, prompts: dict[str, str]) -> None:
+    """--prompts: a comma list of names from `prompts` (default all; check them with check_prompts)."""
+    p.add_argument("--prompts", type=lambda s: s.split(","), default=list(prompts),
+                   help=f"comma list of the prompts to run (default all: {','.join(prompts)})")
+
+
+def check_prompts(p: argparse.ArgumentParser, names: Sequence[str], prompts: dict[str, str]) -> None:
+    """Exit with a usage error naming any of `names` that is not a prompt."""
+    unknown = [name for name in names if name not in prompts]
+    if unknown:
+        p.error(f"unknown prompt(s) {', '.join(unknown)} in --prompts; choose from {', '.join(prompts)}")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=128, help="tokens generated per run (default 128)")
@@ -561,8 +574,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="time every run this many times, interleaved, and report the totals (default 1)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both tools")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--prompts", type=lambda s: s.split(","), default=list(PROMPTS),
-                   help=f"comma list of the prompts to run (default all: {','.join(PROMPTS)})")
+    add_prompts_option(p, PROMPTS)
     p.add_argument("--ngram-k", type=int, default=0,
                    help="also run n-gram and hybrid drafts planned (auto) up to this many tokens on the "
                         "input-grounded prompts (default 0: only k = 4)")
@@ -580,9 +592,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="also write the markdown report here")
     p.add_argument("--json", type=Path, default=None, help="write the raw rows as JSON here")
     args = p.parse_args(argv)
-    unknown = [name for name in args.prompts if name not in PROMPTS]
-    if unknown:
-        p.error(f"unknown prompt(s) {', '.join(unknown)} in --prompts; choose from {', '.join(PROMPTS)}")
+    check_prompts(p, args.prompts, PROMPTS)
     if args.ngram_k < 0:
         p.error(f"--ngram-k must be 0 (off) or a draft length, got {args.ngram_k}")
     for name in ("tokens", "repeat", "threads", "efficiency_tokens", "efficiency_stride", "efficiency_seeds",

@@ -34,7 +34,8 @@ from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from head_to_head import NGRAM_HORIZON, _run, cost_curve, ngram_runs, oracle_seconds  # noqa: E402
+from head_to_head import (NGRAM_HORIZON, _run, add_prompts_option, check_prompts, cost_curve,  # noqa: E402
+                          ngram_runs, oracle_seconds)
 from whole_process import GROUNDED_PROMPTS, PROMPTS  # noqa: E402
 
 from localspec.config import GenerationConfig  # noqa: E402
@@ -129,10 +130,15 @@ def fresh_profile(curve: dict[int, float], prefill: float, warm_costs: bool) -> 
     return profile
 
 
-def speedup(planner_of: Callable[[], Planner], answers: Answers, name: str, cost: CostTable, max_tokens: int,
+def planner_for(profile: Profile) -> Planner:
+    """A planner of the engine's default shape that learns into `profile`."""
+    return Planner(_Target(), GenerationConfig().shape, profile=profile)
+
+
+def speedup(profile: Profile, prompt: Sequence[int], output: Sequence[int], cost: CostTable, max_tokens: int,
             shadow: bool) -> float:
-    prompt, output = answers[name]
-    got = replay(planner_of(), prompt, output, cost, max_tokens, shadow=shadow)
+    """The replayed decode's speed over the target alone's, starting from `profile`."""
+    got = replay(planner_for(profile), prompt, output, cost, max_tokens, shadow=shadow)
     return len(output) * cost(1) / got.seconds
 
 
@@ -142,8 +148,7 @@ def warm_profile(answers: Answers, curve: dict[int, float], prefill: float, cost
     profile = fresh_profile(curve, prefill, warm_costs=True)
     for _ in range(rounds):
         for prompt, output in answers.values():
-            replay(Planner(_Target(), GenerationConfig().shape, profile=profile), prompt, output, cost, max_tokens,
-                   shadow=shadow)
+            replay(planner_for(profile), prompt, output, cost, max_tokens, shadow=shadow)
             profile.cap_acceptance()
     return profile
 
@@ -151,7 +156,6 @@ def warm_profile(answers: Answers, curve: dict[int, float], prefill: float, cost
 def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens: int, rounds: int,
           variants: Sequence[bool]) -> list[str]:
     cost = CostTable(dict(curve))
-    shape = GenerationConfig().shape
     names = {False: "baseline", True: "shadow"}
     header = "| prompt | output tokens | ceiling |" + "".join(f" {names[v]} cold | {names[v]} warm |" for v in variants)
     lines = [header, "|" + " --- |" + " ---: |" * (2 + 2 * len(variants))]
@@ -161,11 +165,9 @@ def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens:
         ceiling = len(output) * cost(1) / oracle_seconds(ngram_runs(prompt, output), cost, NGRAM_HORIZON)
         cells = [ceiling]
         for v in variants:
-            cells.append(speedup(lambda: Planner(_Target(), shape, profile=fresh_profile(curve, prefill, False)),
-                                 answers, name, cost, max_tokens, v))
+            cells.append(speedup(fresh_profile(curve, prefill, False), prompt, output, cost, max_tokens, v))
             snapshot = Profile.from_json(warm[v].to_json())  # each prompt replayed from the same warm profile
-            cells.append(speedup(lambda: Planner(_Target(), shape, profile=snapshot), answers, name, cost,
-                                 max_tokens, v))
+            cells.append(speedup(snapshot, prompt, output, cost, max_tokens, v))
         if name in REPLAY_GROUNDED:
             grounded.append(cells)
         label = f"{name} (grounded)" if name in REPLAY_GROUNDED else name
@@ -205,16 +207,13 @@ def prefill_rate(target, tokens: int = 256) -> float:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--prompts", type=lambda s: s.split(","), default=list(REPLAY_PROMPTS),
-                   help=f"comma list (default all: {','.join(REPLAY_PROMPTS)})")
+    add_prompts_option(p, REPLAY_PROMPTS)
     p.add_argument("--tokens", type=int, default=128, help="max tokens per answer (default 128)")
     p.add_argument("--warm-rounds", type=int, default=2, help="replays of every answer that build the warm profile")
     p.add_argument("--shadow", action="store_true", help="also replay the planner that learns from every proposal")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     args = p.parse_args(argv)
-    unknown = [n for n in args.prompts if n not in REPLAY_PROMPTS]
-    if unknown:
-        p.error(f"unknown prompt(s) {', '.join(unknown)}; choose from {', '.join(REPLAY_PROMPTS)}")
+    check_prompts(p, args.prompts, REPLAY_PROMPTS)
     if args.tokens < 2 or args.warm_rounds < 0:
         p.error("--tokens must be >= 2 and --warm-rounds >= 0")
     return args

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from head_to_head import GROUNDED, PROMPTS as H2H_PROMPTS, build_llama_tools, llama_cpp_version  # noqa: E402
+from head_to_head import (GROUNDED, PROMPTS as H2H_PROMPTS, add_prompts_option, build_llama_tools,  # noqa: E402
+                          check_prompts, llama_cpp_version)
 
 PROMPTS = dict(H2H_PROMPTS)
 PROMPTS["rename"] = ("Rename the variable `tmp` to `total` in this code and show the whole code:\n\n"
@@ -244,8 +245,7 @@ def llama_table(args: argparse.Namespace, root: Path, warm: dict[str, list[Run]]
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--prompts", type=lambda s: s.split(","), default=list(PROMPTS),
-                   help=f"comma list (default all: {','.join(PROMPTS)})")
+    add_prompts_option(p, PROMPTS)
     p.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.8])
     p.add_argument("--repeat", type=int, default=3, help="alternated pairs per cell (default 3)")
     p.add_argument("--tokens", type=int, default=128, help="max tokens per run (default 128)")
@@ -256,9 +256,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--llama-cpp", action="store_true",
                    help="also run llama.cpp's n-gram modes (builds llama-speculative-simple once, a few minutes)")
     args = p.parse_args(argv)
-    unknown = [n for n in args.prompts if n not in PROMPTS]
-    if unknown:
-        p.error(f"unknown prompt(s) {', '.join(unknown)}; choose from {', '.join(PROMPTS)}")
+    check_prompts(p, args.prompts, PROMPTS)
     if args.repeat < 1 or args.tokens < 1:
         p.error("--repeat and --tokens must be >= 1")
     return args

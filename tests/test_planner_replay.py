@@ -14,7 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import planner_replay as pr  # noqa: E402
 from head_to_head import ngram_runs, oracle_seconds  # noqa: E402
 
-from localspec.config import GenerationConfig  # noqa: E402
 from localspec.planner import CostTable, Planner  # noqa: E402
 
 CURVE = {1: 0.036, 2: 0.070, 4: 0.100, 8: 0.200, 16: 0.300, 32: 0.560}  # a CPU-like curve, increasing
@@ -22,7 +21,7 @@ COST = CostTable(dict(CURVE))
 
 
 def planner(warm_costs: bool = True) -> Planner:
-    return Planner(pr._Target(), GenerationConfig().shape, profile=pr.fresh_profile(CURVE, 0.011, warm_costs))
+    return pr.planner_for(pr.fresh_profile(CURVE, 0.011, warm_costs))
 
 
 def words(rng: np.random.Generator, n: int) -> list[int]:
