@@ -14,7 +14,9 @@ that replaying every prompt `--warm-rounds` times in order leaves (acceptance co
 between generations as the profile store caps them). The ceiling is head_to_head's oracle:
 every step drafts exactly the tokens the lookup gets right.
 
-Prompts: whole_process's, plus held-out grounded prompts no setting was tuned on.
+Prompts: whole_process's; HELD_OUT, six grounded prompts that no planner setting before the
+savings rule was tuned on; MORE, twelve grounded prompts added with it (other code, another
+language, other prose work), on which, with HELD_OUT, the savings rule was chosen.
 
 `--shadow` replays a variant planner that, besides the drafts it makes, learns from every
 proposal it did not draft (or drafted only in part), comparing it with the tokens that
@@ -60,8 +62,41 @@ HELD_OUT = {  # grounded prompts that no planner setting was tuned on
     "quote": "Quote the sentence about the trial from this text, then explain it in one sentence:\n\n" + _TEXT,
     "summarise2": "Summarise this paragraph in two sentences:\n\n" + _TEXT,
 }
-REPLAY_PROMPTS = {**PROMPTS, **HELD_OUT}
-REPLAY_GROUNDED = (*GROUNDED_PROMPTS, *HELD_OUT)
+_JS = ("function totalPrice(items, taxRate) {\n  let total = 0;\n  for (const item of items) {\n"
+       "    if (item.quantity <= 0) {\n      continue;\n    }\n    total += item.price * item.quantity;\n  }\n"
+       "  const tax = total * taxRate;\n  return Math.round((total + tax) * 100) / 100;\n}\n")
+_CLASS = ("class Inventory:\n    def __init__(self):\n        self.items = {}\n\n    def add(self, name, count):\n"
+          "        if name in self.items:\n            self.items[name] += count\n        else:\n"
+          "            self.items[name] = count\n\n    def remove(self, name, count):\n"
+          "        if name not in self.items:\n            raise KeyError(name)\n        self.items[name] -= count\n"
+          "        if self.items[name] <= 0:\n            del self.items[name]\n")
+_NOTICE = ("The library will close for renovation from the first of March until the end of May. During this time, "
+           "members can borrow books from the mobile library that will visit the town square every Saturday "
+           "morning. Returns can be made at the post office. The renovated building will have a larger children's "
+           "section, a quiet study room and new computers for public use.")
+_REVIEW = ("Our team tested three coffee machines over two weeks. The cheapest machine made good coffee but was "
+           "loud and hard to clean. The mid-range machine was quiet and easy to clean, and its coffee was the best "
+           "of the three. The most expensive machine had many features that nobody used, and it broke down twice.")
+MORE = {  # a second set of grounded prompts: other code, other languages, other kinds of prose work
+    "js-rename": "Rename `total` to `subtotal` in this JavaScript function and show the whole code:\n\n" + _JS,
+    "js-comments": "Add a short comment above each line of this function and show the whole code:\n\n" + _JS,
+    "class-hints": "Add type hints to this class and show the whole code:\n\n" + _CLASS,
+    "class-rename": "Rename the method `remove` to `take` in this class and show the whole code:\n\n" + _CLASS,
+    "class-method": ("Add a method `count(name)` that returns the count of an item (0 if missing) to this class "
+                     "and show the whole class:\n\n" + _CLASS),
+    "class-error": ("Rewrite this class to raise a ValueError with a helpful message instead of KeyError, and "
+                    "show the whole code:\n\n" + _CLASS),
+    "sum-notice": "Summarise this notice in two sentences:\n\n" + _NOTICE,
+    "sum-review": "Summarise this review in one paragraph:\n\n" + _REVIEW,
+    "quote-notice": ("Quote the sentence about returns from this notice, then say where the mobile library will "
+                     "be:\n\n" + _NOTICE),
+    "typos": "Fix the typos in this text and show the whole corrected text:\n\n" + _REVIEW.replace(
+        "machines", "machnes").replace("clean", "claen").replace("features", "featuers"),
+    "bullets": "Turn this notice into a bulleted list, keeping the wording:\n\n" + _NOTICE,
+    "extract": "List every machine mentioned in this review with what the text says about it:\n\n" + _REVIEW,
+}
+REPLAY_PROMPTS = {**PROMPTS, **HELD_OUT, **MORE}
+REPLAY_GROUNDED = (*GROUNDED_PROMPTS, *HELD_OUT, *MORE)
 DEPTH = GenerationConfig().shape.depth  # the engine's default draft depth
 NGRAM = NGramDrafter  # the planner reads only `source` (None: free proposals) from a drafter
 
@@ -175,6 +210,7 @@ def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens:
     means = [math.exp(sum(math.log(x) for x in column) / len(column)) for column in zip(*grounded)]
     if means:
         lines.append("| grounded, geometric mean | | " + " | ".join(f"{x:.2f}×" for x in means) + " |")
+        lines.append("| grounded, worst | | " + " | ".join(f"{min(column):.2f}×" for column in zip(*grounded)) + " |")
     return lines
 
 
