@@ -2,6 +2,7 @@
 
     python benchmarks/planner_replay.py                  # every prompt, baseline planner
     python benchmarks/planner_replay.py --shadow         # plus the variant that learns from every proposal
+    python benchmarks/planner_replay.py --curve 2:1.76,4:3.02,8:7.2,16:8.43,32:14.02   # an earlier run's curve
 
 The target alone writes each prompt's greedy answer once (the output any lossless speculation at
 T = 0 reproduces); the cost curve is measured in the same process. The real planner and context
@@ -248,11 +249,35 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warm-rounds", type=int, default=2, help="replays of every answer that build the warm profile")
     p.add_argument("--shadow", action="store_true", help="also replay the planner that learns from every proposal")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--curve", default=None, metavar="N:RATIO,...",
+                   help="replay with this cost curve, c(n)/c(1) by pass size (as printed at the end of a run, "
+                        "e.g. 2:1.76,4:3.02,16:8.43,32:14.02), instead of the one measured now")
+    p.add_argument("--prefill-rate", type=float, default=None, metavar="RATIO",
+                   help="with --curve: a long prefill's cost per token in c(1) (default: measured now)")
     args = p.parse_args(argv)
     check_prompts(p, args.prompts, REPLAY_PROMPTS)
     if args.tokens < 2 or args.warm_rounds < 0:
         p.error("--tokens must be >= 2 and --warm-rounds >= 0")
+    if args.curve is not None:
+        args.curve = parse_curve(p, args.curve)
+    if args.prefill_rate is not None and (args.curve is None or not 0 < args.prefill_rate < 1):
+        p.error("--prefill-rate needs --curve and must be between 0 and 1 (a prefill token is cheaper than a step)")
     return args
+
+
+def parse_curve(p: argparse.ArgumentParser, spec: str) -> dict[int, float]:
+    """`2:1.76,4:3.02,...` as {1: 1.0, 2: 1.76, 4: 3.02, ...}, checked."""
+    curve = {1: 1.0}
+    for item in spec.replace(" ", "").split(","):
+        n, _, ratio = item.partition(":")
+        try:
+            size, value = int(n), float(ratio)
+        except ValueError:
+            p.error(f"--curve: {item!r} is not N:RATIO (a pass size and its cost in c(1), e.g. 16:8.43)")
+        if size < 1 or size > 64 or not value >= 1.0 or value > size:
+            p.error(f"--curve: {item!r}: a pass of 1 to 64 tokens costs between c(1) and N·c(1)")
+        curve[size] = value
+    return curve
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -264,8 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {"threads": args.threads} if args.threads else {}
     with load_model(reg.pairs[reg.default_pair].target, **options) as target:
         print("measuring the cost curve", file=sys.stderr, flush=True)
-        curve = cost_curve(target)
+        curve = cost_curve(target) if args.curve is None else {1: cost_curve(target, sizes=(1,))[1]}
         prefill = prefill_rate(target)
+        if args.curve is not None:  # the given ratios, on this machine's c(1)
+            prefill = curve[1] * args.prefill_rate if args.prefill_rate is not None else prefill
+            curve = {n: curve[1] * ratio for n, ratio in args.curve.items()}
         answers = record(target, {n: REPLAY_PROMPTS[n] for n in args.prompts}, args.tokens)
     variants = [False, True] if args.shadow else [False]
     print("\n".join(table(answers, curve, prefill, args.tokens, args.warm_rounds, variants)))

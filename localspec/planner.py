@@ -16,13 +16,8 @@ beats the target alone by a margin.
   accepted in runs that end at an edit), kept apart for a sampling target (temperature > 0).
   Counts decay toward an optimistic prior within a run and persist in the target's profile
   between runs; decisions use an upper confidence bound, so a kind with little evidence gets
-  tried and one measured to lose does not.
-* Risk is paid for by savings: a draft deeper than FIRST_TRY levels is made only when the worst
-  case (every token rejected: one token for the step's cost) loses no more than this
-  generation's drafts have saved so far against the target alone. A generation thus stays about
-  as fast as the target alone even where a warm profile learned from other prompts misjudges
-  its copies, and climbs to long drafts once short ones have paid (3, then ~15, then ~31 on
-  the reference CPU).
+  tried and one measured to lose does not, but never deeper than twice the levels that kind has
+  been seen to reach (a first try is FIRST_TRY deep).
 * A draft model that is not loaded is loaded only when, at α = 1 and with measured target costs,
   its best case over the tokens still to generate repays loading it and prefilling the prompt.
 
@@ -105,7 +100,9 @@ PRIOR_HAZARD = {  # per kind of draft, the rejection rate per level before any e
 }
 DEFAULT_PRIOR_HAZARD = 0.25  # a draft model's tokens (a pair of one family agrees on ~3 tokens in 4)
 SHRINK = 2.0  # a level's rejection rate leans on the kind's pooled rate with this weight
-FIRST_TRY = 3  # draft levels that need no savings behind them (deeper: Planner.savings must cover a miss)
+FIRST_TRY = 3  # draft levels of a first try of a kind of draft (explored_depth)
+EXPLORED = 0.5  # decayed count of drafts that reached a level for it to count as explored
+NO_LIMIT = 1 << 16  # explored_depth once drafts reached the last tracked level
 SAMPLED = "@sampled"  # suffix of a kind's profile entry when the target samples (temperature > 0)
 
 
@@ -146,6 +143,13 @@ class Acceptance:
         k = min(k, LEVELS - 1)
         base = self.pooled() if pooled is None else pooled
         return (self.rejected[k] + SHRINK * base) / (self.at_risk[k] + SHRINK)
+
+    def explored_depth(self) -> int:
+        """The deepest draft worth trying on this evidence: FIRST_TRY levels, then twice as deep
+        as drafts of this kind have been seen to reach (accepted up to level k: 2(k + 1)), so an
+        unknown kind is not first tried 32 tokens deep, where a miss costs ~15 target steps."""
+        reached = max((k for k in range(LEVELS) if self.at_risk[k] >= EXPLORED), default=-1)
+        return NO_LIMIT if reached == LEVELS - 1 else max(FIRST_TRY, 2 * (reached + 1))
 
     def expectations(self, depth: int, optimism: float = OPTIMISM) -> list[float]:
         """E[tokens per step] of drafts of 0, 1, ..., `depth` tokens (accepted ones + the extra
@@ -197,7 +201,6 @@ class Planner:
         self.target_cost = CostTable(self.profile.costs, lambda: self.profile.prefill)
         self._acceptance: dict[str, Acceptance] = {}
         self._draft_costs: dict[str, CostTable] = {}
-        self.savings = 0.0  # seconds this generation's drafts saved against the target alone (< 0: lost)
 
     # ------------------------------------------------------------------ what things cost
 
@@ -239,18 +242,17 @@ class Planner:
     def choose(self, drafter: Any, kind: str, available: int, lag: int = 0) -> tuple[int, float]:
         """The draft depth to use now with this drafter and its predicted tokens per second
         (depth 0: the target alone does better), deciding with the upper bound of the acceptance
-        (so a kind little seen gets tried), and deeper than FIRST_TRY only where the savings so
-        far cover the worst case (step cost - c(1): everything rejected)."""
+        (so a kind little seen gets tried) but never deeper than the kind has been explored
+        (Acceptance.explored_depth: a first try is cheap, later ones double)."""
         c1 = self._measured_c1()
         if available <= 0 or c1 <= 0:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
-        expected = self.acceptance(kind).expectations(available)
+        acc = self.acceptance(kind)
+        limit = min(available, acc.explored_depth())
+        expected = acc.expectations(limit)
         best, best_rate = 0, MARGIN / c1
-        for d in range(1, available + 1):
-            cost = self.step_cost(drafter, d, lag)
-            if d > FIRST_TRY and cost - c1 > self.savings:
-                continue  # a miss here would lose more than speculating has saved
-            rate = expected[d] / cost
+        for d in range(1, limit + 1):
+            rate = expected[d] / self.step_cost(drafter, d, lag)
             if rate > best_rate:
                 best, best_rate = d, rate
         return best, best_rate
@@ -292,7 +294,6 @@ class Planner:
         self.target_cost.observe(n_target_tokens, target_seconds)
         if kind is not None and depth > 0:
             self.acceptance(kind).observe(n_accepted, depth)
-            self.savings += (n_accepted + 1) * self._measured_c1() - target_seconds
         self.profile.dirty = True
 
     def observe_draft(self, drafter: Any) -> None:
@@ -301,9 +302,8 @@ class Planner:
         levels, secs = drafter.timing.levels
         if levels > 0:
             self.draft_cost(drafter).observe(1, secs / levels)
-        n, catch_up = drafter.timing.catch_up
-        self.observe_prefill(profile, n, catch_up)
-        self.savings -= secs + catch_up
+        n, secs = drafter.timing.catch_up
+        self.observe_prefill(profile, n, secs)
         profile.dirty = True
 
     def observe_prefill(self, profile: Profile, n_tokens: int, seconds: float) -> None:

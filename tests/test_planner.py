@@ -87,13 +87,16 @@ FREE = SimpleNamespace(source=None, loaded=True)  # an n-gram drafter
 
 
 def planner_with(target_costs: dict[int, float], shape: Shape, kind: str, alpha_runs: int, accepted: int,
-                 depth: int, savings: float = 1.0) -> Planner:
-    """A planner whose kind `kind` saw `alpha_runs` drafts of `depth` with `accepted` accepted, and
-    whose generation has saved `savings` seconds so far (default: enough to cover any miss here)."""
-    profile = Profile(f"t{id(shape)}-{kind}-{alpha_runs}-{accepted}", {})
-    profile.costs = dict(target_costs)
-    p = Planner(SimpleNamespace(file_bytes=1_117_320_768), shape, profile=profile)
-    p.savings = savings
+                 depth: int) -> Planner:
+    p = Planner.__new__(Planner)
+    p.shape = shape
+    p.sampled = False
+    p._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]
+    p.target_bytes = 1_117_320_768
+    p.profile = Profile(f"t{id(shape)}", {})
+    p.target_cost = CostTable(dict(target_costs))
+    p._acceptance = {}
+    p._draft_costs = {}
     for _ in range(alpha_runs):
         p.acceptance(kind).observe(accepted, depth)
     return p
@@ -155,25 +158,23 @@ def test_free_drafts_follow_their_measured_acceptance() -> None:
         FREE, "k", 8)[0] == 0  # c(1) unknown: this step measures it
 
 
-def test_deep_drafts_are_paid_for_by_what_the_generation_has_saved() -> None:
-    """However hopeful the evidence, a generation's first drafts are at most FIRST_TRY deep; a
-    deeper one is made only once the generation's drafts have saved what a miss would lose
-    (its step cost - c(1)), so a misjudged kind cannot cost more than speculating earned."""
+def test_a_kind_never_seen_is_first_tried_short_and_deepens_as_it_is_accepted() -> None:
+    """Exploration is cheap: a first try is FIRST_TRY deep however long the proposal and however
+    hopeful the prior, then twice as deep as drafts of that kind have been seen to reach; a try
+    that fails at once earns nothing deeper."""
     flat = {1: 0.030, 2: 0.031, 4: 0.032, 16: 0.035, 32: 0.040}  # deep drafts nearly free: depth is tempting
-    p = planner_with(flat, Shape.chain(32), "ngram:m16+/copying", alpha_runs=0, accepted=0, depth=1, savings=0.0)
+    p = planner_with(flat, Shape.chain(32), "ngram:m16+/copying", alpha_runs=0, accepted=0, depth=1)
+    acc = p.acceptance("ngram:m16+/copying")
     assert p.choose(FREE, "ngram:m16+/copying", 32)[0] == FIRST_TRY
-    p.observe("ngram:m16+/copying", FIRST_TRY, 0, FIRST_TRY + 1, 0.032)  # rejected at once: 2 ms lost
-    assert p.savings == pytest.approx(-0.002)
+    acc.observe(0, FIRST_TRY)  # rejected at once: levels beyond 0 not reached
     assert p.choose(FREE, "ngram:m16+/copying", 32)[0] <= FIRST_TRY
     depths = []
-    for _ in range(3):
+    for _ in range(4):
         d = p.choose(FREE, "ngram:m16+/copying", 32)[0]
         depths.append(d)
-        p.observe("ngram:m16+/copying", d, d, d + 1, p.target_cost(d + 1))  # all accepted: each saves
-    assert depths[0] == FIRST_TRY and depths[-1] == 32  # 4 tokens for 32 ms saved 88 ms; a miss at 32 loses 10
-    assert p.savings > 0
-    p.savings = 0.009  # just short of a miss at depth 32 (10 ms): only the drafts that it covers
-    assert FIRST_TRY < p.choose(FREE, "ngram:m16+/copying", 32)[0] < 32
+        acc.observe(d, d)  # all accepted
+    assert depths == [3, 6, 12, 24]
+    assert p.choose(FREE, "ngram:m16+/copying", 32)[0] == 32  # explored past the last tracked level: no cap
 
 
 # ---------------------------------------------------------------- learning and persistence

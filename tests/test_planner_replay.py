@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -77,3 +78,12 @@ def test_the_shadow_variant_learns_from_proposals_it_did_not_draft() -> None:
         assert got.drafted == 0  # chance matches are not worth drafting either way
         seen[shadow] = sum(p.acceptance("ngram:m1").at_risk)
     assert seen[False] == 0 and seen[True] > 5
+
+
+def test_a_given_cost_curve_is_parsed_and_checked(capsys) -> None:
+    args = pr.parse_args(["--curve", "2:1.76, 16:8.43,32:14.02", "--prefill-rate", "0.3"])
+    assert args.curve == {1: 1.0, 2: 1.76, 16: 8.43, 32: 14.02} and args.prefill_rate == 0.3
+    for bad in (["--curve", "2:x"], ["--curve", "4:5"], ["--curve", "0:1"], ["--prefill-rate", "0.3"]):
+        with pytest.raises(SystemExit):
+            pr.parse_args(bad)
+        assert "--curve" in capsys.readouterr().err
