@@ -15,9 +15,9 @@ that replaying every prompt `--warm-rounds` times in order leaves (acceptance co
 between generations as the profile store caps them). The ceiling is head_to_head's oracle:
 every step drafts exactly the tokens the lookup gets right.
 
-Prompts: whole_process's; HELD_OUT, six grounded prompts that no planner setting before the
-savings rule was tuned on; MORE, twelve grounded prompts added with it (other code, another
-language, other prose work), on which, with HELD_OUT, the savings rule was chosen.
+Prompts: whole_process's; HELD_OUT, six grounded prompts that no planner setting was tuned on;
+MORE, twelve grounded prompts added later (other code, another language, other prose work), on
+which, with HELD_OUT, candidate rules are compared (the savings rule in docs/whole-process.md).
 
 `--shadow` replays a variant planner that, besides the drafts it makes, learns from every
 proposal it did not draft (or drafted only in part), comparing it with the tokens that
