@@ -168,6 +168,15 @@ def chat_tokens(target, prompt: str) -> list[int]:
     return prompt_tokens(target, [{"role": "user", "content": prompt}])
 
 
+def greedy_answer(target, prompt: str, max_tokens: int) -> tuple[list[int], list[int]]:
+    """(prompt tokens, the target alone's greedy answer) for `prompt` as one chat message: the
+    output any lossless speculation at T = 0 reproduces."""
+    tokens = chat_tokens(target, prompt)
+    output = [r.token for r in stream_generate(target, None, tokens, temperature=0, max_tokens=max_tokens,
+                                               num_draft_tokens=0)]
+    return list(tokens), output
+
+
 LOCALSPEC_CONFIGS = [  # (drafter, verifier, plan, uses the draft model)
     ("model", "match", "fixed"),
     ("model", "token", "fixed"),
@@ -375,6 +384,13 @@ def oracle_seconds(runs: Sequence[int], cost, max_depth: int) -> float:
     for i in range(n - 1, -1, -1):
         best[i] = min(cost(j + 1) + best[min(n, i + j + 1)] for j in range(min(runs[i], max_depth) + 1))
     return best[0]
+
+
+def ngram_ceiling(prompt: Sequence[int], output: Sequence[int], cost, alternatives: int = 0) -> float:
+    """The n-gram drafter's decode ceiling on `output`: the target alone's time for it over
+    oracle_seconds of the lookup's runs (with `alternatives`: of a tree, see ngram_runs)."""
+    runs = ngram_runs(prompt, output, alternatives=alternatives)
+    return len(output) * cost(1) / oracle_seconds(runs, cost, NGRAM_HORIZON)
 
 
 def cost_curve_report(curve: dict[int, float]) -> list[str]:

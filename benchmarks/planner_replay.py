@@ -37,8 +37,8 @@ from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from head_to_head import (NGRAM_HORIZON, _run, add_prompts_option, check_prompts, cost_curve,  # noqa: E402
-                          ngram_runs, oracle_seconds)
+from head_to_head import (_run, add_prompts_option, check_prompts, cost_curve, greedy_answer,  # noqa: E402
+                          ngram_ceiling)
 from whole_process import GROUNDED_PROMPTS, PROMPTS  # noqa: E402
 
 from localspec.config import GenerationConfig  # noqa: E402
@@ -198,8 +198,7 @@ def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens:
     warm = {v: warm_profile(answers, curve, prefill, cost, max_tokens, rounds, v) for v in variants}
     grounded: list[list[float]] = []
     for name, (prompt, output) in answers.items():
-        ceiling = len(output) * cost(1) / oracle_seconds(ngram_runs(prompt, output), cost, NGRAM_HORIZON)
-        cells = [ceiling]
+        cells = [ngram_ceiling(prompt, output, cost)]
         for v in variants:
             cells.append(speedup(fresh_profile(curve, prefill, False), prompt, output, cost, max_tokens, v))
             snapshot = Profile.from_json(warm[v].to_json())  # each prompt replayed from the same warm profile
@@ -217,16 +216,10 @@ def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens:
 
 def record(target, prompts: dict[str, str], max_tokens: int) -> Answers:
     """The target alone's greedy answer to each prompt (chat template), as token ids."""
-    from localspec.api import stream_generate
-    from localspec.prompt import prompt_tokens
-
     answers = {}
     for name, text in prompts.items():
         print(f"recording {name}", file=sys.stderr, flush=True)
-        messages = [{"role": "user", "content": text}]
-        output = [r.token for r in stream_generate(target, None, messages, temperature=0, max_tokens=max_tokens,
-                                                   num_draft_tokens=0)]
-        answers[name] = (list(prompt_tokens(target, messages)), output)
+        answers[name] = greedy_answer(target, text, max_tokens)
     return answers
 
 
@@ -289,11 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {"threads": args.threads} if args.threads else {}
     with load_model(reg.pairs[reg.default_pair].target, **options) as target:
         print("measuring the cost curve", file=sys.stderr, flush=True)
-        curve = cost_curve(target) if args.curve is None else {1: cost_curve(target, sizes=(1,))[1]}
-        prefill = prefill_rate(target)
-        if args.curve is not None:  # the given ratios, on this machine's c(1)
-            prefill = curve[1] * args.prefill_rate if args.prefill_rate is not None else prefill
-            curve = {n: curve[1] * ratio for n, ratio in args.curve.items()}
+        if args.curve is None:
+            curve, prefill = cost_curve(target), prefill_rate(target)
+        else:  # the given ratios, on this machine's c(1)
+            c1 = cost_curve(target, sizes=(1,))[1]
+            curve = {n: c1 * ratio for n, ratio in args.curve.items()}
+            prefill = c1 * args.prefill_rate if args.prefill_rate is not None else prefill_rate(target)
         answers = record(target, {n: REPLAY_PROMPTS[n] for n in args.prompts}, args.tokens)
     variants = [False, True] if args.shadow else [False]
     print("\n".join(table(answers, curve, prefill, args.tokens, args.warm_rounds, variants)))

@@ -155,12 +155,11 @@ def ceiling_table(args: argparse.Namespace, alone_runs: dict[str, list[Run]]) ->
     from a cost curve measured now), and the whole-process ratio that decode ceiling would give
     (the target alone's other components unchanged); beside it, the same oracle for a tree of the
     proposal and first-token alternatives (an upper bound: it drafts only the branch that is right)."""
-    from head_to_head import NGRAM_HORIZON, cost_curve, ngram_runs, oracle_seconds
+    from head_to_head import cost_curve, greedy_answer, ngram_ceiling
 
     from localspec import registry
-    from localspec.api import load_model, stream_generate
+    from localspec.api import load_model
     from localspec.planner import CostTable
-    from localspec.prompt import prompt_tokens
 
     progress("n-gram ceiling: cost curve and target-alone outputs")
     reg = registry.load_registry()
@@ -170,17 +169,10 @@ def ceiling_table(args: argparse.Namespace, alone_runs: dict[str, list[Run]]) ->
     options = {"threads": args.threads} if args.threads else {}
     with load_model(reg.pairs[reg.default_pair].target, **options) as target:
         cost = CostTable(cost_curve(target))
-
-        def ceiling(runs: list[int], n_tokens: int) -> float:
-            return n_tokens * cost(1) / oracle_seconds(runs, cost, NGRAM_HORIZON)
-
         for name in args.prompts:
-            messages = [{"role": "user", "content": PROMPTS[name]}]
-            output = [r.token for r in stream_generate(target, None, messages, temperature=0, max_tokens=args.tokens,
-                                                       num_draft_tokens=0)]
-            prompt = prompt_tokens(target, messages)
-            chain = ceiling(ngram_runs(prompt, output), len(output))
-            tree = ceiling(ngram_runs(prompt, output, alternatives=TREE_ALTERNATIVES), len(output))
+            prompt, output = greedy_answer(target, PROMPTS[name], args.tokens)
+            chain = ngram_ceiling(prompt, output, cost)
+            tree = ngram_ceiling(prompt, output, cost, alternatives=TREE_ALTERNATIVES)
             wall = statistics.median(r.wall for r in alone_runs[name])
             decode = statistics.median(r.timings["decode"] for r in alone_runs[name])
             lines.append(f"| {name} | {len(output)} | {chain:.2f}× | {wall / (wall - decode + decode / chain):.2f}× "
