@@ -15,6 +15,13 @@ that replaying every prompt `--warm-rounds` times in order leaves (acceptance co
 between generations as the profile store caps them). The ceiling is head_to_head's oracle:
 every step drafts exactly the tokens the lookup gets right.
 
+Two more columns say where the gap between the planner and the ceiling comes from. "best depth
+per kind, in hindsight": the fastest fixed policy of one draft depth per kind of proposal (what
+the planner's acceptance is learned by), searched for on the answer itself: how far knowing each
+kind's outcomes on this answer in advance would take a planner that decides by kind. "uncapped,
+taught on this answer": the planner without its exploration cap, after learning from this
+answer alone: how close it comes when its profile knows nothing but this kind of prompt.
+
 Prompts: whole_process's; HELD_OUT, six grounded prompts that no planner setting was tuned on;
 MORE, twelve grounded prompts added later (other code, another language, other prose work), on
 which, with HELD_OUT, candidate rules are compared (the savings rule in docs/whole-process.md).
@@ -33,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,7 +51,7 @@ from whole_process import GROUNDED_PROMPTS, PROMPTS  # noqa: E402
 from localspec.config import GenerationConfig  # noqa: E402
 from localspec.drafters import NGramDrafter, ngram_kind  # noqa: E402
 from localspec.lookup import ContextLookup  # noqa: E402
-from localspec.planner import CostTable, Planner  # noqa: E402
+from localspec.planner import NO_LIMIT, Acceptance, CostTable, Planner  # noqa: E402
 from localspec.profiles import Profile  # noqa: E402
 
 _CODE = ('def parse_config(path):\n    result = {}\n    with open(path) as handle:\n        for line in handle:\n'
@@ -99,6 +106,7 @@ MORE = {  # a second set of grounded prompts: other code, other languages, other
 REPLAY_PROMPTS = {**PROMPTS, **HELD_OUT, **MORE}
 REPLAY_GROUNDED = (*GROUNDED_PROMPTS, *HELD_OUT, *MORE)
 DEPTH = GenerationConfig().shape.depth  # the engine's default draft depth
+SEARCH_DEPTHS = (0, 1, 2, 3, 4, 5, 7, 9, 11, 15, 19, 23, 27, 31)  # depths hindsight() tries per kind
 NGRAM = NGramDrafter  # the planner reads only `source` (None: free proposals) from a drafter
 
 Answers = dict[str, tuple[list[int], list[int]]]  # prompt name: (prompt tokens, greedy output)
@@ -112,13 +120,16 @@ class Replay:
     accepted: int
 
 
-def replay(planner: Planner, prompt: Sequence[int], output: Sequence[int], cost: Callable[[int], float],
-           max_tokens: int, depth: int = DEPTH, shadow: bool = False) -> Replay:
+def replay(planner: Planner | Mapping[str, int], prompt: Sequence[int], output: Sequence[int],
+           cost: Callable[[int], float], max_tokens: int, depth: int = DEPTH, shadow: bool = False,
+           kinds: set[str] | None = None) -> Replay:
     """Decode `output` again as the engine would with the n-gram drafter and this planner: each
     step the lookup proposes, the planner picks a depth, the recorded output says how much of it
     the target accepts (greedy: the drafted tokens that equal it), and the step costs cost(d + 1).
     With `shadow`, every proposal is also scored against the output once the output shows how far
-    it was right, and that (not the draft) is what the planner learns acceptance from."""
+    it was right, and that (not the draft) is what the planner learns acceptance from. A mapping
+    instead of a planner is a fixed policy: that many tokens of every proposal of a kind (0 if
+    absent). `kinds` collects the kinds of the proposals seen."""
     lookup, pending = ContextLookup(), []
     i = seconds = steps = drafted = accepted = 0
     while i < len(output):
@@ -127,16 +138,42 @@ def replay(planner: Planner, prompt: Sequence[int], output: Sequence[int], cost:
         kind, d = None, 0
         if proposal is not None:
             kind = ngram_kind(proposal)
-            d, _ = planner.choose(NGRAM, kind, len(proposal.tokens))
+            if isinstance(planner, Planner):
+                d, _ = planner.choose(NGRAM, kind, len(proposal.tokens))
+            else:
+                d = min(planner.get(kind, 0), len(proposal.tokens))
             if shadow:
                 pending.append((i, proposal.tokens, kind))
+            if kinds is not None:
+                kinds.add(kind)
         n = _run(proposal.tokens[:d], output[i:]) if d else 0
         secs = cost(d + 1)
-        planner.observe(None if shadow else kind, d, n, d + 1, secs)
+        if isinstance(planner, Planner):
+            planner.observe(None if shadow else kind, d, n, d + 1, secs)
         seconds, steps, drafted, accepted, i = seconds + secs, steps + 1, drafted + d, accepted + n, i + n + 1
         if shadow:
             pending = settle(planner, pending, output[:i])
     return Replay(seconds, steps, drafted, accepted)
+
+
+def hindsight(prompt: Sequence[int], output: Sequence[int], cost: Callable[[int], float], max_tokens: int) -> float:
+    """The decode speedup of the best fixed depth per kind of proposal for this very answer (found
+    by coordinate descent over SEARCH_DEPTHS until no change helps): what a planner that decides
+    by kind could reach if it knew each kind's outcomes on this answer in advance. A planner that
+    learns adapts within a kind, so this bounds it only roughly; the ceiling bounds it exactly."""
+    kinds: set[str] = set()
+    policy: dict[str, int] = {}
+    best = replay(policy, prompt, output, cost, max_tokens, kinds=kinds).seconds
+    improved = True
+    while improved:
+        improved = False
+        for kind in sorted(kinds):
+            for d in SEARCH_DEPTHS:
+                trial = {**policy, kind: d}
+                secs = replay(trial, prompt, output, cost, max_tokens, kinds=kinds).seconds
+                if secs < best * (1 - 1e-9):
+                    best, policy, improved = secs, trial, True
+    return len(output) * cost(1) / best
 
 
 def settle(planner: Planner, pending: list[tuple[int, tuple[int, ...], str]],
@@ -166,9 +203,35 @@ def fresh_profile(curve: dict[int, float], prefill: float, warm_costs: bool) -> 
     return profile
 
 
-def planner_for(profile: Profile) -> Planner:
-    """A planner of the engine's default shape that learns into `profile`."""
-    return Planner(_Target(), GenerationConfig().shape, profile=profile)
+def planner_for(profile: Profile, uncapped: bool = False) -> Planner:
+    """A planner of the engine's default shape that learns into `profile` (`uncapped`: one that
+    drafts any kind as deep as its acceptance says pays, however little explored)."""
+    return (UncappedPlanner if uncapped else Planner)(_Target(), GenerationConfig().shape, profile=profile)
+
+
+class UnexploredAcceptance(Acceptance):
+    def explored_depth(self) -> int:
+        return NO_LIMIT
+
+
+class UncappedPlanner(Planner):
+    """The planner without its exploration cap (Acceptance.explored_depth): a first try of a kind
+    may be as deep as the prior says pays."""
+
+    acceptance_type = UnexploredAcceptance
+
+
+def self_taught(prompt: Sequence[int], output: Sequence[int], curve: dict[int, float], prefill: float,
+                cost: CostTable, max_tokens: int, rounds: int) -> float:
+    """The uncapped planner's speedup on an answer after learning from that answer alone (`rounds`
+    replays of it): what the planner reaches when the profile knows only this kind of prompt and
+    nothing holds back deep drafts."""
+    profile = fresh_profile(curve, prefill, warm_costs=True)
+    for _ in range(rounds):
+        replay(planner_for(profile, uncapped=True), prompt, output, cost, max_tokens)
+        profile.cap_acceptance()
+    got = replay(planner_for(profile, uncapped=True), prompt, output, cost, max_tokens)
+    return len(output) * cost(1) / got.seconds
 
 
 def speedup(profile: Profile, prompt: Sequence[int], output: Sequence[int], cost: CostTable, max_tokens: int,
@@ -193,12 +256,15 @@ def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens:
           variants: Sequence[bool]) -> list[str]:
     cost = CostTable(dict(curve))
     names = {False: "baseline", True: "shadow"}
-    header = "| prompt | output tokens | ceiling |" + "".join(f" {names[v]} cold | {names[v]} warm |" for v in variants)
-    lines = [header, "|" + " --- |" + " ---: |" * (2 + 2 * len(variants))]
+    header = ("| prompt | output tokens | ceiling | best depth per kind, in hindsight | uncapped, taught on this answer |"
+              + "".join(f" {names[v]} cold | {names[v]} warm |" for v in variants))
+    lines = [header, "|" + " --- |" + " ---: |" * (4 + 2 * len(variants))]
     warm = {v: warm_profile(answers, curve, prefill, cost, max_tokens, rounds, v) for v in variants}
     grounded: list[list[float]] = []
     for name, (prompt, output) in answers.items():
-        cells = [ngram_ceiling(prompt, output, cost)]
+        print(f"replaying {name}", file=sys.stderr, flush=True)
+        cells = [ngram_ceiling(prompt, output, cost), hindsight(prompt, output, cost, max_tokens),
+                 self_taught(prompt, output, curve, prefill, cost, max_tokens, max(rounds, 1))]
         for v in variants:
             cells.append(speedup(fresh_profile(curve, prefill, False), prompt, output, cost, max_tokens, v))
             snapshot = Profile.from_json(warm[v].to_json())  # each prompt replayed from the same warm profile

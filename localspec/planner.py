@@ -192,6 +192,8 @@ def one_token_seconds(model: Any) -> float:
 class Planner:
     """Chooses each step's draft depth for one target and its drafters."""
 
+    acceptance_type: type[Acceptance] = Acceptance  # what tracks each kind's acceptance (a replay may vary it)
+
     def __init__(self, target: Any, shape: Shape, sampled: bool = False, profile: Profile | None = None) -> None:
         self.shape = shape
         self.sampled = sampled  # temperature > 0: acceptance is kept apart from greedy decoding's
@@ -208,7 +210,7 @@ class Planner:
         acc = self._acceptance.get(kind)
         if acc is None:  # a sampled target accepts fewer copies than a greedy one: learned apart
             at_risk, rejected = self.profile.levels(kind + SAMPLED if self.sampled else kind, LEVELS)
-            acc = self._acceptance[kind] = Acceptance(at_risk, rejected, PRIOR_HAZARD.get(kind, DEFAULT_PRIOR_HAZARD))
+            acc = self._acceptance[kind] = self.acceptance_type(at_risk, rejected, PRIOR_HAZARD.get(kind, DEFAULT_PRIOR_HAZARD))
         return acc
 
     def draft_cost(self, drafter: Any) -> CostTable:

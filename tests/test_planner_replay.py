@@ -87,3 +87,36 @@ def test_a_given_cost_curve_is_parsed_and_checked(capsys) -> None:
         with pytest.raises(SystemExit):
             pr.parse_args(bad)
         assert "--curve" in capsys.readouterr().err
+
+
+def test_hindsight_lies_between_the_target_alone_and_the_ceiling() -> None:
+    """The best fixed depth per kind is a policy of the same lookup, so it can never beat the
+    ceiling; on a long copy it must find a policy that drafts it, and on text with no repeats
+    (negative control) there is nothing to find."""
+    prompt, output = copy_case()
+    alone = len(output) * COST(1)
+    ceiling = alone / oracle_seconds(ngram_runs(prompt, output), COST, 31)
+    best = pr.hindsight(prompt, output, COST, max_tokens=len(output))
+    assert 1.5 < best <= ceiling + 1e-9
+    rng = np.random.default_rng(1)
+    assert pr.hindsight(words(rng, 50), words(rng, 60), COST, max_tokens=60) == pytest.approx(1.0)
+
+
+def test_a_fixed_policy_drafts_only_the_kinds_it_names() -> None:
+    prompt, output = copy_case()
+    kinds: set[str] = set()
+    none = pr.replay({}, prompt, output, COST, max_tokens=len(output), kinds=kinds)
+    assert none.drafted == 0 and kinds  # proposals were seen, none drafted
+    deep = pr.replay({k: 15 for k in kinds if k.endswith("/copying")}, prompt, output, COST, max_tokens=len(output))
+    assert deep.drafted > 0 and deep.seconds < none.seconds
+
+
+def test_the_uncapped_planner_differs_from_the_planner_only_in_its_exploration_cap() -> None:
+    capped, uncapped = planner(), pr.planner_for(pr.fresh_profile(CURVE, 0.011, True), uncapped=True)
+    assert capped.acceptance("ngram:m16+/copying").explored_depth() == 3  # a first try: FIRST_TRY deep
+    assert uncapped.acceptance("ngram:m16+/copying").explored_depth() > 31
+    assert uncapped.acceptance("ngram:m1").prior == capped.acceptance("ngram:m1").prior
+    prompt, output = copy_case()
+    taught = pr.self_taught(prompt, output, CURVE, 0.011, COST, len(output), rounds=2)
+    ceiling = len(output) * COST(1) / oracle_seconds(ngram_runs(prompt, output), COST, 31)
+    assert 1.2 < taught <= ceiling + 1e-9
