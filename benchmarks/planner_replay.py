@@ -157,10 +157,11 @@ def replay(planner: Planner | Mapping[str, int], prompt: Sequence[int], output: 
 
 
 def hindsight(prompt: Sequence[int], output: Sequence[int], cost: Callable[[int], float], max_tokens: int) -> float:
-    """The decode speedup of the best fixed depth per kind of proposal for this very answer (found
-    by coordinate descent over SEARCH_DEPTHS until no change helps): what a planner that decides
-    by kind could reach if it knew each kind's outcomes on this answer in advance. A planner that
-    learns adapts within a kind, so this bounds it only roughly; the ceiling bounds it exactly."""
+    """The decode speedup of the best fixed depth per kind of proposal for this very answer that
+    coordinate descent over SEARCH_DEPTHS finds (a local optimum: the best such policy is at least
+    this fast): what a planner that decides by kind could reach if it knew each kind's outcomes on
+    this answer in advance. A planner that learns adapts within a kind, so this bounds it only
+    roughly; the ceiling bounds it exactly."""
     kinds: set[str] = set()
     policy: dict[str, int] = {}
     best = replay(policy, prompt, output, cost, max_tokens, kinds=kinds).seconds
