@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import planner_replay as pr  # noqa: E402
 from head_to_head import ngram_runs, oracle_seconds  # noqa: E402
 
-from localspec.planner import CostTable, Planner  # noqa: E402
+from localspec.planner import FIRST_TRY, CostTable, Planner  # noqa: E402
 
 CURVE = {1: 0.036, 2: 0.070, 4: 0.100, 8: 0.200, 16: 0.300, 32: 0.560}  # a CPU-like curve, increasing
 COST = CostTable(dict(CURVE))
@@ -113,7 +113,7 @@ def test_a_fixed_policy_drafts_only_the_kinds_it_names() -> None:
 
 def test_the_uncapped_planner_differs_from_the_planner_only_in_its_exploration_cap() -> None:
     capped, uncapped = planner(), pr.planner_for(pr.fresh_profile(CURVE, 0.011, True), uncapped=True)
-    assert capped.acceptance("ngram:m16+/copying").explored_depth() == 3  # a first try: FIRST_TRY deep
+    assert capped.acceptance("ngram:m16+/copying").explored_depth() == FIRST_TRY  # a first try
     assert uncapped.acceptance("ngram:m16+/copying").explored_depth() > 31
     assert uncapped.acceptance("ngram:m1").prior == capped.acceptance("ngram:m1").prior
     prompt, output = copy_case()
