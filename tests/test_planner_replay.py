@@ -1,6 +1,7 @@
 """The planner replay (benchmarks/planner_replay.py) on made-up token sequences, without a model:
 it never beats the ceiling, it drafts a long copy and nothing on text with no repeats, and its
-shadow variant learns from proposals it did not draft."""
+shadow variant learns from proposals it did not draft; the hindsight policy and the uncapped
+planner that locate the gap to the ceiling stay within it."""
 
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def test_hindsight_lies_between_the_target_alone_and_the_ceiling() -> None:
     assert pr.hindsight(words(rng, 50), words(rng, 60), COST, max_tokens=60) == pytest.approx(1.0)
 
 
-def test_a_fixed_policy_drafts_only_the_kinds_it_names() -> None:
+def test_a_fixed_policy_drafts_the_kinds_it_names_and_nothing_without_them() -> None:
     prompt, output = copy_case()
     kinds: set[str] = set()
     none = pr.replay({}, prompt, output, COST, max_tokens=len(output), kinds=kinds)
