@@ -227,28 +227,25 @@ def self_taught(prompt: Sequence[int], output: Sequence[int], curve: dict[int, f
     """The uncapped planner's speedup on an answer after learning from that answer alone (`rounds`
     replays of it): what the planner reaches when the profile knows only this kind of prompt and
     nothing holds back deep drafts."""
-    profile = fresh_profile(curve, prefill, warm_costs=True)
-    for _ in range(rounds):
-        replay(planner_for(profile, uncapped=True), prompt, output, cost, max_tokens)
-        profile.cap_acceptance()
-    got = replay(planner_for(profile, uncapped=True), prompt, output, cost, max_tokens)
-    return len(output) * cost(1) / got.seconds
+    profile = warm_profile({"": (list(prompt), list(output))}, curve, prefill, cost, max_tokens, rounds,
+                           shadow=False, uncapped=True)
+    return speedup(profile, prompt, output, cost, max_tokens, shadow=False, uncapped=True)
 
 
 def speedup(profile: Profile, prompt: Sequence[int], output: Sequence[int], cost: CostTable, max_tokens: int,
-            shadow: bool) -> float:
+            shadow: bool, uncapped: bool = False) -> float:
     """The replayed decode's speed over the target alone's, starting from `profile`."""
-    got = replay(planner_for(profile), prompt, output, cost, max_tokens, shadow=shadow)
+    got = replay(planner_for(profile, uncapped), prompt, output, cost, max_tokens, shadow=shadow)
     return len(output) * cost(1) / got.seconds
 
 
 def warm_profile(answers: Answers, curve: dict[int, float], prefill: float, cost: CostTable, max_tokens: int,
-                 rounds: int, shadow: bool) -> Profile:
+                 rounds: int, shadow: bool, uncapped: bool = False) -> Profile:
     """The profile after replaying every answer `rounds` times in order."""
     profile = fresh_profile(curve, prefill, warm_costs=True)
     for _ in range(rounds):
         for prompt, output in answers.values():
-            replay(planner_for(profile), prompt, output, cost, max_tokens, shadow=shadow)
+            replay(planner_for(profile, uncapped), prompt, output, cost, max_tokens, shadow=shadow)
             profile.cap_acceptance()
     return profile
 
