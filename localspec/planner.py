@@ -210,7 +210,8 @@ class Planner:
         acc = self._acceptance.get(kind)
         if acc is None:  # a sampled target accepts fewer copies than a greedy one: learned apart
             at_risk, rejected = self.profile.levels(kind + SAMPLED if self.sampled else kind, LEVELS)
-            acc = self._acceptance[kind] = self.acceptance_type(at_risk, rejected, PRIOR_HAZARD.get(kind, DEFAULT_PRIOR_HAZARD))
+            prior = PRIOR_HAZARD.get(kind, DEFAULT_PRIOR_HAZARD)
+            acc = self._acceptance[kind] = self.acceptance_type(at_risk, rejected, prior)
         return acc
 
     def draft_cost(self, drafter: Any) -> CostTable:
