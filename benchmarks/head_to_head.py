@@ -97,12 +97,32 @@ def llama_cpp_version() -> str:
     return metadata.version("llama-cpp-python")
 
 
-def build_llama_tools(cache: Path, version: str, jobs: int) -> Path:
-    """llama-speculative-simple built from the llama.cpp that llama-cpp-python==version vendors."""
-    bindir = cache / f"llama.cpp-{version}" / "build" / "bin"
-    if (bindir / "llama-speculative-simple").exists():
-        return bindir
+LLAMA_TOOLS = ("llama-speculative-simple", "llama-completion")
+
+
+def build_llama_tools(cache: Path, version: str, jobs: int, native: bool = False) -> Path:
+    """llama.cpp's llama-speculative-simple and llama-completion, built from the llama.cpp that
+    llama-cpp-python==version vendors: portable by default, `native` as llama-cpp-python's own
+    default build is (-march=native: the same CPU kernels localspec runs)."""
+    flags = os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=on" if native else "-DGGML_NATIVE=off").split()
     src_root = cache / f"llama.cpp-{version}"
+    build = src_root / ("build-native" if native else "build")
+    bindir = build / "bin"
+    if all((bindir / tool).exists() for tool in LLAMA_TOOLS):
+        return bindir
+    if not (src_root / "src").exists():
+        _fetch_llama_source(src_root, version)
+    log.warning("building %s (%s; a few minutes)", ", ".join(LLAMA_TOOLS), " ".join(flags))
+    subprocess.run(["cmake", "-S", str(src_root / "src"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON", *flags], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(build), "--target", *LLAMA_TOOLS, "-j", str(jobs)],
+                   check=True, stdout=subprocess.DEVNULL)
+    return bindir
+
+
+def _fetch_llama_source(src_root: Path, version: str) -> None:
+    """The llama.cpp source that llama-cpp-python==version vendors, into src_root/src."""
     src_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         log.warning("downloading the llama-cpp-python %s source (pip download)", version)
@@ -117,15 +137,6 @@ def build_llama_tools(cache: Path, version: str, jobs: int) -> Path:
         if src.exists():
             shutil.rmtree(src)
         shutil.copytree(vendored, src)
-    build = src_root / "build"
-    flags = os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=off").split()
-    log.warning("building llama-speculative-simple (%s; a few minutes)", " ".join(flags))
-    subprocess.run(["cmake", "-S", str(src_root / "src"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_SERVER=OFF", *flags], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-speculative-simple", "-j", str(jobs)],
-                   check=True, stdout=subprocess.DEVNULL)
-    return bindir
 
 
 def run_llama_speculative(bindir: Path, target: Path, draft: Path, prompt_text: str, spec_type: str,

@@ -43,7 +43,7 @@ class Response:
 def load_model(model: str | Path, **options: Any) -> Model:
     """Load a GGUF file, or a registry model by name (fetched and cached on first use).
     Options: ctx_size, batch_size, threads, n_gpu_layers, flash_attn, cache_type, n_seq_max,
-    load_mode, rpc (see localspec.config.ModelOptions)."""
+    load_mode, cpu_kernels, rpc (see localspec.config.ModelOptions)."""
     from localspec import registry
 
     model_options = ModelOptions.from_options(options)

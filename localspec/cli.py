@@ -21,6 +21,7 @@ import click
 from localspec import __version__, rpc
 from localspec.config import (
     CACHE_TYPES,
+    CPU_KERNELS,
     DEFAULT_SAMPLING,
     DEFAULTS,
     DRAFTERS,
@@ -127,6 +128,12 @@ def model_options(f: Callable) -> Callable:
                      help="read: copy the weights into memory (no second resident copy where llama.cpp "
                           "repacks them for its CPU kernels); mmap: map the file; auto: llama.cpp decides "
                           "(env LOCALSPEC_LOAD_MODE)."),
+        click.option("--cpu-kernels", type=click.Choice(CPU_KERNELS), default=m.cpu_kernels, show_default=True,
+                     envvar="LOCALSPEC_CPU_KERNELS",
+                     help="Which of llama.cpp's CPU weight kernels to use. auto: the fastest that runs here, "
+                          "never AMX (its kernels crash on some Xeons), each checked once per machine in a "
+                          "child process; llama: llama.cpp's own choice, AMX included; repack: its repacked "
+                          "kernels only; plain: none of these (env LOCALSPEC_CPU_KERNELS)."),
         click.option("--rpc", envvar="LOCALSPEC_RPC", default=None, metavar="HOST:PORT[,...]",
                      help="Put the target's layers on these llama.cpp RPC servers (`localspec rpc-server`; "
                           "all layers unless --n-gpu-layers says how many; several servers share them). "
@@ -247,8 +254,8 @@ def load_for(config: GenerationConfig, model: str | None, draft: str | None, opt
 
 def model_kwargs(options: dict) -> dict:
     """The load_pair keywords among a command's options."""
-    keys = ("ctx_size", "n_gpu_layers", "draft_n_gpu_layers", "threads", "cache_type", "load_mode", "rpc",
-            "draft_rpc")
+    keys = ("ctx_size", "n_gpu_layers", "draft_n_gpu_layers", "threads", "cache_type", "load_mode", "cpu_kernels",
+            "rpc", "draft_rpc")
     return {k: options[k] for k in keys if k in options}
 
 

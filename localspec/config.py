@@ -31,6 +31,7 @@ PLANS: tuple[str, ...] = ("auto", "fixed")
 CACHE_TYPES: tuple[str, ...] = ("f16", "f32", "q8_0")
 FLASH_ATTN: tuple[str, ...] = ("auto", "on", "off")
 LOAD_MODES: tuple[str, ...] = ("read", "mmap", "auto")
+CPU_KERNELS: tuple[str, ...] = ("auto", "llama", "repack", "plain")  # see localspec.kernels
 
 MAX_DRAFT_TOKENS = 64  # draft depth
 MAX_PATHS = 16
@@ -344,6 +345,7 @@ class ModelOptions:
     n_seq_max: int = 16  # sequences (tree branches) in flight
     load_mode: str = "read"  # read: copy the weights into memory (no mapped duplicate); mmap; auto
     rpc: tuple[str, ...] = ()  # RPC servers ("host:port") that take the model's layers
+    cpu_kernels: str = "auto"  # which llama.cpp weight buffer types (AMX, CPU_REPACK) to use: see localspec.kernels
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rpc", parse_endpoints(self.rpc))
@@ -358,6 +360,7 @@ class ModelOptions:
         _choice(self.flash_attn, "flash_attn", FLASH_ATTN)
         _choice(self.cache_type, "cache_type", CACHE_TYPES)
         _choice(self.load_mode, "load_mode", LOAD_MODES)
+        _choice(self.cpu_kernels, "cpu_kernels", CPU_KERNELS)
         _require(not (self.cache_type == "q8_0" and self.flash_attn == "off"), "cache_type",
                  "cache_type q8_0 (a quantized KV cache) needs flash attention: use flash_attn 'auto' or 'on', "
                  "or cache_type f16")

@@ -12,6 +12,7 @@ import codecs
 import ctypes
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -19,7 +20,7 @@ from typing import Sequence
 import llama_cpp as lc
 import numpy as np
 
-from localspec import profiles, rpc
+from localspec import kernels, profiles, rpc
 from localspec.config import ModelOptions
 from localspec.errors import ModelError
 from localspec.verifier import LogitsPointer
@@ -36,11 +37,25 @@ LOAD_MODES = {"auto": lc.LLAMA_LOAD_MODE_AUTO, "mmap": lc.LLAMA_LOAD_MODE_MMAP,
 _init_lock = threading.Lock()
 _backend_ready = False
 _log_callback = None
+_load_lock = threading.Lock()  # one load at a time, so its log lines are its own
+_load_log: list[str] | None = None  # llama.cpp's log lines during the current load
+_BUFFER_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
 
 
 def _quiet_llama(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", "replace")
+    if _load_log is not None:
+        _load_log.append(line)
     if os.environ.get("LOCALSPEC_LLAMA_LOG"):
-        log.debug("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+        log.debug("llama.cpp: %s", line.rstrip())
+
+
+def _weight_buffers(lines: Sequence[str]) -> dict[str, float]:
+    """MiB of weights per buffer type, from llama.cpp's `load_tensors: <type> model buffer size` lines."""
+    out: dict[str, float] = {}
+    for m in _BUFFER_LINE.finditer("".join(lines)):
+        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def _init_backend() -> None:
@@ -121,15 +136,22 @@ class Model:
         self._identity = None
         self._pieces = {}
         self.kv_tokens = []
+        self.weight_buffers = {}
         _check_gguf_file(self.path)
         _init_backend()
         self._load_model(vocab_only=True)
         return self
 
     def _load_model(self, vocab_only: bool = False) -> None:
+        global _load_log
         o = self.options
         params = lc.llama_model_default_params()
         params.vocab_only = vocab_only
+        self.kernels: kernels.KernelPlan | None = None
+        keep_alive = None
+        if not vocab_only:
+            self.kernels = kernels.resolve(self.path, o.cpu_kernels)
+            keep_alive = self.kernels.apply(params)
         layers = -1 if o.rpc and o.n_gpu_layers == 0 else o.n_gpu_layers  # with --rpc: all remote by default
         params.n_gpu_layers = layers if layers >= 0 else 999
         params.load_mode = LOAD_MODES[o.load_mode]
@@ -140,7 +162,14 @@ class Model:
             devices = rpc.device_array(rpc.local_devices())
         if devices is not None:
             params.devices = ctypes.addressof(devices)
-        model = lc.llama_model_load_from_file(str(self.path).encode(), params)
+        with _load_lock:
+            _load_log = []
+            try:
+                model = lc.llama_model_load_from_file(str(self.path).encode(), params)
+            finally:
+                lines, _load_log = _load_log, None
+        del keep_alive  # llama.cpp reads the overrides during the load only
+        self.weight_buffers = _weight_buffers(lines)
         if not model:
             raise ModelError(f"llama.cpp could not load {self.path} (unsupported architecture, "
                              "truncated download, or not enough memory); set LOCALSPEC_LLAMA_LOG=1 "

@@ -1,8 +1,8 @@
 """Per-machine cost profiles: what steps cost and how often drafts are accepted, kept between runs.
 
 A profile belongs to one model as it runs on this machine: keyed by everything that changes its
-speed (the model file, threads, GPU layers, KV cache type, flash attention, load mode, batch
-size, the llama.cpp build and the device). It holds
+speed (the model file, threads, GPU layers, KV cache type, flash attention, load mode, CPU kernels,
+batch size, the llama.cpp build and the device). It holds
 
 * ``costs``: seconds per decode of n tokens with logits for all of them (what a verification
   pass costs), learned from real steps;
@@ -70,7 +70,7 @@ def identity(path: Path, options: ModelOptions, extra: dict | None = None) -> di
     return {"file": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
             "threads": options.threads or os.cpu_count(), "n_gpu_layers": options.n_gpu_layers,
             "cache_type": options.cache_type, "flash_attn": options.flash_attn, "load_mode": options.load_mode,
-            "batch_size": options.batch_size, "rpc": list(options.rpc), **machine(), **(extra or {})}
+            "cpu_kernels": options.cpu_kernels, "batch_size": options.batch_size, "rpc": list(options.rpc), **machine(), **(extra or {})}
 
 
 def key_of(ident: dict[str, Any]) -> str:

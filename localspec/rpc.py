@@ -26,6 +26,7 @@ import sys
 import threading
 from typing import Callable, Sequence
 
+from localspec import ggml
 from localspec.errors import DependencyError, ModelError
 
 log = logging.getLogger(__name__)
@@ -45,27 +46,6 @@ _abort_callback = None  # keeps the ctypes callback alive
 # ---------------------------------------------------------------- the libraries
 
 
-def _ggml() -> ctypes.CDLL:
-    from llama_cpp import _ggml as bundled  # llama-cpp-python's handle on libggml (and its dependencies)
-
-    lib = bundled.libggml
-    if not getattr(lib, "_localspec_typed", False):
-        vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
-        for name, res, args in (("ggml_backend_reg_by_name", vp, [cp]), ("ggml_backend_register", None, [vp]),
-                                ("ggml_backend_reg_get_proc_address", vp, [vp, cp]),
-                                ("ggml_backend_reg_dev_count", sz, [vp]), ("ggml_backend_reg_dev_get", vp, [vp, sz]),
-                                ("ggml_backend_dev_count", sz, []), ("ggml_backend_dev_get", vp, [sz]),
-                                ("ggml_backend_dev_name", cp, [vp]), ("ggml_backend_dev_description", cp, [vp]),
-                                ("ggml_backend_dev_type", ctypes.c_int, [vp]),
-                                ("ggml_backend_dev_backend_reg", vp, [vp]), ("ggml_backend_reg_name", cp, [vp]),
-                                ("ggml_backend_dev_by_type", vp, [ctypes.c_int]),
-                                ("ggml_backend_dev_memory", None, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)])):
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-        lib._localspec_typed = True
-    return lib
-
-
 @functools.lru_cache(maxsize=None)
 def rebuild_command() -> str:
     """The command that rebuilds the installed llama-cpp-python version with the RPC backend."""
@@ -75,7 +55,7 @@ def rebuild_command() -> str:
 
 
 def _reg() -> int | None:
-    return _ggml().ggml_backend_reg_by_name(b"RPC")
+    return ggml.lib().ggml_backend_reg_by_name(b"RPC")
 
 
 def available() -> bool:
@@ -95,11 +75,11 @@ def require() -> int:
 
 
 def _proc(name: str, restype: object, argtypes: list) -> Callable:
-    address = _ggml().ggml_backend_reg_get_proc_address(require(), name.encode())
-    if not address:
+    fn = ggml.proc(require(), name, restype, argtypes)
+    if fn is None:
         raise DependencyError(f"this llama.cpp RPC backend has no {name}; rebuild it with:\n  "
                               + rebuild_command())
-    return ctypes.CFUNCTYPE(restype, *argtypes)(address)
+    return fn
 
 
 # ---------------------------------------------------------------- the client side
@@ -123,7 +103,7 @@ def devices(endpoints: Sequence[str]) -> list[int]:
                 _reachable(endpoint)
                 add_server = _proc("ggml_backend_rpc_add_server", ctypes.c_void_p, [ctypes.c_char_p])
                 reg = add_server(endpoint.encode())
-                g = _ggml()
+                g = ggml.lib()
                 found = [g.ggml_backend_reg_dev_get(reg, i) for i in range(g.ggml_backend_reg_dev_count(reg))] \
                     if reg else []
                 if not found:
@@ -143,7 +123,7 @@ def in_use() -> bool:
 
 def local_devices() -> list[int]:
     """Offload devices of this machine (GPUs; not the CPU, not RPC servers)."""
-    g = _ggml()
+    g = ggml.lib()
     out = []
     for i in range(g.ggml_backend_dev_count()):
         dev = g.ggml_backend_dev_get(i)
@@ -160,7 +140,7 @@ def device_array(devices: Sequence[int]) -> ctypes.Array:
 
 def describe(endpoints: Sequence[str]) -> list[dict]:
     """Name, description and memory of each server's devices (for `localspec info`)."""
-    g = _ggml()
+    g = ggml.lib()
     out = []
     for endpoint in endpoints:
         for dev in devices([endpoint]):
@@ -210,7 +190,7 @@ def install_abort_handler() -> None:
         sys.stderr.write(f"llama.cpp aborted: {detail}\n")
 
     _abort_callback = kind(handler)
-    lib = _ggml()
+    lib = ggml.lib()
     lib.ggml_set_abort_callback.restype = ctypes.c_void_p
     lib.ggml_set_abort_callback.argtypes = [kind]
     lib.ggml_set_abort_callback(_abort_callback)
@@ -250,7 +230,7 @@ def serve(host: str, port: int, threads: int, cache_dir: str | None) -> None:
     start = _proc("ggml_backend_rpc_start_server", None,
                   [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
                    ctypes.POINTER(ctypes.c_void_p)])
-    cpu = _ggml().ggml_backend_dev_by_type(0)
+    cpu = ggml.lib().ggml_backend_dev_by_type(ggml.DEVICE_CPU)
     devs = (ctypes.c_void_p * 1)(cpu)
     endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     start(endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, 1, devs)

@@ -1,4 +1,4 @@
-"""Tiny random-weight GGUF models for tests.
+"""Tiny random-weight GGUF models: for tests, and for checking CPU kernels before first use.
 
 The files are written with the ``gguf`` package and load in llama.cpp in milliseconds. They
 have no knowledge of language, but they are *proper* models: a SentencePiece-style vocabulary
@@ -34,8 +34,9 @@ that follows a special token (``<|im_start|>user`` -> ``<|im_start|>``, ``▁``,
 Command line: ``python -m localspec.models.tiny OUT_DIR [--seed N] [--noise X]`` writes a
 target/draft pair and prints the two paths.
 
-Writing files needs the ``gguf`` package (in the ``test`` extra); it is imported when a file is
-written, so this module imports without it.
+Writing files needs the ``gguf`` package (a dependency of localspec: ``localspec.kernels`` writes
+a tiny model to check llama.cpp's CPU kernels in a child process); it is imported when a file is
+written, so importing this module costs nothing.
 """
 
 from __future__ import annotations
@@ -209,8 +210,8 @@ def _gguf() -> Any:
     try:
         import gguf
     except ImportError:
-        raise ImportError("writing tiny GGUF models needs the gguf package: pip install 'localspec[test]' "
-                          "(or pip install gguf==0.19.0)") from None
+        raise ImportError("writing tiny GGUF models needs the gguf package, a dependency of localspec: "
+                          "pip install gguf==0.19.0") from None
     return gguf
 
 

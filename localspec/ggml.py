@@ -1,0 +1,81 @@
+"""ggml's backend API through ctypes on the libraries llama-cpp-python bundles.
+
+The bindings cover llama.h only; device and buffer-type calls (RPC servers, the CPU backend's
+extra buffer types) are declared here once, with their C signatures.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+DEVICE_CPU = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
+
+
+
+class GGUFInitParams(ctypes.Structure):
+    """gguf.h's struct gguf_init_params."""
+
+    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.POINTER(ctypes.c_void_p))]
+
+
+_vp, _cp, _sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+_SIGNATURES: tuple[tuple[str, object, list], ...] = (
+    ("ggml_backend_reg_by_name", _vp, [_cp]), ("ggml_backend_register", None, [_vp]),
+    ("ggml_backend_reg_get_proc_address", _vp, [_vp, _cp]),
+    ("ggml_backend_reg_dev_count", _sz, [_vp]), ("ggml_backend_reg_dev_get", _vp, [_vp, _sz]),
+    ("ggml_backend_dev_count", _sz, []), ("ggml_backend_dev_get", _vp, [_sz]),
+    ("ggml_backend_dev_name", _cp, [_vp]), ("ggml_backend_dev_description", _cp, [_vp]),
+    ("ggml_backend_dev_type", ctypes.c_int, [_vp]),
+    ("ggml_backend_dev_backend_reg", _vp, [_vp]), ("ggml_backend_reg_name", _cp, [_vp]),
+    ("ggml_backend_dev_by_type", _vp, [ctypes.c_int]),
+    ("ggml_backend_dev_memory", None, [_vp, ctypes.POINTER(_sz), ctypes.POINTER(_sz)]),
+    ("ggml_backend_buft_name", _cp, [_vp]),
+    ("gguf_init_from_file", _vp, [_cp, GGUFInitParams]), ("gguf_free", None, [_vp]),
+    ("gguf_get_n_tensors", ctypes.c_int64, [_vp]), ("gguf_get_tensor_name", _cp, [_vp, ctypes.c_int64]),
+    ("gguf_get_tensor_type", ctypes.c_int, [_vp, ctypes.c_int64]),
+    ("ggml_get_tensor", _vp, [_vp, _cp]), ("ggml_n_dims", ctypes.c_int, [_vp]),
+    ("ggml_nrows", ctypes.c_int64, [_vp]), ("ggml_type_name", _cp, [ctypes.c_int]), ("ggml_free", None, [_vp]),
+)
+
+
+
+def lib() -> ctypes.CDLL:
+    """llama-cpp-python's handle on libggml, with the calls above typed (once)."""
+    from llama_cpp import _ggml as bundled
+
+    handle = bundled.libggml
+    if not getattr(handle, "_localspec_typed", False):
+        for name, res, args in _SIGNATURES:
+            fn = getattr(handle, name)
+            fn.restype, fn.argtypes = res, args
+        handle._localspec_typed = True
+    return handle
+
+
+def tensors(path: str) -> list[tuple[str, str, int, int]] | None:
+    """(name, type name, dimensions, rows) of each tensor of a GGUF file, from its header alone
+    (gguf_init_from_file with no_alloc); None when llama.cpp cannot read the file."""
+    g = lib()
+    context = ctypes.c_void_p()
+    params = GGUFInitParams(True, ctypes.pointer(context))
+    gguf = g.gguf_init_from_file(path.encode(), params)
+    if not gguf:
+        return None
+    try:
+        out = []
+        for i in range(g.gguf_get_n_tensors(gguf)):
+            name = g.gguf_get_tensor_name(gguf, i)
+            tensor = g.ggml_get_tensor(context, name)
+            out.append((name.decode(), g.ggml_type_name(g.gguf_get_tensor_type(gguf, i)).decode(),
+                        g.ggml_n_dims(tensor), g.ggml_nrows(tensor)))
+        return out
+    finally:
+        g.gguf_free(gguf)
+        if context:
+            g.ggml_free(context)
+
+
+def proc(reg: int, name: str, restype: object, argtypes: list) -> ctypes._CFuncPtr | None:
+    """A backend's own function (ggml_backend_reg_get_proc_address), or None if it has none."""
+    address = lib().ggml_backend_reg_get_proc_address(reg, name.encode())
+    return ctypes.CFUNCTYPE(restype, *argtypes)(address) if address else None

@@ -1,0 +1,463 @@
+"""CPU kernels: which of llama.cpp's weight buffer types a model uses, checked before first use.
+
+llama.cpp's CPU backend can move weights into "extra" buffer types whose kernels are faster:
+``CPU_REPACK`` (weights re-laid for AVX2/AVX-512/NEON kernels), ``AMX`` (Intel's matrix units,
+compiled in by a native build on a CPU that has them), KleidiAI on Arm. On some Intel Xeons the
+AMX kernels crash on the first decode (llama.cpp issue 20824), in llama.cpp's own tools too. So
+localspec chooses one of these configurations (``--cpu-kernels``, env ``LOCALSPEC_CPU_KERNELS``,
+API ``cpu_kernels=``):
+
+* ``llama``: llama.cpp's own choice, every extra buffer type of this build (AMX included);
+* ``repack``: ``CPU_REPACK`` for exactly the matrix weights its kernels take on this CPU and no
+  other extra buffer type (``use_extra_bufts = false`` plus ``tensor_buft_overrides``);
+* ``plain``: no extra buffer type (what ``llama-completion --no-repack`` does);
+* ``auto`` (the default): the first of llama, repack, plain that may run here. ``llama`` is a
+  candidate only when none of this build's extra buffer types is known to crash, ``repack`` only
+  when the model has weights it takes. Measured on an AMD Zen 4 (docs/whole-process.md): the
+  repacked kernels beat plain ones at every batch size, and llama.cpp's own choice there is
+  exactly the repacked one.
+
+Under ``auto``, a configuration is checked the first time it is used on a machine (again when the
+CPU, its flags or the llama.cpp build change): a child process quantizes a tiny model to the
+weight types of the model being loaded, decodes with that configuration and compares the logits
+with the plain kernels'. A configuration whose child dies (or computes something else) is never
+used on that machine again; the verdicts live in ``<profile dir>/kernel-checks``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from localspec.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+KNOWN_CRASHING = {"AMX": "llama.cpp's AMX kernels crash on the first decode on some Intel Xeons "
+                         "(llama.cpp issue 20824)"}
+REPACK_BUFFER = "CPU_REPACK"
+PROBE_TIMEOUT = 180.0  # seconds a check may take before its configuration counts as hanging
+FAULT_ENV = "LOCALSPEC_KERNEL_PROBE_FAULT"  # tests: the child dies (SIGSEGV) when checking this configuration
+PROBE_TOLERANCE = 0.1  # relative RMS difference between a configuration's logits and the plain kernels'
+# the matrix weights of llama.cpp's graphs (used only as the first operand of a MUL_MAT)
+MATMUL_WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_a", "attn_q_b",
+                  "attn_kv_a_mqa", "attn_kv_b", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_shexp",
+                  "ffn_up_shexp", "ffn_down_shexp")
+# the llama_ftype that quantizes a tiny model's matrices to each weight type (the probe's)
+PROBE_FTYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 11,
+                "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32}
+
+
+# ---------------------------------------------------------------- what this build and CPU offer
+
+
+@lru_cache(maxsize=1)
+def cpu_features() -> frozenset[str]:
+    """The features llama.cpp's CPU backend was built for ("AVX2", "AMX_INT8", "NEON", ...)."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info()
+    text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+    return frozenset(m.group(1) for m in re.finditer(r"(\w+) = 1", text))
+
+
+@lru_cache(maxsize=1)
+def extra_buffer_types() -> dict[str, int]:
+    """The CPU backend's extra buffer types, in llama.cpp's order of preference: name -> handle."""
+    from localspec import ggml
+    from localspec.model import _init_backend
+
+    _init_backend()
+    lib = ggml.lib()
+    dev = lib.ggml_backend_dev_by_type(ggml.DEVICE_CPU)
+    if not dev:
+        return {}
+    get = ggml.proc(lib.ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts",
+                    ctypes.POINTER(ctypes.c_void_p), [ctypes.c_void_p])
+    if get is None:
+        return {}
+    array, out = get(dev), {}
+    for i in range(64):
+        if not array or not array[i]:
+            break
+        out[lib.ggml_backend_buft_name(array[i]).decode()] = int(array[i])
+    return out
+
+
+# ---------------------------------------------------------------- a model's weights
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One tensor of a GGUF file: its name, ggml type name, number of dimensions and rows (ne[1])."""
+
+    name: str
+    type: str
+    dims: int
+    rows: int
+
+    @property
+    def matmul(self) -> bool:
+        """A matrix weight of llama.cpp's graphs (never token_embd, which is read row by row)."""
+        if self.dims != 2 or not self.name.endswith(".weight"):
+            return False
+        if self.name == "output.weight":
+            return True
+        m = re.fullmatch(r"blk\.\d+\.(\w+)\.weight", self.name)
+        return m is not None and m.group(1) in MATMUL_WEIGHTS
+
+
+def read_weights(path: Path) -> tuple[Weight, ...]:
+    """The tensors of a GGUF file, from its header (llama.cpp's gguf reader; milliseconds)."""
+    from localspec import ggml
+
+    found = ggml.tensors(str(path))
+    if found is None:
+        raise ModelError(f"llama.cpp could not load {path}: its header or tensor list is damaged or cut short "
+                         "(an interrupted download? fetch or copy it again)")
+    return tuple(Weight(name, type_name.upper(), dims, rows) for name, type_name, dims, rows in found)
+
+
+def checked_types(weights: Sequence[Weight]) -> tuple[str, ...]:
+    """The weight types a configuration's kernels must be checked on: every type of a matrix
+    weight but F32 (which no extra buffer type takes), for which a tiny model can be made."""
+    return tuple(sorted({w.type for w in weights if w.matmul and w.type in PROBE_FTYPES}))
+
+
+def repack_rows(weight_type: str, features: frozenset[str]) -> int | None:
+    """The row multiple CPU_REPACK needs for a weight type on this CPU, or None when it takes none.
+    (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type, at llama-cpp-python 0.3.36.)"""
+    avx2, neon = "AVX2" in features, "NEON" in features
+    i8mm, dot = neon and "MATMUL_INT8" in features, neon and "DOTPROD" in features
+    if weight_type == "Q4_0":
+        return 8 if avx2 else 4 if (i8mm or dot) else None
+    if weight_type == "Q4_K":
+        return 8 if (avx2 or i8mm or dot) else None
+    if weight_type == "Q2_K":
+        return 8 if "AVX512" in features else None
+    if weight_type in ("Q5_K", "Q6_K"):
+        return 8 if (i8mm or dot) else None
+    if weight_type in ("IQ4_NL", "MXFP4"):
+        return 8 if avx2 else 4 if dot else None
+    if weight_type in ("Q8_0", "Q1_0"):
+        return 4 if (i8mm or dot) else None
+    return None
+
+
+def repackable(weights: Sequence[Weight], features: frozenset[str]) -> list[Weight]:
+    """The weights CPU_REPACK takes on this CPU: matrix weights of a type it has kernels for,
+    with a row count its interleave divides."""
+    out = []
+    for w in weights:
+        rows = repack_rows(w.type, features) if w.matmul else None
+        if rows is not None and w.rows % rows == 0:
+            out.append(w)
+    return out
+
+
+def name_pattern(names: Sequence[str]) -> str:
+    """One regular expression that matches exactly these tensor names (llama.cpp runs every
+    override pattern on every tensor name, so keep them few): blocks grouped per weight."""
+    blocks: dict[str, list[str]] = {}
+    others = []
+    for name in names:
+        m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+        if m:
+            blocks.setdefault(m.group(2), []).append(m.group(1))
+        else:
+            others.append(re.escape(name))
+    parts = [rf"blk\.(?:{'|'.join(sorted(ids, key=int))})\.{re.escape(kind)}\.weight"
+             for kind, ids in sorted(blocks.items())]
+    return "^(?:" + "|".join(parts + sorted(others)) + ")$"
+
+
+# ---------------------------------------------------------------- a configuration, ready to load
+
+
+class _Override(ctypes.Structure):
+    """llama.h's struct llama_model_tensor_buft_override."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """How a model's weights are placed: one configuration, and why it was chosen."""
+
+    config: str  # llama, repack or plain
+    reason: str
+    pattern: str | None = None  # repack: the weights sent to CPU_REPACK
+
+    @property
+    def use_extra_bufts(self) -> bool:
+        return self.config == "llama"
+
+    def apply(self, params: Any) -> Any:
+        """Set llama_model_params for this plan; returns what must stay alive during the load."""
+        params.use_extra_bufts = self.use_extra_bufts
+        if self.pattern is None:
+            return None
+        overrides = (_Override * 2)()
+        overrides[0].pattern = self.pattern.encode()
+        overrides[0].buft = extra_buffer_types()[REPACK_BUFFER]
+        params.tensor_buft_overrides = ctypes.addressof(overrides)
+        return overrides
+
+
+def plan_for(config: str, weights: Sequence[Weight], reason: str = "") -> KernelPlan:
+    """A plan for an explicit configuration (llama, repack or plain)."""
+    if config == "repack":
+        if REPACK_BUFFER not in extra_buffer_types():
+            raise ModelError(f"cpu_kernels 'repack': this llama.cpp build has no {REPACK_BUFFER} buffer type "
+                             f"(extra buffer types: {', '.join(extra_buffer_types()) or 'none'}); "
+                             "use 'plain' or 'auto'")
+        names = [w.name for w in repackable(weights, cpu_features())]
+        return KernelPlan("repack", reason or "requested", name_pattern(names) if names else None)
+    return KernelPlan(config, reason or "requested")
+
+
+def candidates(weights: Sequence[Weight]) -> list[tuple[str, str]]:
+    """The configurations auto may use for these weights, fastest first, each with why."""
+    extra = extra_buffer_types()
+    crashing = [name for name in extra if name in KNOWN_CRASHING]
+    out = []
+    if not crashing:
+        out.append(("llama", f"llama.cpp's own choice ({', '.join(extra) or 'no extra buffer types'})"))
+    if REPACK_BUFFER in extra and repackable(weights, cpu_features()):
+        why = (f"{REPACK_BUFFER} without {', '.join(crashing)}: {KNOWN_CRASHING[crashing[0]]}"
+               if crashing else f"{REPACK_BUFFER} alone")
+        out.append(("repack", why))
+    out.append(("plain", "no extra buffer types"))
+    return out
+
+
+# ---------------------------------------------------------------- checks in a child process
+
+
+def host_key() -> str:
+    """What a check's verdict depends on besides the configuration: the CPU, its flags and the
+    llama.cpp build."""
+    from localspec.profiles import machine
+
+    flags = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line.split(":", 1)[1].strip()
+                break
+    ident = {**machine(), "flags": flags, "extra": sorted(extra_buffer_types())}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    detail: str  # what the child reported, or how it died
+    seconds: float
+
+
+class Checks:
+    """The verdicts of this machine's checks, one JSON file per host key (written atomically)."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        from localspec.profiles import profile_dir
+
+        self.path = (directory or profile_dir() / "kernel-checks") / f"{host_key()}.json"
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring the unreadable kernel checks %s (%s); they will run again", self.path, exc)
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, key: str) -> Verdict | None:
+        entry = self._read().get(key)
+        try:
+            return Verdict(bool(entry["ok"]), str(entry["detail"]), float(entry["seconds"]))
+        except (TypeError, KeyError, ValueError):
+            return None
+
+    def put(self, key: str, verdict: Verdict) -> None:
+        data = self._read()
+        data[key] = {"ok": verdict.ok, "detail": verdict.detail, "seconds": round(verdict.seconds, 3),
+                     "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(data, out, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot save the kernel checks in %s: %s", self.path.parent, exc)
+
+    def all(self) -> dict[str, Verdict]:
+        out = {}
+        for key in self._read():
+            verdict = self.get(key)
+            if verdict is not None:
+                out[key] = verdict
+        return out
+
+
+def check_key(config: str, types: Sequence[str]) -> str:
+    return f"{config}:{','.join(types)}"
+
+
+def _death(returncode: int) -> str:
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+        return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def run_check(config: str, types: Sequence[str]) -> Verdict:
+    """Check a configuration on tiny models of these weight types in a child process."""
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "localspec.kernels", config, *types]
+    env = {k: v for k, v in os.environ.items() if k != "LOCALSPEC_LLAMA_LOG"}
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=env,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return Verdict(False, f"no answer within {PROBE_TIMEOUT:.0f} s", time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    lines = (done.stdout.strip().splitlines() or [""])
+    if done.returncode == 0:
+        return Verdict(True, lines[-1] or "ok", seconds)
+    tail = (done.stderr.strip().splitlines() or lines)[-1:]
+    return Verdict(False, _death(done.returncode) + (f": {tail[0]}" if tail and tail[0] else ""), seconds)
+
+
+def _notice(plan: KernelPlan, types: Sequence[str], verdict: Verdict, rejected: list[str]) -> None:
+    """The one line a user reads when a configuration is chosen for the first time."""
+    why = f"; rejected {'; '.join(rejected)}" if rejected else ""
+    log.warning("CPU kernels for %s weights: %s (%s), checked in a child process in %.1f s "
+                "(once per machine and llama.cpp build)%s", "/".join(types), plan.config, plan.reason,
+                verdict.seconds, why)
+
+
+def resolve(path: Path, config: str) -> KernelPlan:
+    """The plan for loading `path` under `config` (auto: checked, see the module docstring)."""
+    if config == "plain":
+        return KernelPlan("plain", "requested")
+    if config == "llama":
+        return KernelPlan("llama", "requested")
+    weights = read_weights(path)
+    if config != "auto":
+        return plan_for(config, weights)
+    types = checked_types(weights)
+    options = candidates(weights)
+    if not types:  # only F32 matrices: no extra buffer type takes them, nothing to check
+        name, why = options[0]
+        return plan_for(name, weights, why)
+    checks, rejected = Checks(), []
+    for name, why in options:
+        key = check_key(name, types)
+        verdict = checks.get(key)
+        fresh = verdict is None
+        if verdict is None:
+            verdict = run_check(name, types)
+            checks.put(key, verdict)
+        if verdict.ok:
+            plan = plan_for(name, weights, why)
+            if fresh or rejected:
+                _notice(plan, types, verdict, rejected)
+            return plan
+        rejected.append(f"{name} ({verdict.detail})")
+    raise ModelError(f"every CPU kernel configuration failed its check on {'/'.join(types)} weights "
+                     f"({'; '.join(rejected)}); this llama.cpp build cannot run {path.name} on this CPU")
+
+
+# ---------------------------------------------------------------- the child
+
+
+def _tiny_models(directory: Path, types: Sequence[str]) -> list[tuple[str, Path]]:
+    """A tiny random model quantized by llama.cpp to each weight type (dimensions that the
+    quantized types, CPU_REPACK's interleaves and AMX's tiles all take)."""
+    import llama_cpp as lc
+
+    from localspec.models import tiny
+
+    source = tiny.write_tiny_model(directory / "probe-f32.gguf", n_layer=2, n_embd=256, n_head=4, n_head_kv=2,
+                                   n_ff=512)
+    out = []
+    for weight_type in types:
+        params = lc.llama_model_quantize_default_params()
+        params.ftype = PROBE_FTYPES[weight_type]
+        params.nthread = 1
+        target = directory / f"probe-{weight_type}.gguf"
+        if lc.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) != 0:
+            raise ModelError(f"llama.cpp could not quantize the probe model to {weight_type}")
+        out.append((weight_type, target))
+    return out
+
+
+def _logits(path: Path, config: str, fault: bool) -> Any:
+    """Decode a 24-token batch, then one token twice; the logits of the last three rows."""
+    import numpy as np
+
+    from localspec.config import ModelOptions
+    from localspec.model import Model
+
+    options = ModelOptions(ctx_size=64, batch_size=32, threads=1, n_seq_max=1, cache_type="f32",
+                           flash_attn="off", cpu_kernels=config)
+    with Model(path, options) as model:
+        if fault:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        tokens = [1 + (7 * i) % 300 for i in range(24)]
+        model.decode(tokens, range(24))
+        rows = [model.logits_array(24)[-1].copy()]
+        for pos, token in ((24, 5), (25, 9)):
+            model.decode([token], [pos])
+            rows.append(model.logits_array(1)[0].copy())
+        return np.stack(rows)
+
+
+def probe(config: str, types: Sequence[str]) -> str:
+    """The child's work: each type's tiny model under `config` against the plain kernels."""
+    import numpy as np
+
+    fault = os.environ.get(FAULT_ENV) == config
+    worst = 0.0
+    with tempfile.TemporaryDirectory(prefix="localspec-probe-") as tmp:
+        for weight_type, path in _tiny_models(Path(tmp), types):
+            got = _logits(path, config, fault)
+            want = _logits(path, "plain", False)
+            diff = float(np.sqrt(np.mean((got - want) ** 2)) / max(np.sqrt(np.mean(want ** 2)), 1e-12))
+            if not np.isfinite(diff) or diff > PROBE_TOLERANCE:
+                raise SystemExit(f"{weight_type}: logits differ from the plain kernels' by {diff:.3g} (relative RMS)")
+            worst = max(worst, diff)
+    return f"ok: {'/'.join(types)} logits within {worst:.2g} of the plain kernels'"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or args[0] not in ("llama", "repack", "plain") or not set(args[1:]) <= set(PROBE_FTYPES):
+        print("usage: python -m localspec.kernels llama|repack|plain TYPE [TYPE...]  "
+              f"(types: {', '.join(PROBE_FTYPES)})", file=sys.stderr)
+        return 2
+    print(probe(args[0], args[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
