@@ -236,9 +236,9 @@ def candidates(weights: Sequence[Weight]) -> list[tuple[str, str]]:
     crashing = [name for name in extra if name in KNOWN_CRASHING]
     out = []
     if not crashing:
-        out.append(("llama", f"llama.cpp's own choice ({', '.join(extra) or 'no extra buffer types'})"))
+        out.append(("llama", f"llama.cpp's own choice of buffer types ({', '.join(extra) or 'no extra ones'})"))
     if REPACK_BUFFER in extra and repackable(weights, cpu_features()):
-        why = (f"{REPACK_BUFFER} without {', '.join(crashing)}: {KNOWN_CRASHING[crashing[0]]}"
+        why = (f"{REPACK_BUFFER} and never {', '.join(crashing)}: {KNOWN_CRASHING[crashing[0]]}"
                if crashing else f"{REPACK_BUFFER} alone")
         out.append(("repack", why))
     out.append(("plain", "no extra buffer types"))
@@ -349,10 +349,10 @@ def run_check(config: str, types: Sequence[str]) -> Verdict:
 
 def _notice(plan: KernelPlan, types: Sequence[str], verdict: Verdict, rejected: list[str]) -> None:
     """The one line a user reads when a configuration is chosen for the first time."""
-    why = f"; rejected {'; '.join(rejected)}" if rejected else ""
-    log.warning("CPU kernels for %s weights: %s (%s), checked in a child process in %.1f s "
-                "(once per machine and llama.cpp build)%s", "/".join(types), plan.config, plan.reason,
-                verdict.seconds, why)
+    why = f"; not {'; not '.join(rejected)}" if rejected else ""
+    log.warning("CPU kernels for %s weights: %s, %s%s (checked in a child process in %.1f s, once per machine "
+                "and llama.cpp build; --cpu-kernels chooses)", "/".join(types), plan.config, plan.reason, why,
+                verdict.seconds)
 
 
 def resolve(path: Path, config: str) -> KernelPlan:
@@ -393,22 +393,15 @@ def resolve(path: Path, config: str) -> KernelPlan:
 def _tiny_models(directory: Path, types: Sequence[str]) -> list[tuple[str, Path]]:
     """A tiny random model quantized by llama.cpp to each weight type (dimensions that the
     quantized types, CPU_REPACK's interleaves and AMX's tiles all take)."""
-    import llama_cpp as lc
-
+    from localspec.model import _init_backend
     from localspec.models import tiny
 
-    source = tiny.write_tiny_model(directory / "probe-f32.gguf", n_layer=2, n_embd=256, n_head=4, n_head_kv=2,
-                                   n_ff=512)
-    out = []
-    for weight_type in types:
-        params = lc.llama_model_quantize_default_params()
-        params.ftype = PROBE_FTYPES[weight_type]
-        params.nthread = 1
-        target = directory / f"probe-{weight_type}.gguf"
-        if lc.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) != 0:
-            raise ModelError(f"llama.cpp could not quantize the probe model to {weight_type}")
-        out.append((weight_type, target))
-    return out
+    _init_backend()  # llama.cpp's quantizer logs through localspec's quiet callback
+    source = tiny.write_tiny_model(directory / "probe-f32.gguf", **tiny.QUANTIZABLE)
+    try:
+        return [(t, tiny.quantize(source, directory / f"probe-{t}.gguf", PROBE_FTYPES[t])) for t in types]
+    except RuntimeError as exc:
+        raise ModelError(str(exc)) from None
 
 
 def _logits(path: Path, config: str, fault: bool) -> Any:
@@ -432,20 +425,25 @@ def _logits(path: Path, config: str, fault: bool) -> Any:
         return np.stack(rows)
 
 
-def probe(config: str, types: Sequence[str]) -> str:
-    """The child's work: each type's tiny model under `config` against the plain kernels."""
+def compare_logits(weight_type: str, got: Any, want: Any) -> float:
+    """The relative RMS difference of a configuration's logits from the plain kernels'; beyond
+    PROBE_TOLERANCE (a wrong layout is off by whole logits) the child fails."""
     import numpy as np
 
-    fault = os.environ.get(FAULT_ENV) == config
+    diff = float(np.sqrt(np.mean((got - want) ** 2)) / max(float(np.sqrt(np.mean(want ** 2))), 1e-12))
+    if not np.isfinite(diff) or diff > PROBE_TOLERANCE:
+        raise SystemExit(f"{weight_type}: logits differ from the plain kernels' by {diff:.3g} (relative RMS)")
+    return diff
+
+
+def probe(config: str, types: Sequence[str]) -> str:
+    """The child's work: each type's tiny model under `config` against the plain kernels."""
+    fault = config in os.environ.get(FAULT_ENV, "").split(",")
     worst = 0.0
     with tempfile.TemporaryDirectory(prefix="localspec-probe-") as tmp:
         for weight_type, path in _tiny_models(Path(tmp), types):
             got = _logits(path, config, fault)
-            want = _logits(path, "plain", False)
-            diff = float(np.sqrt(np.mean((got - want) ** 2)) / max(np.sqrt(np.mean(want ** 2)), 1e-12))
-            if not np.isfinite(diff) or diff > PROBE_TOLERANCE:
-                raise SystemExit(f"{weight_type}: logits differ from the plain kernels' by {diff:.3g} (relative RMS)")
-            worst = max(worst, diff)
+            worst = max(worst, compare_logits(weight_type, got, _logits(path, "plain", False)))
     return f"ok: {'/'.join(types)} logits within {worst:.2g} of the plain kernels'"
 
 

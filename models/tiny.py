@@ -397,6 +397,29 @@ def write_tiny_model(
     return _write(path, w, tensors)
 
 
+# llama_ftype of the quantizations real GGUF files use (Q4_K_M mixes Q4_K with Q6_K tensors)
+QUANTIZATIONS = {"q4_k_m": 15, "q4_0": 2, "q8_0": 7}
+QUANTIZABLE = dict(n_embd=256, n_head=4, n_head_kv=2, n_ff=512)  # rows k-quants, repack and AMX all take
+
+
+def quantize(source: str | Path, dest: str | Path, ftype: int) -> Path:
+    """Quantize a GGUF file with llama.cpp's own quantizer (``llama_model_quantize``, milliseconds
+    for a tiny model) to a ``llama_ftype`` (e.g. ``QUANTIZATIONS["q4_k_m"]``). Matrices whose rows
+    the type's blocks do not divide fall back to another type, as in llama-quantize."""
+    import ctypes
+
+    import llama_cpp as lc
+
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = 1
+    dest = Path(dest)
+    if lc.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params)) != 0:
+        dest.unlink(missing_ok=True)
+        raise RuntimeError(f"llama.cpp could not quantize {source} to ftype {ftype}")
+    return dest
+
+
 def make_pair(directory: str | Path, *, seed: int = 0, noise: float = 0.05) -> tuple[Path, Path]:
     """Write a target and its draft (same seed, same vocab) into ``directory``; return both paths.
 

@@ -48,6 +48,23 @@ def far_draft_path(tiny_dir: Path) -> Path:
     return tiny.write_tiny_model(tiny_dir / "tiny-draft-far.gguf", seed=0, noise=0.5)
 
 
+QUANTIZATIONS = tuple(tiny.QUANTIZATIONS)  # q4_k_m (with its Q6_K tensors), q4_0, q8_0: what real GGUFs use
+
+
+@pytest.fixture(scope="session")
+def quantized_paths(tiny_dir: Path) -> dict[str, tuple[Path, Path]]:
+    """(target, draft) per kind of weights: a 256-dim tiny pair (rows that k-quants, llama.cpp's
+    repacked kernels and AMX tiles all take) in F32 and quantized by llama.cpp's own quantizer,
+    so the tests run the CPU kernels users run."""
+    target = tiny.write_tiny_model(tiny_dir / "q-target-f32.gguf", seed=1, **tiny.QUANTIZABLE)
+    draft = tiny.write_tiny_model(tiny_dir / "q-draft-f32.gguf", seed=1, noise=0.05, **tiny.QUANTIZABLE)
+    out = {"f32": (target, draft)}
+    for name, ftype in tiny.QUANTIZATIONS.items():
+        out[name] = (tiny.quantize(target, tiny_dir / f"q-target-{name}.gguf", ftype),
+                     tiny.quantize(draft, tiny_dir / f"q-draft-{name}.gguf", ftype))
+    return out
+
+
 def load(path: Path, n_ctx: int = 512, **options) -> Model:
     return Model(path, ModelOptions(ctx_size=n_ctx, batch_size=256, **{**EXACT, **options}))
 

@@ -7,6 +7,7 @@ send nothing or send slowly, a full queue, a missing API key; after each the ser
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from localspec.server import ServerLimits, schemas, worker
 from localspec.server.app import create_app
 from localspec.server.run import base_url, bind_socket, uvicorn_config
 
-from conftest import load
+from conftest import QUANTIZATIONS, load
 from greedy import assert_greedy_text
 
 PROMPT = "def add(a, b): return a"
@@ -58,12 +59,11 @@ class Served:
                              http_client=httpx.Client(timeout=TIMEOUT, limits=pool))
 
 
-@pytest.fixture(scope="module")
-def served(tiny_paths: tuple[Path, Path]) -> Iterator[Served]:
-    """uvicorn serving its own instances of the tiny pair on a free port."""
+@contextlib.contextmanager
+def serving(target: Model, draft: Model) -> Iterator[Served]:
+    """uvicorn serving these models on a free port, in a background thread (closes them after)."""
     import uvicorn
 
-    target, draft = load(tiny_paths[0], n_ctx=CTX), load(tiny_paths[1], n_ctx=CTX)
     app = create_app(target, draft, model_id="tiny-pair", defaults=DEFAULTS, limits=LIMITS)
     sock = bind_socket("127.0.0.1", 0)
     uv = uvicorn.Server(uvicorn_config(app, LIMITS))
@@ -82,6 +82,23 @@ def served(tiny_paths: tuple[Path, Path]) -> Iterator[Served]:
     sock.close()
     target.close()
     draft.close()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_paths: tuple[Path, Path]) -> Iterator[Served]:
+    """The tiny F32 pair, served (the server's own instances of the models)."""
+    with serving(load(tiny_paths[0], n_ctx=CTX), load(tiny_paths[1], n_ctx=CTX)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module", params=QUANTIZATIONS)
+def served_quantized(request: pytest.FixtureRequest,
+                     quantized_paths: dict[str, tuple[Path, Path]]) -> Iterator[tuple[Served, Model]]:
+    """A pair quantized by llama.cpp, served through the default CPU kernels; with a target of
+    its own for the reference greedy text."""
+    target, draft = quantized_paths[request.param]
+    with load(target) as reference, serving(load(target, n_ctx=CTX), load(draft, n_ctx=CTX)) as s:
+        yield s, reference
 
 
 def same_greedy(target: Model, prompt, text: str, max_tokens: int = N) -> None:
@@ -128,6 +145,18 @@ def test_chat_lossless(served: Served, tiny_target: Model, extra: dict) -> None:
     assert_spec(r.model_extra["speculative"], verifier=extra["verifier"], drafter="model", plan="fixed",
                 tree=extra.get("tree"))
     assert r.model_extra["speculative"]["target_passes"] < n_tokens  # drafts were accepted
+
+
+@pytest.mark.parametrize("extra", [dict(verifier="block"), dict(verifier="traversal", tree=[2, 2])],
+                         ids=["block", "traversal-2x2"])
+def test_chat_lossless_on_quantized_models(served_quantized: tuple[Served, Model], extra: dict) -> None:
+    """The kernels users run (Q4_K_M, Q4_0, Q8_0 weights): greedy speculation through the server
+    gives the target's own greedy text."""
+    served, reference = served_quantized
+    r = served.openai.chat.completions.create(model="x", messages=MESSAGES, max_tokens=N, temperature=0,
+                                              extra_body=extra)
+    same_greedy(reference, MESSAGES, r.choices[0].message.content)
+    assert r.model_extra["speculative"]["drafted_tokens"] > 0
 
 
 def test_chat_stream(served: Served, tiny_target: Model) -> None:

@@ -1,0 +1,215 @@
+"""CPU kernel configurations (localspec.kernels): what each one loads where, the rule auto follows,
+and the check in a child process that keeps a configuration whose process dies from ever being
+used on a machine again (a configuration made to die here: the negative control on a host where
+none crashes by itself)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from localspec import kernels
+from localspec.cli import cli
+from localspec.config import ModelOptions
+from localspec.errors import ConfigError, ModelError
+from localspec.model import Model
+
+from conftest import load
+
+X86_AVX512 = frozenset({"AVX", "AVX2", "AVX512", "FMA", "F16C"})
+ARM_I8MM = frozenset({"NEON", "ARM_FMA", "DOTPROD", "MATMUL_INT8"})
+
+
+@pytest.fixture()
+def fresh_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty verdict store (the child processes inherit the variable)."""
+    monkeypatch.setenv("LOCALSPEC_PROFILE_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def q4_0(quantized_paths: dict[str, tuple[Path, Path]]) -> Path:
+    return quantized_paths["q4_0"][0]
+
+
+# ---------------------------------------------------------------- which weights go where
+
+
+def test_repack_rule_follows_llama_cpp() -> None:
+    """ggml_repack_get_optimal_repack_type, per CPU: x86 repacks Q4_0/Q4_K/IQ4_NL in 8-row blocks
+    and nothing of Q6_K/Q8_0; Arm with int8 matmul takes those and Q6_K/Q8_0 too."""
+    assert kernels.repack_rows("Q4_K", X86_AVX512) == 8 and kernels.repack_rows("Q4_0", X86_AVX512) == 8
+    assert kernels.repack_rows("Q2_K", X86_AVX512) == 8 and kernels.repack_rows("Q2_K", X86_AVX512 - {"AVX512"}) is None
+    assert kernels.repack_rows("Q6_K", X86_AVX512) is None and kernels.repack_rows("Q8_0", X86_AVX512) is None
+    assert kernels.repack_rows("Q4_0", ARM_I8MM) == 4 and kernels.repack_rows("Q8_0", ARM_I8MM) == 4
+    assert kernels.repack_rows("Q6_K", ARM_I8MM) == 8
+    assert kernels.repack_rows("F32", X86_AVX512) is None and kernels.repack_rows("Q4_K", frozenset()) is None
+
+
+def test_only_matrix_weights_with_whole_blocks_are_repacked() -> None:
+    weights = [kernels.Weight("token_embd.weight", "Q4_K", 2, 1024),  # read row by row: never
+               kernels.Weight("output.weight", "Q4_K", 2, 1024),
+               kernels.Weight("blk.0.attn_q.weight", "Q4_K", 2, 256),
+               kernels.Weight("blk.0.attn_k.weight", "Q4_K", 2, 100),  # 100 rows: no 8-row blocks
+               kernels.Weight("blk.0.ffn_down.weight", "Q6_K", 2, 256),  # no x86 kernel
+               kernels.Weight("blk.0.attn_norm.weight", "F32", 1, 1),
+               kernels.Weight("blk.0.mystery.weight", "Q4_0", 2, 256)]  # unknown role: never
+    got = [w.name for w in kernels.repackable(weights, X86_AVX512)]
+    assert got == ["output.weight", "blk.0.attn_q.weight"]
+
+
+def test_name_pattern_matches_exactly_its_names() -> None:
+    names = [f"blk.{i}.{kind}.weight" for i in range(12) for kind in ("attn_q", "ffn_down", "ffn_up")]
+    chosen = [n for n in names if int(n.split(".")[1]) % 3 != 1] + ["output.weight"]
+    pattern = re.compile(kernels.name_pattern(chosen))
+    for name in names + ["output.weight", "token_embd.weight", "blk.10.attn_q.weight.bias", "xblk.0.attn_q.weight"]:
+        assert bool(pattern.search(name)) == (name in chosen), name
+
+
+def test_read_weights(q4_0: Path, tmp_path: Path) -> None:
+    weights = kernels.read_weights(q4_0)
+    by_name = {w.name: w for w in weights}
+    assert by_name["blk.0.ffn_up.weight"] == kernels.Weight("blk.0.ffn_up.weight", "Q4_0", 2, 512)
+    assert by_name["blk.0.attn_norm.weight"].dims == 1
+    assert kernels.checked_types(weights) == ("Q4_0", "Q6_K")  # Q6_K: the output matrix
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(q4_0.read_bytes()[:3000])
+    with pytest.raises(ModelError, match="could not load .*cut.gguf"):
+        kernels.read_weights(cut)
+
+
+@pytest.mark.parametrize("config", ["llama", "repack", "plain"])
+def test_each_configuration_loads_and_computes_the_same(q4_0: Path, config: str) -> None:
+    """Every configuration gives logits within quantization noise of the plain kernels (a wrong
+    layout would be off by whole logits); repack puts exactly llama.cpp's choice in CPU_REPACK
+    where AMX is absent, plain nothing."""
+    tokens = list(range(5, 29))
+    with load(q4_0, cpu_kernels="plain") as plain:
+        plain.decode(tokens, range(len(tokens)))
+        want = plain.logits_array(len(tokens)).copy()
+    with load(q4_0, cpu_kernels=config) as m:
+        assert m.kernels is not None and m.kernels.config == config
+        m.decode(tokens, range(len(tokens)))
+        got = m.logits_array(len(tokens)).copy()
+        buffers = m.weight_buffers
+    assert np.sqrt(np.mean((got - want) ** 2)) / np.sqrt(np.mean(want ** 2)) < 1e-3
+    repacks = kernels.REPACK_BUFFER in kernels.extra_buffer_types() and "AVX2" in kernels.cpu_features()
+    if config == "plain" or not repacks:
+        assert kernels.REPACK_BUFFER not in buffers and "AMX" not in buffers
+    else:
+        assert buffers.get(kernels.REPACK_BUFFER, 0) > 0
+    if config == "repack":
+        assert "AMX" not in buffers
+        if "AMX" not in kernels.extra_buffer_types():
+            with load(q4_0, cpu_kernels="llama") as own:
+                assert own.weight_buffers == buffers
+
+
+def test_bad_configuration_is_a_config_error(q4_0: Path) -> None:
+    with pytest.raises(ConfigError, match="cpu_kernels must be one of auto, llama, repack, plain"):
+        ModelOptions(cpu_kernels="amx")
+    result = CliRunner().invoke(cli, ["-m", str(q4_0), "--cpu-kernels", "fast", "hi"])
+    assert result.exit_code == 2 and "--cpu-kernels" in result.output
+
+
+# ---------------------------------------------------------------- auto and its checks
+
+
+def test_auto_never_offers_a_buffer_type_known_to_crash(q4_0: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With AMX among the extra buffer types (an Intel host), llama.cpp's own choice is no
+    candidate: repack first, then plain."""
+    weights = kernels.read_weights(q4_0)
+    real = kernels.extra_buffer_types()
+    monkeypatch.setattr(kernels, "extra_buffer_types", lambda: {"AMX": 1, **real})
+    names = [name for name, _ in kernels.candidates(weights)]
+    assert "llama" not in names and names[-1] == "plain"
+    if kernels.REPACK_BUFFER in real and kernels.repackable(weights, kernels.cpu_features()):
+        assert names == ["repack", "plain"]
+        assert "AMX" in kernels.candidates(weights)[0][1] and "20824" in kernels.candidates(weights)[0][1]
+    monkeypatch.setattr(kernels, "extra_buffer_types", lambda: real)
+    assert [name for name, _ in kernels.candidates(weights)][0] == "llama"  # control: no AMX, llama first
+
+
+def test_auto_checks_once_and_says_what_it_chose(q4_0: Path, fresh_checks: Path,
+                                                 caplog: pytest.LogCaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    with caplog.at_level(logging.WARNING, logger="localspec.kernels"):
+        plan = kernels.resolve(q4_0, "auto")
+    assert plan.config == "llama" or "AMX" in kernels.extra_buffer_types()
+    notices = [r.getMessage() for r in caplog.records]
+    assert len(notices) == 1 and "CPU kernels for Q4_0/Q6_K weights" in notices[0] and "child process" in notices[0]
+    verdicts = kernels.Checks().all()
+    assert [v.ok for v in verdicts.values()] == [True]
+    caplog.clear()
+
+    def no_child(*args: object) -> kernels.Verdict:
+        raise AssertionError("a recorded verdict must not be checked again")
+
+    monkeypatch.setattr(kernels, "run_check", no_child)
+    with caplog.at_level(logging.WARNING, logger="localspec.kernels"):
+        assert kernels.resolve(q4_0, "auto") == plan
+    assert not caplog.records  # later runs: silent, no child
+
+
+def test_a_configuration_whose_child_dies_is_never_used(q4_0: Path, fresh_checks: Path,
+                                                        caplog: pytest.LogCaptureFixture,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: the child checking the first candidate dies of SIGSEGV (as llama.cpp's
+    AMX kernels die on the hosts where they crash); auto rejects it, says so, takes the next one,
+    and a later run never tries it again."""
+    first = kernels.candidates(kernels.read_weights(q4_0))[0][0]
+    monkeypatch.setenv(kernels.FAULT_ENV, first)
+    with caplog.at_level(logging.WARNING, logger="localspec.kernels"):
+        plan = kernels.resolve(q4_0, "auto")
+    assert plan.config != first
+    message = caplog.records[-1].getMessage()
+    assert f"not {first} (killed by SIGSEGV" in message, message
+    dead = kernels.Checks().get(kernels.check_key(first, ("Q4_0", "Q6_K")))
+    assert dead is not None and not dead.ok and "SIGSEGV" in dead.detail
+    monkeypatch.delenv(kernels.FAULT_ENV)  # the machine "heals", but the verdict stands
+    assert kernels.resolve(q4_0, "auto").config == plan.config
+    with Model(q4_0, ModelOptions(ctx_size=64, batch_size=32)) as m:  # the default path obeys it too
+        assert m.kernels is not None and m.kernels.config == plan.config
+
+
+def test_when_every_configuration_dies_the_error_says_so(q4_0: Path, fresh_checks: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "run_check", lambda config, types: kernels.Verdict(False, "killed by SIGSEGV", 0.1))
+    with pytest.raises(ModelError, match="every CPU kernel configuration failed its check on Q4_0/Q6_K weights"):
+        kernels.resolve(q4_0, "auto")
+
+
+def test_child_that_computes_garbage_is_rejected() -> None:
+    """The check compares logits with the plain kernels': a configuration that runs but computes
+    something else is refused like one that dies (here: the comparison of two different models)."""
+    with pytest.raises(SystemExit, match="logits differ"):
+        kernels.compare_logits("Q4_0", np.ones((3, 8)), -np.ones((3, 8)))
+    assert kernels.compare_logits("Q4_0", np.ones((3, 8)), np.ones((3, 8))) == 0.0
+
+
+def test_damaged_verdicts_are_ignored(q4_0: Path, fresh_checks: Path, caplog: pytest.LogCaptureFixture) -> None:
+    checks = kernels.Checks()
+    checks.path.parent.mkdir(parents=True, exist_ok=True)
+    checks.path.write_text('{"llama:Q4_0,Q6_K": {"ok": "maybe"}, "x": 3')
+    with caplog.at_level(logging.WARNING, logger="localspec.kernels"):
+        plan = kernels.resolve(q4_0, "auto")
+    assert plan.config in ("llama", "repack", "plain")
+    assert any("unreadable kernel checks" in r.getMessage() for r in caplog.records)
+    checks.path.write_text('{"llama:Q4_0,Q6_K": {"ok": true}, "plain:Q4_0,Q6_K": [1, 2]}')
+    assert kernels.Checks().get("llama:Q4_0,Q6_K") is None and kernels.Checks().get("plain:Q4_0,Q6_K") is None
+
+
+def test_f32_models_need_no_check(tiny_paths: tuple[Path, Path], fresh_checks: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "run_check", lambda *a: pytest.fail("no extra buffer type takes F32 weights"))
+    assert kernels.resolve(tiny_paths[0], "auto").config in ("llama", "repack", "plain")
+
+
+def test_child_usage_error() -> None:
+    assert kernels.main(["fast", "Q4_0"]) == 2
+    assert kernels.main(["llama", "Q9_9"]) == 2
