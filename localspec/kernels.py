@@ -236,9 +236,9 @@ def candidates(weights: Sequence[Weight]) -> list[tuple[str, str]]:
     crashing = [name for name in extra if name in KNOWN_CRASHING]
     out = []
     if not crashing:
-        out.append(("llama", f"llama.cpp's own choice of buffer types ({', '.join(extra) or 'no extra ones'})"))
+        out.append(("llama", f"llama.cpp's own choice of buffer types: {', '.join(extra) or 'no extra ones'}"))
     if REPACK_BUFFER in extra and repackable(weights, cpu_features()):
-        why = (f"{REPACK_BUFFER} and never {', '.join(crashing)}: {KNOWN_CRASHING[crashing[0]]}"
+        why = (f"{REPACK_BUFFER}, never {', '.join(crashing)}: {KNOWN_CRASHING[crashing[0]]}"
                if crashing else f"{REPACK_BUFFER} alone")
         out.append(("repack", why))
     out.append(("plain", "no extra buffer types"))
@@ -342,7 +342,7 @@ def run_check(config: str, types: Sequence[str]) -> Verdict:
     seconds = time.perf_counter() - t0
     lines = (done.stdout.strip().splitlines() or [""])
     if done.returncode == 0:
-        return Verdict(True, lines[-1] or "ok", seconds)
+        return Verdict(True, lines[-1] or "ran", seconds)
     tail = (done.stderr.strip().splitlines() or lines)[-1:]
     return Verdict(False, _death(done.returncode) + (f": {tail[0]}" if tail and tail[0] else ""), seconds)
 
@@ -350,8 +350,8 @@ def run_check(config: str, types: Sequence[str]) -> Verdict:
 def _notice(plan: KernelPlan, types: Sequence[str], verdict: Verdict, rejected: list[str]) -> None:
     """The one line a user reads when a configuration is chosen for the first time."""
     why = f"; not {'; not '.join(rejected)}" if rejected else ""
-    log.warning("CPU kernels for %s weights: %s, %s%s (checked in a child process in %.1f s, once per machine "
-                "and llama.cpp build; --cpu-kernels chooses)", "/".join(types), plan.config, plan.reason, why,
+    log.warning("CPU kernels for %s weights: %s (%s)%s. Checked in a child process in %.1f s, once per machine "
+                "and llama.cpp build; --cpu-kernels overrides", "/".join(types), plan.config, plan.reason, why,
                 verdict.seconds)
 
 
@@ -444,7 +444,7 @@ def probe(config: str, types: Sequence[str]) -> str:
         for weight_type, path in _tiny_models(Path(tmp), types):
             got = _logits(path, config, fault)
             worst = max(worst, compare_logits(weight_type, got, _logits(path, "plain", False)))
-    return f"ok: {'/'.join(types)} logits within {worst:.2g} of the plain kernels'"
+    return f"{'/'.join(types)} logits within {worst:.2g} of the plain kernels'"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

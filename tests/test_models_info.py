@@ -202,3 +202,24 @@ def test_info_reports_a_broken_verifier(monkeypatch: pytest.MonkeyPatch) -> None
     assert result.exit_code == 1
     d = json.loads(result.output)
     assert d["verifier"]["self_test"] == "failed" and "expected (0, 1, 2) + 2" in d["verifier"]["error"]
+
+
+def test_info_shows_where_a_models_weights_go(quantized_paths: dict[str, tuple[Path, Path]]) -> None:
+    q4_0 = str(quantized_paths["q4_0"][0])
+    result = run("info", "--json", "-m", q4_0, "--cpu-kernels", "plain")
+    assert result.exit_code == 0, result.output
+    k = json.loads(result.output)["cpu_kernels"]
+    assert k["model"]["config"] == "plain" and set(k["model"]["weight_buffers_mib"]) == {"CPU"}
+    text = run("info", "-m", q4_0, "--cpu-kernels", "llama").output
+    assert "with --cpu-kernels llama: llama" in text and "weights in CPU" in text
+    missing = json.loads(run("info", "--json", "-m", "/nonexistent.gguf").output)["cpu_kernels"]["model"]
+    assert "not found" in missing["error"] or "neither" in missing["error"]
+
+
+def test_info_names_a_buffer_type_known_to_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec import kernels
+
+    real = kernels.extra_buffer_types()
+    monkeypatch.setattr(kernels, "extra_buffer_types", lambda: {"AMX": 1, **real})
+    text = run("info", "-m", "none").output
+    assert "AMX: llama.cpp's AMX kernels crash" in text and "auto never uses it" in text

@@ -9,11 +9,13 @@ import os
 import platform
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import click
 
 from localspec import __version__
+from localspec.config import CPU_KERNELS, MODEL_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -36,35 +38,6 @@ def _cpus() -> dict:
 # ---------------------------------------------------------------- llama.cpp
 
 
-def _ggml_functions() -> Any:
-    """An object with the ggml_backend_dev_* functions: llama_cpp's bindings when it has them,
-    else the ggml shared library that llama_cpp loaded, with ctypes signatures set here."""
-    import llama_cpp
-
-    if hasattr(llama_cpp, "ggml_backend_dev_count") and hasattr(llama_cpp, "ggml_backend_dev_get"):
-        return llama_cpp
-    from llama_cpp import _ggml  # llama-cpp-python's handle on libggml
-
-    lib = _ggml.libggml
-    names = ("ggml_backend_dev_count", "ggml_backend_dev_get", "ggml_backend_dev_name",
-             "ggml_backend_dev_description", "ggml_backend_dev_type", "ggml_backend_dev_memory")
-    if not all(hasattr(lib, n) for n in names):
-        return None
-    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-    lib.ggml_backend_dev_count.argtypes = []
-    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
-        getattr(lib, name).restype = ctypes.c_char_p
-        getattr(lib, name).argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_type.restype = ctypes.c_int
-    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_memory.restype = None
-    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
-                                            ctypes.POINTER(ctypes.c_size_t)]
-    return lib
-
-
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -72,9 +45,9 @@ def _text(value: Any) -> str:
 def backend_devices() -> list[dict] | str:
     """The ggml backend devices (name, description, type, memory), or why they are unknown."""
     try:
-        g = _ggml_functions()
-        if g is None:
-            return "this llama-cpp-python build exposes no ggml_backend_dev_* functions"
+        from localspec import ggml
+
+        g = ggml.lib()
         devices = []
         for i in range(int(g.ggml_backend_dev_count())):
             dev = g.ggml_backend_dev_get(i)
@@ -104,6 +77,52 @@ def llama_info() -> dict:
             "system_info": _text(llama_cpp.llama_print_system_info()).strip().rstrip("|").strip(),
             "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
             "devices": backend_devices()}
+
+
+def kernels_info(model: str | None, cpu_kernels: str) -> dict:
+    """The CPU's extra weight buffer types, the kernel checks recorded on this machine, and
+    (with a model) the configuration and weight buffer types that model gets."""
+    from localspec import kernels
+
+    loaded = model_buffers(model, cpu_kernels) if model is not None else None  # may record a check
+    out: dict = {"extra_buffer_types": list(kernels.extra_buffer_types()),
+                 "known_to_crash": {k: v for k, v in kernels.KNOWN_CRASHING.items()
+                                    if k in kernels.extra_buffer_types()},
+                 "checks": {key: {"ok": v.ok, "detail": v.detail, "seconds": round(v.seconds, 2)}
+                            for key, v in kernels.Checks().all().items()}}
+    if loaded is not None:
+        out["model"] = loaded
+    return out
+
+
+def model_buffers(name: str, cpu_kernels: str) -> dict:
+    """Load a model (a tiny context) and report where llama.cpp put its weights."""
+    from localspec import registry
+    from localspec.config import ModelOptions
+    from localspec.errors import LocalspecError
+    from localspec.model import Model
+
+    try:
+        path = registry.resolve(name)
+        with Model(path, ModelOptions(ctx_size=64, batch_size=16, n_seq_max=1, cpu_kernels=cpu_kernels)) as m:
+            plan = m.kernels
+            return {"path": str(path), "cpu_kernels": cpu_kernels, "config": plan.config if plan else None,
+                    "reason": plan.reason if plan else None, "weight_buffers_mib": m.weight_buffers}
+    except LocalspecError as exc:
+        return {"path": name, "cpu_kernels": cpu_kernels, "error": str(exc)}
+
+
+def default_target_if_cached() -> str | None:
+    """The default pair's target when it is already on disk (info never downloads)."""
+    from localspec import registry
+
+    try:
+        reg = registry.load_registry()
+        name = reg.pairs[reg.default_pair].target
+        return name if registry.cached_path(name) is not None else None
+    except Exception:  # a broken registry must not break `info`
+        log.debug("no default target", exc_info=True)
+        return None
 
 
 # ---------------------------------------------------------------- the native verifier
@@ -162,16 +181,18 @@ def rpc_info(endpoints: tuple[str, ...]) -> dict:
     return out
 
 
-def collect(endpoints: tuple[str, ...] = ()) -> dict:
+def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kernels: str = "auto") -> dict:
     from localspec import registry
     from localspec.profiles import STORE
 
+    llama = llama_info()
     return {
         "localspec": __version__,
         "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
                    "executable": sys.executable},
         "platform": {"system": platform.platform(), "machine": platform.machine(), **_cpus()},
-        "llama_cpp": llama_info(),
+        "llama_cpp": llama,
+        "cpu_kernels": kernels_info(model, cpu_kernels) if "error" not in llama else {},
         "verifier": native_info(),
         "packages": {name: _version(name) for name in ("numpy", "cffi", "click", "jinja2")},
         "cache": {"dir": str(registry.cache_dir()), "from_env": bool(os.environ.get(registry.CACHE_ENV))},
@@ -190,6 +211,27 @@ def _devices_lines(devices: list[dict] | str) -> list[str]:
             f"{d['memory_free'] / gib:.1f} / {d['memory_total'] / gib:.1f} GiB free" for d in devices]
 
 
+def _kernels_lines(k: dict) -> list[str]:
+    if not k:
+        return []
+    lines = ["CPU kernels      extra weight buffer types: " + (", ".join(k["extra_buffer_types"]) or "none")]
+    lines += [f"  {name}: {why}; --cpu-kernels auto never uses it" for name, why in k["known_to_crash"].items()]
+    for key, v in sorted(k["checks"].items()):
+        config, types = key.split(":", 1)
+        lines.append(f"  checked {config} on {types.replace(',', '/')} weights: "
+                     f"{'ok' if v['ok'] else 'REJECTED'} ({v['detail']})")
+    m = k.get("model")
+    if m is None:
+        lines.append("  (pass -m MODEL to see where a model's weights go)")
+    elif "error" in m:
+        lines.append(f"  {m['path']}: {m['error']}")
+    else:
+        buffers = ", ".join(f"{name} {mib:.0f} MiB" for name, mib in sorted(m["weight_buffers_mib"].items()))
+        lines.append(f"  {Path(m['path']).name} with --cpu-kernels {m['cpu_kernels']}: {m['config']} "
+                     f"({m['reason']}); weights in {buffers}")
+    return lines
+
+
 def render(info: dict) -> str:
     lc, ver = info["llama_cpp"], info["verifier"]
     p = info["platform"]
@@ -206,6 +248,7 @@ def render(info: dict) -> str:
                   f"llama.cpp        {lc['system_info']}",
                   f"GPU offload      {'supported' if lc['gpu_offload'] else 'not supported by this build (CPU only)'}",
                   "devices:", *_devices_lines(lc["devices"])]
+    lines += _kernels_lines(info.get("cpu_kernels") or {})
     status = ver["self_test"] + (f" ({ver['error']})" if "error" in ver else "")
     lines += [f"native verifier  {ver['path'] or 'missing'}",
               f"  self-test      {status}",
@@ -228,15 +271,23 @@ def render(info: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--rpc", envvar="LOCALSPEC_RPC", default=None, metavar="HOST:PORT[,...]",
               help="Also list the devices of these RPC servers (env LOCALSPEC_RPC).")
-def info(as_json: bool, rpc: str | None) -> None:
-    """Versions, the llama.cpp build and its devices, the native verifier, the model cache.
+@click.option("-m", "--model", default=None, metavar="GGUF|NAME",
+              help="Load this model and show which weight buffer types it gets (default: the default "
+                   "pair's target when it is cached; 'none': no model).")
+@click.option("--cpu-kernels", type=click.Choice(CPU_KERNELS), default=MODEL_DEFAULTS.cpu_kernels,
+              show_default=True, envvar="LOCALSPEC_CPU_KERNELS", help="The configuration to load it with.")
+def info(as_json: bool, rpc: str | None, model: str | None, cpu_kernels: str) -> None:
+    """Versions, the llama.cpp build and its devices, CPU kernels, the native verifier, the model cache.
 
-    Useful in bug reports. Exit status 1 when the native verifier fails its
+    Useful in bug reports. Shows llama.cpp's extra weight buffer types (AMX,
+    CPU_REPACK), the kernel checks recorded on this machine, and where a
+    model's weights go. Exit status 1 when the native verifier fails its
     self-test.
 
     \b
     localspec info
     localspec info --json
+    localspec info -m model.gguf --cpu-kernels llama
     localspec info --rpc 192.168.1.20:50052
     """
     from localspec.config import parse_endpoints
@@ -246,7 +297,11 @@ def info(as_json: bool, rpc: str | None) -> None:
         endpoints = parse_endpoints(rpc)
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--rpc") from None
-    data = collect(endpoints)
+    if model is None:
+        model = default_target_if_cached()
+    elif model.lower() == "none":
+        model = None
+    data = collect(endpoints, model, cpu_kernels)
     click.echo(json.dumps(data, indent=2) if as_json else render(data))
     if data["verifier"]["self_test"] != "ok":
         raise SystemExit(1)
