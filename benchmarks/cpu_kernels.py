@@ -23,21 +23,11 @@ from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from head_to_head import time_decode  # noqa: E402
+from head_to_head import host_header, time_decode  # noqa: E402
 
-SIZES = (1, 2, 3, 4, 5, 7, 8, 13, 16, 25, 32)
+SIZES = (1, 2, 3, 4, 5, 7, 8, 13, 16, 25, 32, 64, 256)
+PER_TOKEN = (1, 4, 8, 16, 32, 64, 256)  # the second table: ms per token (decode ... prefill)
 CONFIGS = ("llama", "repack", "plain")
-
-
-def host_header() -> list[str]:
-    """The CPU model and llama.cpp's feature line (every figure below belongs to them)."""
-    from localspec import kernels
-    from localspec.profiles import machine
-
-    m = machine()
-    extra = ", ".join(kernels.extra_buffer_types()) or "none"
-    return [f"Host: **{m['cpu']}**, {m['cores']} cores; llama-cpp-python {m['llama_cpp']}; "
-            f"llama.cpp `{m['build'].strip().rstrip('|').strip()}`; CPU extra buffer types: {extra}.", ""]
 
 
 def progress(message: str) -> None:
@@ -55,7 +45,7 @@ def measure(path: Path, configs: Sequence[str], rounds: int, threads: int | None
         progress(f"loading {path.name} with --cpu-kernels {config}")
         t0 = time.perf_counter()
         try:
-            models[config] = Model(path, ModelOptions(ctx_size=512, threads=threads, cpu_kernels=config))
+            models[config] = Model(path, ModelOptions(ctx_size=1024, threads=threads, cpu_kernels=config))
         except ModelError as exc:
             out[config] = {"error": str(exc)}
             continue
@@ -74,9 +64,13 @@ def measure(path: Path, configs: Sequence[str], rounds: int, threads: int | None
 
 
 def curve_table(results: dict[str, dict]) -> list[str]:
-    head = "| --cpu-kernels | weight buffers (MiB) | load s | c(1) ms | " + " | ".join(f"n={n}" for n in SIZES[1:]) + " |"
+    shown = [n for n in SIZES[1:] if n <= 32]
     lines = ["c(n)/c(1): one target pass of n tokens with every row's logits, median of the rounds.", "",
-             head, "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in SIZES[1:]) + " |"]
+             "| --cpu-kernels | weight buffers (MiB) | load s | c(1) ms | " + " | ".join(f"n={n}" for n in shown) + " |",
+             "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in shown) + " |"]
+    per_token = ["", "Milliseconds per token of a pass of n tokens (n = 1: plain decoding; large n: a prompt's prefill):",
+                 "", "| --cpu-kernels | " + " | ".join(f"n={n}" for n in PER_TOKEN) + " |",
+                 "| --- | " + " | ".join("---:" for _ in PER_TOKEN) + " |"]
     for config, r in results.items():
         if "error" in r:
             lines.append(f"| {config} | {r['error']} |")
@@ -84,8 +78,9 @@ def curve_table(results: dict[str, dict]) -> list[str]:
         med = {n: statistics.median(ts) for n, ts in r["times"].items()}
         buffers = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["buffers"].items()))
         lines.append(f"| {config} | {buffers} | {r['load']:.2f} | {med[1] * 1e3:.1f} | "
-                     + " | ".join(f"{med[n] / med[1]:.2f}" for n in SIZES[1:]) + " |")
-    return lines
+                     + " | ".join(f"{med[n] / med[1]:.2f}" for n in shown) + " |")
+        per_token.append(f"| {config} | " + " | ".join(f"{med[n] / n * 1e3:.1f}" for n in PER_TOKEN) + " |")
+    return lines + per_token
 
 
 def check_cost(path: Path, configs: Sequence[str]) -> list[str]:

@@ -100,6 +100,17 @@ def llama_cpp_version() -> str:
 LLAMA_TOOLS = ("llama-speculative-simple", "llama-completion")
 
 
+def host_header() -> list[str]:
+    """The host every figure belongs to: CPU model, llama.cpp's feature line, its extra buffer types."""
+    from localspec import kernels
+    from localspec.profiles import machine
+
+    m = machine()
+    extra = ", ".join(kernels.extra_buffer_types()) or "none"
+    return [f"Host: **{m['cpu']}**, {m['cores']} cores; llama-cpp-python {m['llama_cpp']}; "
+            f"llama.cpp `{m['build'].strip().rstrip('|').strip()}`; CPU extra buffer types: {extra}.", ""]
+
+
 def build_llama_tools(cache: Path, version: str, jobs: int, native: bool = False) -> Path:
     """llama.cpp's llama-speculative-simple and llama-completion, built from the llama.cpp that
     llama-cpp-python==version vendors: portable by default, `native` as llama-cpp-python's own

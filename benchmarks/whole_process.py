@@ -12,6 +12,7 @@ default run's time into its components, a third gives the n-gram drafter's ceili
     python benchmarks/whole_process.py                          # every prompt, T = 0 and 0.8
     python benchmarks/whole_process.py --prompts code-edit --repeat 5 --temperatures 0
     python benchmarks/whole_process.py --skip-chat --tokens 64
+    python benchmarks/whole_process.py --temperatures 0 --llama-completion   # and llama.cpp's own tool
 
 Progress goes to stderr, the markdown tables to stdout.
 """
@@ -33,7 +34,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from head_to_head import (GROUNDED, PROMPTS as H2H_PROMPTS, add_prompts_option, build_llama_tools,  # noqa: E402
-                          check_prompts, llama_cpp_version)
+                          check_prompts, host_header, llama_cpp_version)
 
 PROMPTS = dict(H2H_PROMPTS)
 PROMPTS["rename"] = ("Rename the variable `tmp` to `total` in this code and show the whole code:\n\n"
@@ -235,6 +236,111 @@ def llama_table(args: argparse.Namespace, root: Path, warm: dict[str, list[Run]]
     return lines
 
 
+def default_target() -> Path:
+    from localspec import registry
+
+    reg = registry.load_registry()
+    return Path(registry.resolve(reg.pairs[reg.default_pair].target))
+
+
+def chat_text(prompt: str) -> str:
+    """The text localspec decodes from for a prompt: the target's chat template, rendered."""
+    from localspec.model import Model
+    from localspec.prompt import render_chat
+
+    vocab = Model.vocabulary(default_target())
+    try:
+        return render_chat(vocab, [{"role": "user", "content": prompt}])
+    finally:
+        vocab.close()
+
+
+def completion_flags() -> list[str]:
+    """The llama-completion flags of this comparison: plain text in (the rendered chat prompt, no
+    escapes, no conversation mode), greedy, and --no-repack where llama.cpp's own choice of CPU
+    buffer types includes AMX (which crashes on some Xeons: the flag that makes it run there)."""
+    from localspec import kernels
+
+    crashing = [name for name in kernels.extra_buffer_types() if name in kernels.KNOWN_CRASHING]
+    return ["-no-cnv", "--no-escape", "--temp", "0", "--seed", "1", "-c", "4096", *(["-nr"] if crashing else [])]
+
+
+def llama_completion(bindir: Path, text: str, tokens: int, threads: int | None) -> tuple[float, int]:
+    """(whole-process seconds, generated tokens) of one llama-completion run."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        cmd = [str(bindir / "llama-completion"), "-m", str(default_target()), "-f", f.name, "-n", str(tokens),
+               *completion_flags(), *(["-t", str(threads)] if threads else [])]
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+        wall = time.perf_counter() - t0
+    found = re.search(r"eval time =\s+[\d.]+ ms /\s+(\d+) runs", out.stderr)
+    if out.returncode != 0 or not found:
+        raise RuntimeError(f"llama-completion failed (exit {out.returncode}):\n{out.stderr[-1500:]}")
+    return wall, int(found.group(1)) + 1  # the eval runs follow the first token, sampled from the prefill
+
+
+def completion_table(args: argparse.Namespace, root: Path) -> list[str]:
+    """Whole process against llama.cpp's own llama-completion (native build, the same vendored
+    commit), alternated with localspec's default (warm profile) and the target alone, T = 0."""
+    bindir = build_llama_tools(Path.home() / ".cache" / "localspec-bench", llama_cpp_version(),
+                               os.cpu_count() or 1, native=True)
+    common = ["-n", str(args.tokens), "-t", "0", "--seed", "1"]
+    lines = [f"llama-completion flags: `{' '.join(completion_flags())}`, on the rendered chat prompt; "
+             "the ratio is of wall time per generated token.", "",
+             "| prompt | llama-completion s | tokens | target alone s | default warm s | tokens | "
+             "alone vs llama-completion | default vs llama-completion |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    med = statistics.median
+    warm_up = not (root / "warm-0").exists()  # --only-extra: no main table left a warm profile
+    for name in args.prompts:
+        text = chat_text(PROMPTS[name])
+        if warm_up:  # the profile one earlier run of the prompt leaves
+            localspec(common, PROMPTS[name], root / "warm-0", args.threads)
+        llama, default, alone = [], [], []
+        for r in range(args.repeat):
+            progress(f"llama-completion vs localspec: {name} {r + 1}/{args.repeat}")
+            llama.append(llama_completion(bindir, text, args.tokens, args.threads))
+            default.append(localspec(common, PROMPTS[name], root / "warm-0", args.threads))
+            alone.append(localspec([*common, *TARGET_ALONE], PROMPTS[name], root / "alone", args.threads))
+        per_llama = med(w / n for w, n in llama)
+        lines.append(f"| {name} | {med(w for w, _ in llama):.2f} | {med(n for _, n in llama):.0f} | "
+                     f"{med(r.wall for r in alone):.2f} | {med(r.wall for r in default):.2f} | "
+                     f"{med(r.tokens for r in default):.0f} | "
+                     f"{per_llama / med(r.wall / max(r.tokens, 1) for r in alone):.2f}× | "
+                     f"**{per_llama / med(r.wall / max(r.tokens, 1) for r in default):.2f}×** |")
+    return lines
+
+
+def kernels_table(args: argparse.Namespace, root: Path) -> list[str]:
+    """The target alone, whole process, under each CPU kernel configuration this build can load
+    (alternated, T = 0): what the configuration auto picks is worth to a user, start-up included."""
+    from localspec import kernels
+
+    configs = [c for c in ("llama", "repack", "plain")
+               if c != "repack" or kernels.REPACK_BUFFER in kernels.extra_buffer_types()]
+    if any(name in kernels.KNOWN_CRASHING for name in kernels.extra_buffer_types()):
+        configs.remove("llama")  # it would crash the run
+    common = ["-n", str(args.tokens), "-t", "0", "--seed", "1", *TARGET_ALONE]
+    lines = ["| prompt | " + " | ".join(f"--cpu-kernels {c} s (decode tok/s)" for c in configs)
+             + " | " + " | ".join(f"{c} vs plain" for c in configs if c != "plain") + " |",
+             "| --- | " + " | ".join("---:" for _ in configs) + " | "
+             + " | ".join("---:" for c in configs if c != "plain") + " |"]
+    med = statistics.median
+    for name in args.prompts:
+        runs: dict[str, list[Run]] = {c: [] for c in configs}
+        for r in range(args.repeat):
+            for c in configs:
+                progress(f"--cpu-kernels {c}: {name} {r + 1}/{args.repeat}")
+                runs[c].append(localspec([*common, "--cpu-kernels", c], PROMPTS[name], root / "alone", args.threads))
+        walls = {c: med(x.wall for x in runs[c]) for c in configs}
+        lines.append(f"| {name} | " + " | ".join(f"{walls[c]:.2f} ({med(x.decode_tps for x in runs[c]):.1f})"
+                                                  for c in configs)
+                     + " | " + " | ".join(f"{walls['plain'] / walls[c]:.2f}×" for c in configs if c != "plain") + " |")
+    return lines
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_prompts_option(p, PROMPTS)
@@ -245,6 +351,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-chat", action="store_true", help="no 5-turn chat table")
     p.add_argument("--skip-ceiling", action="store_true",
                    help="no n-gram ceiling table (computed when the first temperature is 0)")
+    p.add_argument("--cpu-kernels-table", action="store_true",
+                   help="also time the target alone under each --cpu-kernels configuration")
+    p.add_argument("--only-extra", action="store_true",
+                   help="skip the main tables: only the --cpu-kernels / --llama-completion / --llama-cpp ones")
+    p.add_argument("--llama-completion", action="store_true",
+                   help="also time llama.cpp's own llama-completion on the same prompts, whole process "
+                        "(builds it natively once, a few minutes)")
     p.add_argument("--llama-cpp", action="store_true",
                    help="also run llama.cpp's n-gram modes (builds llama-speculative-simple once, a few minutes)")
     args = p.parse_args(argv)
@@ -258,6 +371,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="localspec-whole-") as tmp:
         root = Path(tmp)
+        print("\n".join(host_header()))
+        if args.cpu_kernels_table:
+            print("\n".join(kernels_table(args, root)))
+            print()
+        if args.only_extra:
+            if args.llama_completion and 0.0 in args.temperatures:
+                print("\n".join(completion_table(args, root)))
+            return 0
         table, warm_runs, alone_runs = measure(args, root)
         print("\n".join(table))
         print()
@@ -271,6 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.llama_cpp:
             print()
             print("\n".join(llama_table(args, root, warm_runs)))
+        if args.llama_completion and 0.0 in args.temperatures:
+            print()
+            print("\n".join(completion_table(args, root)))
     return 0
 
 

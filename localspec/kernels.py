@@ -271,12 +271,14 @@ class Verdict:
 
 
 class Checks:
-    """The verdicts of this machine's checks, one JSON file per host key (written atomically)."""
+    """The verdicts of this machine's checks, one JSON file per host key (written atomically;
+    kept in memory too, so a directory that cannot be written never repeats a check)."""
 
     def __init__(self, directory: Path | None = None) -> None:
         from localspec.profiles import profile_dir
 
         self.path = (directory or profile_dir() / "kernel-checks") / f"{host_key()}.json"
+        self._memory: dict[str, Verdict] = {}
 
     def _read(self) -> dict[str, Any]:
         try:
@@ -289,6 +291,8 @@ class Checks:
         return data if isinstance(data, dict) else {}
 
     def get(self, key: str) -> Verdict | None:
+        if key in self._memory:
+            return self._memory[key]
         entry = self._read().get(key)
         try:
             return Verdict(bool(entry["ok"]), str(entry["detail"]), float(entry["seconds"]))
@@ -296,6 +300,7 @@ class Checks:
             return None
 
     def put(self, key: str, verdict: Verdict) -> None:
+        self._memory[key] = verdict
         data = self._read()
         data[key] = {"ok": verdict.ok, "detail": verdict.detail, "seconds": round(verdict.seconds, 3),
                      "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -329,22 +334,57 @@ def _death(returncode: int) -> str:
     return f"exit status {returncode}"
 
 
+class Check:
+    """One configuration checked on tiny models of some weight types, in a child process that
+    runs while the caller goes on (a model load overlaps it)."""
+
+    def __init__(self, config: str, types: Sequence[str]) -> None:
+        self.config, self.types = config, tuple(types)
+        env = {k: v for k, v in os.environ.items() if k != "LOCALSPEC_LLAMA_LOG"}
+        self.started = time.perf_counter()
+        self.process = subprocess.Popen([sys.executable, "-m", "localspec.kernels", config, *types],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, env=env)
+
+    def wait(self) -> Verdict:
+        """The child's verdict (it is killed after PROBE_TIMEOUT seconds)."""
+        left = max(PROBE_TIMEOUT - (time.perf_counter() - self.started), 0.1)
+        try:
+            out, err = self.process.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate()
+            return Verdict(False, f"no answer within {PROBE_TIMEOUT:.0f} s", time.perf_counter() - self.started)
+        seconds = time.perf_counter() - self.started
+        said = out.strip().splitlines()
+        if self.process.returncode == 0:
+            return Verdict(True, said[-1] if said else "ran", seconds)
+        tail = (err.strip().splitlines() or said)[-1:]
+        return Verdict(False, _death(self.process.returncode) + (f": {tail[0]}" if tail else ""), seconds)
+
+
 def run_check(config: str, types: Sequence[str]) -> Verdict:
-    """Check a configuration on tiny models of these weight types in a child process."""
-    t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "localspec.kernels", config, *types]
-    env = {k: v for k, v in os.environ.items() if k != "LOCALSPEC_LLAMA_LOG"}
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=env,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return Verdict(False, f"no answer within {PROBE_TIMEOUT:.0f} s", time.perf_counter() - t0)
-    seconds = time.perf_counter() - t0
-    lines = (done.stdout.strip().splitlines() or [""])
-    if done.returncode == 0:
-        return Verdict(True, lines[-1] or "ran", seconds)
-    tail = (done.stderr.strip().splitlines() or lines)[-1:]
-    return Verdict(False, _death(done.returncode) + (f": {tail[0]}" if tail and tail[0] else ""), seconds)
+    """Check a configuration and wait for the verdict (not recorded)."""
+    return Check(config, types).wait()
+
+
+@dataclass
+class PendingPlan:
+    """A plan whose configuration is being checked for the first time on this machine: load with
+    it, then call confirmed() before the first decode."""
+
+    plan: KernelPlan
+    check: Check
+    key: str
+    checks: Checks
+    rejected: list[str]
+
+    def confirmed(self) -> bool:
+        verdict = self.check.wait()
+        self.checks.put(self.key, verdict)
+        if verdict.ok:
+            _notice(self.plan, self.check.types, verdict, self.rejected)
+        return verdict.ok
 
 
 def _notice(plan: KernelPlan, types: Sequence[str], verdict: Verdict, rejected: list[str]) -> None:
@@ -355,12 +395,11 @@ def _notice(plan: KernelPlan, types: Sequence[str], verdict: Verdict, rejected: 
                 verdict.seconds)
 
 
-def resolve(path: Path, config: str) -> KernelPlan:
-    """The plan for loading `path` under `config` (auto: checked, see the module docstring)."""
-    if config == "plain":
-        return KernelPlan("plain", "requested")
-    if config == "llama":
-        return KernelPlan("llama", "requested")
+def choose(path: Path, config: str, checks: Checks | None = None) -> KernelPlan | PendingPlan:
+    """The plan for loading `path` under `config`: settled, or (auto, a configuration not yet
+    checked here) pending on a check that has just started."""
+    if config in ("plain", "llama"):
+        return KernelPlan(config, "requested")
     weights = read_weights(path)
     if config != "auto":
         return plan_for(config, weights)
@@ -369,22 +408,29 @@ def resolve(path: Path, config: str) -> KernelPlan:
     if not types:  # only F32 matrices: no extra buffer type takes them, nothing to check
         name, why = options[0]
         return plan_for(name, weights, why)
-    checks, rejected = Checks(), []
+    checks = checks or Checks()
+    rejected: list[str] = []
     for name, why in options:
         key = check_key(name, types)
         verdict = checks.get(key)
-        fresh = verdict is None
         if verdict is None:
-            verdict = run_check(name, types)
-            checks.put(key, verdict)
+            return PendingPlan(plan_for(name, weights, why), Check(name, types), key, checks, rejected)
         if verdict.ok:
-            plan = plan_for(name, weights, why)
-            if fresh or rejected:
-                _notice(plan, types, verdict, rejected)
-            return plan
+            return plan_for(name, weights, why)
         rejected.append(f"{name} ({verdict.detail})")
     raise ModelError(f"every CPU kernel configuration failed its check on {'/'.join(types)} weights "
                      f"({'; '.join(rejected)}); this llama.cpp build cannot run {path.name} on this CPU")
+
+
+def resolve(path: Path, config: str) -> KernelPlan:
+    """The settled plan for `path` under `config`, waiting for any check it needs."""
+    checks = Checks() if config == "auto" else None
+    while True:
+        choice = choose(path, config, checks)
+        if isinstance(choice, KernelPlan):
+            return choice
+        if choice.confirmed():
+            return choice.plan
 
 
 # ---------------------------------------------------------------- the child

@@ -15,7 +15,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import llama_cpp as lc
 import numpy as np
@@ -143,15 +143,37 @@ class Model:
         return self
 
     def _load_model(self, vocab_only: bool = False) -> None:
+        """Load the weights (or only the vocabulary). A CPU kernel configuration checked for the
+        first time on this machine is checked in a child process while the weights load; should
+        the check fail, the model is loaded again with the next configuration."""
+        self.kernels: kernels.KernelPlan | None = None
+        if vocab_only:
+            self._model = self._load_weights(None, vocab_only=True)
+        else:
+            choice = kernels.choose(self.path, self.options.cpu_kernels)
+            pending = choice if isinstance(choice, kernels.PendingPlan) else None
+            plan = pending.plan if pending is not None else choice
+            try:
+                self._model = self._load_weights(plan)
+            except BaseException:
+                if pending is not None:
+                    pending.confirmed()  # the check's verdict holds whatever became of this load
+                raise
+            if pending is not None and not pending.confirmed():
+                lc.llama_model_free(self._model)
+                self._model = None
+                plan = kernels.resolve(self.path, self.options.cpu_kernels)  # the next configuration
+                self._model = self._load_weights(plan)
+            self.kernels = plan
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+
+    def _load_weights(self, plan: kernels.KernelPlan | None, vocab_only: bool = False) -> Any:
         global _load_log
         o = self.options
         params = lc.llama_model_default_params()
         params.vocab_only = vocab_only
-        self.kernels: kernels.KernelPlan | None = None
-        keep_alive = None
-        if not vocab_only:
-            self.kernels = kernels.resolve(self.path, o.cpu_kernels)
-            keep_alive = self.kernels.apply(params)
+        keep_alive = plan.apply(params) if plan is not None else None
         layers = -1 if o.rpc and o.n_gpu_layers == 0 else o.n_gpu_layers  # with --rpc: all remote by default
         params.n_gpu_layers = layers if layers >= 0 else 999
         params.load_mode = LOAD_MODES[o.load_mode]
@@ -174,9 +196,7 @@ class Model:
             raise ModelError(f"llama.cpp could not load {self.path} (unsupported architecture, "
                              "truncated download, or not enough memory); set LOCALSPEC_LLAMA_LOG=1 "
                              "and logging to DEBUG for llama.cpp's own messages")
-        self._model = model
-        self._vocab = lc.llama_model_get_vocab(model)
-        self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+        return model
 
     def _check_rollback(self) -> None:
         if lc.llama_model_is_recurrent(self._model) or lc.llama_model_is_hybrid(self._model):

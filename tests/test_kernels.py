@@ -147,10 +147,10 @@ def test_auto_checks_once_and_says_what_it_chose(q4_0: Path, fresh_checks: Path,
     assert [v.ok for v in verdicts.values()] == [True]
     caplog.clear()
 
-    def no_child(*args: object) -> kernels.Verdict:
+    def no_child(*args: object) -> kernels.Check:
         raise AssertionError("a recorded verdict must not be checked again")
 
-    monkeypatch.setattr(kernels, "run_check", no_child)
+    monkeypatch.setattr(kernels, "Check", no_child)
     with caplog.at_level(logging.WARNING, logger="localspec.kernels"):
         assert kernels.resolve(q4_0, "auto") == plan
     assert not caplog.records  # later runs: silent, no child
@@ -177,9 +177,38 @@ def test_a_configuration_whose_child_dies_is_never_used(q4_0: Path, fresh_checks
         assert m.kernels is not None and m.kernels.config == plan.config
 
 
+class Dies:
+    """A check whose child always dies (without starting one)."""
+
+    def __init__(self, config: str, types: tuple[str, ...]) -> None:
+        self.config, self.types = config, tuple(types)
+
+    def wait(self) -> kernels.Verdict:
+        return kernels.Verdict(False, "killed by SIGSEGV", 0.1)
+
+
+def test_a_load_overlaps_the_check_and_reloads_when_it_fails(q4_0: Path, fresh_checks: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a machine's first run the model loads while its configuration is checked; when the
+    check's child dies (negative control), the model is loaded again with the next configuration
+    before anything is decoded, and it decodes."""
+    first, second = [name for name, _ in kernels.candidates(kernels.read_weights(q4_0))][:2]
+    monkeypatch.setenv(kernels.FAULT_ENV, first)
+    choice = kernels.choose(q4_0, "auto")
+    assert isinstance(choice, kernels.PendingPlan) and choice.plan.config == first
+    assert not choice.confirmed()
+    kernels.Checks().path.unlink()  # again, through a model load
+    with Model(q4_0, ModelOptions(ctx_size=64, batch_size=32)) as m:
+        assert m.kernels is not None and m.kernels.config == second
+        if second == "plain":
+            assert set(m.weight_buffers) == {"CPU"}
+        m.decode([5, 6, 7], range(3))
+        assert np.isfinite(m.logits_array(3)).all()
+
+
 def test_when_every_configuration_dies_the_error_says_so(q4_0: Path, fresh_checks: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernels, "run_check", lambda config, types: kernels.Verdict(False, "killed by SIGSEGV", 0.1))
+    monkeypatch.setattr(kernels, "Check", Dies)
     with pytest.raises(ModelError, match="every CPU kernel configuration failed its check on Q4_0/Q6_K weights"):
         kernels.resolve(q4_0, "auto")
 
@@ -206,7 +235,7 @@ def test_damaged_verdicts_are_ignored(q4_0: Path, fresh_checks: Path, caplog: py
 
 def test_f32_models_need_no_check(tiny_paths: tuple[Path, Path], fresh_checks: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernels, "run_check", lambda *a: pytest.fail("no extra buffer type takes F32 weights"))
+    monkeypatch.setattr(kernels, "Check", lambda *a: pytest.fail("no extra buffer type takes F32 weights"))
     assert kernels.resolve(tiny_paths[0], "auto").config in ("llama", "repack", "plain")
 
 
