@@ -169,6 +169,21 @@ def repackable(weights: Sequence[Weight], features: frozenset[str]) -> list[Weig
     return out
 
 
+def on_cpu(weights: Sequence[Weight], gpu_layers: int) -> list[Weight]:
+    """The weights that stay on the CPU when `gpu_layers` layers go to other devices (llama.cpp
+    offloads the last blocks, then the output layer: block i stays below n_layer + 1 - gpu_layers)."""
+    if gpu_layers <= 0:
+        return list(weights)
+    blocks = [int(m.group(1)) for w in weights if (m := re.match(r"blk\.(\d+)\.", w.name))]
+    first_offloaded = max(blocks, default=-1) + 2 - gpu_layers  # n_layer + 1 - gpu_layers
+    out = []
+    for w in weights:
+        m = re.match(r"blk\.(\d+)\.", w.name)
+        if (m is not None and int(m.group(1)) < first_offloaded) or w.name == "token_embd.weight":
+            out.append(w)
+    return out
+
+
 def name_pattern(names: Sequence[str]) -> str:
     """One regular expression that matches exactly these tensor names (llama.cpp runs every
     override pattern on every tensor name, so keep them few): blocks grouped per weight."""
@@ -218,26 +233,27 @@ class KernelPlan:
         return overrides
 
 
-def plan_for(config: str, weights: Sequence[Weight], reason: str = "") -> KernelPlan:
-    """A plan for an explicit configuration (llama, repack or plain)."""
+def plan_for(config: str, weights: Sequence[Weight], reason: str = "", gpu_layers: int = 0) -> KernelPlan:
+    """A plan for a configuration (llama, repack or plain); repack names only weights that stay
+    on the CPU (an override wins over device placement in llama.cpp's loader)."""
     if config == "repack":
         if REPACK_BUFFER not in extra_buffer_types():
             raise ModelError(f"cpu_kernels 'repack': this llama.cpp build has no {REPACK_BUFFER} buffer type "
                              f"(extra buffer types: {', '.join(extra_buffer_types()) or 'none'}); "
                              "use 'plain' or 'auto'")
-        names = [w.name for w in repackable(weights, cpu_features())]
+        names = [w.name for w in repackable(on_cpu(weights, gpu_layers), cpu_features())]
         return KernelPlan("repack", reason or "requested", name_pattern(names) if names else None)
     return KernelPlan(config, reason or "requested")
 
 
-def candidates(weights: Sequence[Weight]) -> list[tuple[str, str]]:
+def candidates(weights: Sequence[Weight], gpu_layers: int = 0) -> list[tuple[str, str]]:
     """The configurations auto may use for these weights, fastest first, each with why."""
     extra = extra_buffer_types()
     crashing = [name for name in extra if name in KNOWN_CRASHING]
     out = []
     if not crashing:
         out.append(("llama", f"llama.cpp's own choice of buffer types: {', '.join(extra) or 'no extra ones'}"))
-    if REPACK_BUFFER in extra and repackable(weights, cpu_features()):
+    if REPACK_BUFFER in extra and repackable(on_cpu(weights, gpu_layers), cpu_features()):
         why = (f"{REPACK_BUFFER}, never {', '.join(crashing)}: {KNOWN_CRASHING[crashing[0]]}"
                if crashing else f"{REPACK_BUFFER} alone")
         out.append(("repack", why))
@@ -395,38 +411,38 @@ def _notice(plan: KernelPlan, types: Sequence[str], verdict: Verdict, rejected: 
                 verdict.seconds)
 
 
-def choose(path: Path, config: str, checks: Checks | None = None) -> KernelPlan | PendingPlan:
-    """The plan for loading `path` under `config`: settled, or (auto, a configuration not yet
-    checked here) pending on a check that has just started."""
+def choose(path: Path, config: str, checks: Checks | None = None, gpu_layers: int = 0) -> KernelPlan | PendingPlan:
+    """The plan for loading `path` under `config` (`gpu_layers`: layers that go to other devices):
+    settled, or (auto, a configuration not yet checked here) pending on a check just started."""
     if config in ("plain", "llama"):
         return KernelPlan(config, "requested")
     weights = read_weights(path)
     if config != "auto":
-        return plan_for(config, weights)
-    types = checked_types(weights)
-    options = candidates(weights)
-    if not types:  # only F32 matrices: no extra buffer type takes them, nothing to check
+        return plan_for(config, weights, gpu_layers=gpu_layers)
+    types = checked_types(on_cpu(weights, gpu_layers))
+    options = candidates(weights, gpu_layers)
+    if not types:  # only F32 matrices on the CPU: no extra buffer type takes them, nothing to check
         name, why = options[0]
-        return plan_for(name, weights, why)
+        return plan_for(name, weights, why, gpu_layers)
     checks = checks or Checks()
     rejected: list[str] = []
     for name, why in options:
         key = check_key(name, types)
         verdict = checks.get(key)
         if verdict is None:
-            return PendingPlan(plan_for(name, weights, why), Check(name, types), key, checks, rejected)
+            return PendingPlan(plan_for(name, weights, why, gpu_layers), Check(name, types), key, checks, rejected)
         if verdict.ok:
-            return plan_for(name, weights, why)
+            return plan_for(name, weights, why, gpu_layers)
         rejected.append(f"{name} ({verdict.detail})")
     raise ModelError(f"every CPU kernel configuration failed its check on {'/'.join(types)} weights "
                      f"({'; '.join(rejected)}); this llama.cpp build cannot run {path.name} on this CPU")
 
 
-def resolve(path: Path, config: str) -> KernelPlan:
+def resolve(path: Path, config: str, gpu_layers: int = 0) -> KernelPlan:
     """The settled plan for `path` under `config`, waiting for any check it needs."""
     checks = Checks() if config == "auto" else None
     while True:
-        choice = choose(path, config, checks)
+        choice = choose(path, config, checks, gpu_layers)
         if isinstance(choice, KernelPlan):
             return choice
         if choice.confirmed():

@@ -150,7 +150,8 @@ class Model:
         if vocab_only:
             self._model = self._load_weights(None, vocab_only=True)
         else:
-            choice = kernels.choose(self.path, self.options.cpu_kernels)
+            offloaded = self._gpu_layers()
+            choice = kernels.choose(self.path, self.options.cpu_kernels, gpu_layers=offloaded)
             pending = choice if isinstance(choice, kernels.PendingPlan) else None
             plan = pending.plan if pending is not None else choice
             try:
@@ -162,11 +163,21 @@ class Model:
             if pending is not None and not pending.confirmed():
                 lc.llama_model_free(self._model)
                 self._model = None
-                plan = kernels.resolve(self.path, self.options.cpu_kernels)  # the next configuration
+                plan = kernels.resolve(self.path, self.options.cpu_kernels, offloaded)  # the next configuration
                 self._model = self._load_weights(plan)
             self.kernels = plan
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+
+    def _n_gpu_layers(self) -> int:
+        """llama_model_params.n_gpu_layers: with --rpc, every layer remote unless told otherwise."""
+        o = self.options
+        layers = -1 if o.rpc and o.n_gpu_layers == 0 else o.n_gpu_layers
+        return layers if layers >= 0 else 999
+
+    def _gpu_layers(self) -> int:
+        """Layers that really go to another device (none on a CPU-only build without --rpc)."""
+        return self._n_gpu_layers() if self.options.rpc or lc.llama_supports_gpu_offload() else 0
 
     def _load_weights(self, plan: kernels.KernelPlan | None, vocab_only: bool = False) -> Any:
         global _load_log
@@ -174,8 +185,7 @@ class Model:
         params = lc.llama_model_default_params()
         params.vocab_only = vocab_only
         keep_alive = plan.apply(params) if plan is not None else None
-        layers = -1 if o.rpc and o.n_gpu_layers == 0 else o.n_gpu_layers  # with --rpc: all remote by default
-        params.n_gpu_layers = layers if layers >= 0 else 999
+        params.n_gpu_layers = self._n_gpu_layers()
         params.load_mode = LOAD_MODES[o.load_mode]
         devices = None  # NULL: every registered device
         if o.rpc:

@@ -242,3 +242,16 @@ def test_f32_models_need_no_check(tiny_paths: tuple[Path, Path], fresh_checks: P
 def test_child_usage_error() -> None:
     assert kernels.main(["fast", "Q4_0"]) == 2
     assert kernels.main(["llama", "Q9_9"]) == 2
+
+
+def test_repack_leaves_offloaded_layers_alone() -> None:
+    """An override wins over device placement in llama.cpp's loader: with layers on a GPU or an
+    RPC server, repack names only the weights that stay on the CPU (the last blocks and the
+    output go first)."""
+    weights = [kernels.Weight(f"blk.{i}.attn_q.weight", "Q4_K", 2, 256) for i in range(4)]
+    weights.append(kernels.Weight("output.weight", "Q4_K", 2, 1024))
+    cpu = lambda n: [w.name for w in kernels.repackable(kernels.on_cpu(weights, n), X86_AVX512)]  # noqa: E731
+    assert cpu(0) == [w.name for w in weights]
+    assert cpu(1) == [f"blk.{i}.attn_q.weight" for i in range(4)]  # the output layer offloaded
+    assert cpu(3) == ["blk.0.attn_q.weight", "blk.1.attn_q.weight"]
+    assert cpu(999) == []
