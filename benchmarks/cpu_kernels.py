@@ -34,14 +34,22 @@ def progress(message: str) -> None:
     print(f"[cpu_kernels] {message}", file=sys.stderr, flush=True)
 
 
-def measure(path: Path, configs: Sequence[str], rounds: int, threads: int | None) -> dict[str, dict]:
+def measure(path: Path, configs: Sequence[str], rounds: int, threads: int | None,
+            force: bool = False) -> dict[str, dict]:
     """Per configuration: load seconds, weight buffers and the median seconds of each pass size."""
     from localspec.config import ModelOptions
     from localspec.errors import ModelError
     from localspec.model import Model
 
+    from localspec import kernels
+
+    crashing = [name for name in kernels.extra_buffer_types() if name in kernels.KNOWN_CRASHING]
     models, out = {}, {}
     for config in configs:
+        if config == "llama" and crashing and not force:
+            out[config] = {"error": f"skipped: llama.cpp's own choice includes {', '.join(crashing)} "
+                                    "(known to crash; --force runs it)"}
+            continue
         progress(f"loading {path.name} with --cpu-kernels {config}")
         t0 = time.perf_counter()
         try:
@@ -103,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated (default: llama,repack,plain)")
     p.add_argument("--rounds", type=int, default=5, help="alternated rounds per configuration (default 5)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--force", action="store_true",
+                   help="also run llama.cpp's own choice where it holds a buffer type known to crash (AMX)")
     args = p.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
     if not configs or not set(configs) <= set(CONFIGS):
@@ -113,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     reg = registry.load_registry()
     path = registry.resolve(args.model or reg.pairs[reg.default_pair].target)
-    results = measure(Path(path), configs, args.rounds, args.threads)
+    results = measure(Path(path), configs, args.rounds, args.threads, args.force)
     print("\n".join(host_header() + curve_table(results) + check_cost(Path(path), configs)))
     return 0
 

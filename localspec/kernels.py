@@ -13,9 +13,10 @@ API ``cpu_kernels=``):
 * ``plain``: no extra buffer type (what ``llama-completion --no-repack`` does);
 * ``auto`` (the default): the first of llama, repack, plain that may run here. ``llama`` is a
   candidate only when none of this build's extra buffer types is known to crash, ``repack`` only
-  when the model has weights it takes. Measured on an AMD Zen 4 (docs/whole-process.md): the
-  repacked kernels beat plain ones at every batch size, and llama.cpp's own choice there is
-  exactly the repacked one.
+  when the model has weights it takes. Measured on an AMD Zen 4 (docs/cpu-kernels.md): the
+  repacked kernels decode 15-25 % faster per token and are faster at every pass of up to 16
+  tokens (plain ones prefill long prompts faster), and llama.cpp's own choice there is exactly
+  the repacked one.
 
 Under ``auto``, a configuration is checked the first time it is used on a machine (again when the
 CPU, its flags or the llama.cpp build change): a child process quantizes a tiny model to the
@@ -50,15 +51,15 @@ log = logging.getLogger(__name__)
 KNOWN_CRASHING = {"AMX": "llama.cpp's AMX kernels crash on the first decode on some Intel Xeons "
                          "(llama.cpp issue 20824)"}
 REPACK_BUFFER = "CPU_REPACK"
-PROBE_TIMEOUT = 180.0  # seconds a check may take before its configuration counts as hanging
-FAULT_ENV = "LOCALSPEC_KERNEL_PROBE_FAULT"  # tests: the child dies (SIGSEGV) when checking this configuration
-PROBE_TOLERANCE = 0.1  # relative RMS difference between a configuration's logits and the plain kernels'
+CHECK_TIMEOUT = 180.0  # seconds a check may take before its configuration counts as hanging
+FAULT_ENV = "LOCALSPEC_KERNEL_CHECK_FAULT"  # tests: the child dies (SIGSEGV) checking these configurations
+CHECK_TOLERANCE = 0.1  # relative RMS difference between a configuration's logits and the plain kernels'
 # the matrix weights of llama.cpp's graphs (used only as the first operand of a MUL_MAT)
 MATMUL_WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_a", "attn_q_b",
                   "attn_kv_a_mqa", "attn_kv_b", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_shexp",
                   "ffn_up_shexp", "ffn_down_shexp")
-# the llama_ftype that quantizes a tiny model's matrices to each weight type (the probe's)
-PROBE_FTYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 11,
+# the llama_ftype that quantizes a tiny model's matrices to each weight type (for the check)
+CHECK_FTYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 11,
                 "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32}
 
 
@@ -135,7 +136,7 @@ def read_weights(path: Path) -> tuple[Weight, ...]:
 def checked_types(weights: Sequence[Weight]) -> tuple[str, ...]:
     """The weight types a configuration's kernels must be checked on: every type of a matrix
     weight but F32 (which no extra buffer type takes), for which a tiny model can be made."""
-    return tuple(sorted({w.type for w in weights if w.matmul and w.type in PROBE_FTYPES}))
+    return tuple(sorted({w.type for w in weights if w.matmul and w.type in CHECK_FTYPES}))
 
 
 def repack_rows(weight_type: str, features: frozenset[str]) -> int | None:
@@ -363,14 +364,14 @@ class Check:
                                         text=True, env=env)
 
     def wait(self) -> Verdict:
-        """The child's verdict (it is killed after PROBE_TIMEOUT seconds)."""
-        left = max(PROBE_TIMEOUT - (time.perf_counter() - self.started), 0.1)
+        """The child's verdict (it is killed after CHECK_TIMEOUT seconds)."""
+        left = max(CHECK_TIMEOUT - (time.perf_counter() - self.started), 0.1)
         try:
             out, err = self.process.communicate(timeout=left)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.communicate()
-            return Verdict(False, f"no answer within {PROBE_TIMEOUT:.0f} s", time.perf_counter() - self.started)
+            return Verdict(False, f"no answer within {CHECK_TIMEOUT:.0f} s", time.perf_counter() - self.started)
         seconds = time.perf_counter() - self.started
         said = out.strip().splitlines()
         if self.process.returncode == 0:
@@ -459,9 +460,9 @@ def _tiny_models(directory: Path, types: Sequence[str]) -> list[tuple[str, Path]
     from localspec.models import tiny
 
     _init_backend()  # llama.cpp's quantizer logs through localspec's quiet callback
-    source = tiny.write_tiny_model(directory / "probe-f32.gguf", **tiny.QUANTIZABLE)
+    source = tiny.write_tiny_model(directory / "check-f32.gguf", **tiny.QUANTIZABLE)
     try:
-        return [(t, tiny.quantize(source, directory / f"probe-{t}.gguf", PROBE_FTYPES[t])) for t in types]
+        return [(t, tiny.quantize(source, directory / f"check-{t}.gguf", CHECK_FTYPES[t])) for t in types]
     except RuntimeError as exc:
         raise ModelError(str(exc)) from None
 
@@ -489,20 +490,20 @@ def _logits(path: Path, config: str, fault: bool) -> Any:
 
 def compare_logits(weight_type: str, got: Any, want: Any) -> float:
     """The relative RMS difference of a configuration's logits from the plain kernels'; beyond
-    PROBE_TOLERANCE (a wrong layout is off by whole logits) the child fails."""
+    CHECK_TOLERANCE (a wrong layout is off by whole logits) the child fails."""
     import numpy as np
 
     diff = float(np.sqrt(np.mean((got - want) ** 2)) / max(float(np.sqrt(np.mean(want ** 2))), 1e-12))
-    if not np.isfinite(diff) or diff > PROBE_TOLERANCE:
+    if not np.isfinite(diff) or diff > CHECK_TOLERANCE:
         raise SystemExit(f"{weight_type}: logits differ from the plain kernels' by {diff:.3g} (relative RMS)")
     return diff
 
 
-def probe(config: str, types: Sequence[str]) -> str:
+def check_in_child(config: str, types: Sequence[str]) -> str:
     """The child's work: each type's tiny model under `config` against the plain kernels."""
     fault = config in os.environ.get(FAULT_ENV, "").split(",")
     worst = 0.0
-    with tempfile.TemporaryDirectory(prefix="localspec-probe-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="localspec-check-") as tmp:
         for weight_type, path in _tiny_models(Path(tmp), types):
             got = _logits(path, config, fault)
             worst = max(worst, compare_logits(weight_type, got, _logits(path, "plain", False)))
@@ -510,12 +511,13 @@ def probe(config: str, types: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The check's child process: `python -m localspec.kernels CONFIG TYPE...`; 0 when it passes."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 2 or args[0] not in ("llama", "repack", "plain") or not set(args[1:]) <= set(PROBE_FTYPES):
+    if len(args) < 2 or args[0] not in ("llama", "repack", "plain") or not set(args[1:]) <= set(CHECK_FTYPES):
         print("usage: python -m localspec.kernels llama|repack|plain TYPE [TYPE...]  "
-              f"(types: {', '.join(PROBE_FTYPES)})", file=sys.stderr)
+              f"(types: {', '.join(CHECK_FTYPES)})", file=sys.stderr)
         return 2
-    print(probe(args[0], args[1:]))
+    print(check_in_child(args[0], args[1:]))
     return 0
 
 
