@@ -7,7 +7,9 @@
         print(r.text, end="", flush=True)
     print(r.stats.block_efficiency, r.stats.tokens_per_second)
 
-``draft=None`` decodes with the target alone through the same code path (the baseline).
+``draft=None`` loads no draft model: the n-gram drafter (``drafter="auto"`` or ``"ngram"``) still
+drafts from the context. ``num_draft_tokens=0`` decodes with the target alone through the same
+code path (the baseline).
 Keyword names equal the CLI flags. As in mlx-lm, :class:`Generation` is the eager set-up (it
 validates the settings, tokenizes the prompt and builds the engine, so bad input raises at once)
 and iterating over it runs the generation; ``stream_generate`` and ``generate`` wrap it.
@@ -72,11 +74,9 @@ def default_pair(*, draft_n_gpu_layers: int | None = None, draft_rpc: str | None
 
 
 def applied_config(config: GenerationConfig, has_draft: bool) -> GenerationConfig:
-    """The settings as they apply to a pair: the model drafter with no draft model loaded decodes
-    with the target alone (no draft tokens, no tree)."""
-    if not has_draft and config.drafter == "model":
-        return config.target_alone()
-    return config
+    """The settings as they apply to a pair: where nothing can be drafted
+    (GenerationConfig.is_target_alone), no draft tokens and no tree."""
+    return config.target_alone() if config.is_target_alone(has_draft) else config
 
 
 class _StopFilter:
@@ -117,7 +117,7 @@ class Generation:
         if len(self.prompt) >= target.n_ctx:
             raise ModelError(f"the prompt has {len(self.prompt)} tokens but the context holds {target.n_ctx}; "
                              "shorten the prompt or raise --ctx-size")
-        self.engine = Engine(target, make_drafters(target, draft, self.config.drafter, self.config.shape),
+        self.engine = Engine(target, make_drafters(target, draft, self.config),
                              self.config)
 
     def __iter__(self) -> Iterator[Response]:

@@ -180,7 +180,7 @@ def speculative_first_tokens(target: Any, draft: Any, prompt_tokens: Sequence[in
     from localspec.drafters import make_drafters
     from localspec.engine import Engine
 
-    drafters = make_drafters(target, draft, "model", config.shape)
+    drafters = make_drafters(target, draft, replace(config, drafter="model"))
     counts: Counter = Counter()
     drafted = accepted = 0
     for i in tqdm(range(samples), file=sys.stderr, disable=not progress, desc="pair check", unit="step",

@@ -112,8 +112,9 @@ def model_options(f: Callable) -> Callable:
                      help="Target model: a GGUF path or a registry name (default: the default pair's "
                           "target; env LOCALSPEC_MODEL)."),
         click.option("-d", "--draft", envvar="LOCALSPEC_DRAFT", default=None, metavar="GGUF|NAME|none",
-                     help="Draft model: a GGUF path, a registry name, or 'none' for target-only decoding "
-                          "(default: the default pair's draft when -m is not given; env LOCALSPEC_DRAFT)."),
+                     help="Draft model: a GGUF path, a registry name, or 'none' for no draft model (the "
+                          "n-gram drafter still drafts from the context; -k 0 decodes with the target "
+                          "alone). Default: the default pair's draft when -m is not given (env LOCALSPEC_DRAFT)."),
         click.option("--ctx-size", type=int, default=m.ctx_size, show_default=True, help="Context length in tokens."),
         click.option("--n-gpu-layers", type=int, default=m.n_gpu_layers, show_default=True,
                      help="Target layers to offload to the GPU (-1: all)."),
@@ -412,8 +413,9 @@ def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loa
         click.echo(json.dumps(response_json("".join(parts), last.finish_reason, last.stats,
                                             loaded.target_name, config, timings_json(entered, loaded, last.stats))))
     if usage:
-        one = one_token_seconds(loaded.target) if config.speculative else 0.0
-        click.echo(format_stats(last.stats, config.speculative, one), err=True)
+        drafts = not config.is_target_alone(loaded.draft is not None)
+        one = one_token_seconds(loaded.target) if drafts else 0.0
+        click.echo(format_stats(last.stats, drafts, one), err=True)
 
 
 def iter_commands() -> Iterator[click.Command]:

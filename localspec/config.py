@@ -297,6 +297,12 @@ class GenerationConfig:
     def speculative(self) -> bool:
         return self.shape.depth > 0
 
+    def is_target_alone(self, has_draft_model: bool) -> bool:
+        """The one rule for "the target alone": nothing is ever drafted. That is num_draft_tokens
+        0, or the model drafter without a draft model. `-d none` alone only means no draft
+        *model*: the n-gram drafter (auto, ngram) still drafts from the context."""
+        return not self.speculative or (self.drafter == "model" and not has_draft_model)
+
     def target_alone(self) -> "GenerationConfig":
         """The same generation decoded by the target alone (no draft tokens)."""
         return replace(self, shape=Shape(0))

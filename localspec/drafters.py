@@ -22,7 +22,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from localspec import verifier
-from localspec.config import SamplingParams, Shape
+from localspec.config import GenerationConfig, SamplingParams, Shape
 from localspec.errors import ConfigError
 from localspec.lookup import ContextLookup, Proposal
 from localspec.model import Model
@@ -259,11 +259,13 @@ class NGramDrafter:
         pass  # the lookup reads what was accepted from the context at the next proposal
 
 
-def make_drafters(target: Model, draft: Model | LazyModel | None, drafter: str, shape: Shape) -> list[Drafter]:
-    """The drafters the engine considers for the setting `drafter` (none: the target alone):
-    auto: the n-gram lookup, and the draft model when one is given (the planner loads and uses
-    it only where it pays); ngram; model (without a draft model: the target alone); hybrid."""
-    if shape.depth == 0:
+def make_drafters(target: Model, draft: Model | LazyModel | None, config: GenerationConfig) -> list[Drafter]:
+    """The drafters the engine considers for the setting `drafter` (none where
+    GenerationConfig.is_target_alone: the target alone): auto: the n-gram lookup, and the draft
+    model when one is given (the planner loads and uses it only where it pays); ngram; model;
+    hybrid."""
+    drafter, shape = config.drafter, config.shape
+    if config.is_target_alone(draft is not None):
         return []
     max_nodes = max(shape.n_nodes, 1)
     ngram: list[Drafter] = [NGramDrafter(target.n_vocab, max_nodes)] if drafter != "model" else []

@@ -88,7 +88,7 @@ def paired_scores(target: Model, draft: Model, contexts: Sequence[Sequence[int]]
                desc="paired efficiency", leave=False)
     for g, group in enumerate(groups):
         config = replace(group.config, sampling=sampling, seed=seed + g)
-        engine = Engine(target, make_drafters(target, draft, "model", config.shape), config)
+        engine = Engine(target, make_drafters(target, draft, replace(config, drafter="model")), config)
         for ctx in contexts:
             engine.start(ctx)
             values = engine.score([(m.verifier, m.branch) for m in group.methods], draws)

@@ -7,13 +7,32 @@ from typing import Any
 from localspec.config import GenerationConfig
 
 
+def describe_speculation(config: GenerationConfig, draft_name: str | None) -> str:
+    """What drafts, in words (chat's banner, serve's start-up line): `draft_name` is the draft
+    model's name, None without one."""
+    if config.is_target_alone(draft_name is not None):
+        return "the target alone (nothing drafted)"
+    s = config.shape
+    shape = (f"tree {'x'.join(map(str, s.branching))}" if s.branching
+             else f"k={s.depth}" + (f", {s.paths} paths" if s.paths > 1 else ""))
+    model = f"the draft model {draft_name}" if draft_name else ""
+    drafts = {"ngram": "n-gram drafts from the context",
+              "model": model,
+              "hybrid": f"n-gram drafts and {model}",
+              "auto": "n-gram drafts from the context" + (f", {model} where it pays" if model else
+                                                          " (no draft model)")}[config.drafter]
+    return f"{drafts}; verifier {config.verifier}, {shape}, plan {config.plan}"
+
+
 def format_stats(stats: Any, speculative: bool, one_token_seconds: float = 0.0) -> str:
     """Human-readable generation statistics (for stderr). With the target's measured one-token
     step cost, a speedup estimate."""
     lines = [f"{stats.generated_tokens} tokens in {stats.elapsed_seconds:.2f} s: "
              f"{stats.tokens_per_second:.1f} tok/s (prompt {stats.prompt_tokens} tokens, "
              f"{stats.prompt_seconds:.2f} s)"]
-    if speculative and stats.target_passes and not stats.drafted_tokens:
+    if not speculative:
+        lines.append("the target alone: nothing drafted")
+    elif stats.target_passes and not stats.drafted_tokens:
         lines.append("no tokens drafted: the planner (--plan auto) found that speculation does not pay with "
                      "these step costs; --plan fixed forces it")
     elif speculative and stats.target_passes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +80,7 @@ def test_score_leaves_the_caches_as_they_were(tiny_paths: tuple[Path, Path], tin
     config = GenerationConfig(verifier="traversal", shape=Shape.tree((2, 2)), plan="fixed",
                               sampling=SamplingParams(1.0), seed=3)
     prompt = tiny_target.tokenize(PROMPT)
-    engine = Engine(tiny_target, make_drafters(tiny_target, tiny_draft, "model", config.shape), config)
+    engine = Engine(tiny_target, make_drafters(tiny_target, tiny_draft, replace(config, drafter="model")), config)
     engine.start(prompt)
     engine.score([("rrsw", None), ("traversal", None)], draws=2)
     engine.finish()
@@ -92,7 +93,7 @@ def test_score_leaves_the_caches_as_they_were(tiny_paths: tuple[Path, Path], tin
 
 def test_score_refuses_bad_input(tiny_target: Model, tiny_draft: Model) -> None:
     config = GenerationConfig(shape=Shape.chain(3), plan="fixed", seed=0)
-    engine = Engine(tiny_target, make_drafters(tiny_target, tiny_draft, "model", config.shape), config)
+    engine = Engine(tiny_target, make_drafters(tiny_target, tiny_draft, replace(config, drafter="model")), config)
     engine.start(tiny_target.tokenize(PROMPT))
     with pytest.raises(ConfigError, match="draws"):
         engine.score([("block", None)], draws=0)

@@ -26,7 +26,7 @@ from localspec.cli import (
     user_errors,
 )
 from localspec.config import GenerationConfig
-from localspec.report import format_stats
+from localspec.report import describe_speculation, format_stats
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +195,10 @@ def _show_stats(session: Session, loaded: Loaded, config: GenerationConfig) -> N
     if session.last_stats is None:
         _note("no reply yet")
         return
-    one = one_token_seconds(loaded.target) if config.speculative else 0.0
-    _note("last reply: " + format_stats(session.last_stats, config.speculative, one))
-    _note(describe_session(session.replies, config.speculative))
+    drafts = not config.is_target_alone(loaded.draft is not None)
+    one = one_token_seconds(loaded.target) if drafts else 0.0
+    _note("last reply: " + format_stats(session.last_stats, drafts, one))
+    _note(describe_session(session.replies, drafts))
 
 
 def _command(line: str, session: Session, loaded: Loaded, config: GenerationConfig) -> bool:
@@ -261,22 +262,9 @@ def _turn(text: str, session: Session, loaded: Loaded, config: GenerationConfig)
 
 def _banner(loaded: Loaded, config: GenerationConfig) -> str:
     target = loaded.target.name
-    if config.drafter == "ngram":
-        draft = "n-gram drafter"
-    elif loaded.draft is None:
-        draft = "no draft (target alone)"
-    else:
-        draft = f"draft {loaded.draft.name}"
-    s = config.shape
-    if not config.speculative:
-        how = "no speculation"
-    elif s.branching:
-        how = f"verifier {config.verifier}, tree {'x'.join(map(str, s.branching))}"
-    else:
-        paths = f", {s.paths} paths" if s.paths > 1 else ""
-        how = f"verifier {config.verifier}, k={s.depth}{paths}"
-    return (f"localspec chat: {target} + {draft}, {how}, plan {config.plan}, "
-            f"context {loaded.target.n_ctx} tokens\n/help for commands, /exit to leave")
+    how = describe_speculation(config, loaded.draft.name if loaded.draft is not None else None)
+    return (f"localspec chat: {target}, {how}, context {loaded.target.n_ctx} tokens\n"
+            "/help for commands, /exit to leave")
 
 
 def chat_loop(session: Session, loaded: Loaded, config: GenerationConfig) -> None:

@@ -16,6 +16,7 @@ from localspec.cli import (
     spec_options,
     user_errors,
 )
+from localspec.report import describe_speculation
 from localspec.server import ServerLimits
 
 log = logging.getLogger(__name__)
@@ -101,8 +102,7 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     stopped = True  # False: a generation may still use the models
     try:
         model_id = server.model_id_of(loaded.target_name)
-        speculation = ("target alone" if loaded.draft is None and defaults.drafter == "model"
-                       else f"{defaults.drafter} drafts, {defaults.verifier} verifier")
+        speculation = describe_speculation(defaults, loaded.draft.name if loaded.draft is not None else None)
         click.echo(f"localspec: serving {model_id} on {base_url(sock)}", err=True)
         click.echo(f"localspec: {speculation}; Ctrl-C stops", err=True)
         stopped = run_server(loaded.target, loaded.draft, model_id=model_id, sock=sock, defaults=defaults,
