@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 from localspec.config import GenerationConfig, ModelOptions
 from localspec.drafters import make_drafters
 from localspec.engine import Engine, GenerationStats
-from localspec.errors import ModelError
+from localspec.errors import ModelError, PromptError
 from localspec.model import Model
 from localspec.prompt import Prompt, prompt_tokens
 
@@ -115,7 +115,7 @@ class Generation:
         self.config = applied_config(config, draft is not None)
         self.prompt = prompt_tokens(target, prompt)
         if len(self.prompt) >= target.n_ctx:
-            raise ModelError(f"the prompt has {len(self.prompt)} tokens but the context holds {target.n_ctx}; "
+            raise PromptError(f"the prompt has {len(self.prompt)} tokens but the context holds {target.n_ctx}; "
                              "shorten the prompt or raise --ctx-size")
         self.engine = Engine(target, make_drafters(target, draft, self.config),
                              self.config)
@@ -154,7 +154,7 @@ def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: 
 
     Settings come from `config` and/or the flat keywords of the CLI flags (max_tokens,
     temperature, top_k, top_p, min_p, seed, verifier, num_draft_tokens, paths, tree, drafter, plan,
-    lenience, stop); they are checked here, before the first token (ConfigError, ModelError).
+    lenience, stop); they are checked here, before the first token (ConfigError; PromptError for the prompt).
     plan="auto" (default) drafts at most num_draft_tokens levels and picks each step's depth, or
     no speculation at all, from measured step costs and acceptance; plan="fixed" always drafts
     the full shape."""

@@ -38,6 +38,7 @@ from localspec.errors import (
     LocalspecError,
     ModelError,
     ModelNotFound,
+    RemoteError,
     VerifierError,
 )
 from localspec.report import format_stats, response_json, timings_json
@@ -45,8 +46,9 @@ from localspec.report import format_stats, response_json, timings_json
 log = logging.getLogger(__name__)
 
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
-EXIT_CODES: dict[type[LocalspecError], int] = {
+EXIT_CODES: dict[type[LocalspecError], int] = {  # the first class an error is an instance of
     ConfigError: 2,  # a usage error, as click's own
+    RemoteError: rpc.EXIT_REMOTE,  # an RPC server unreachable or gone, as when one dies mid-generation
     ModelError: 1, VerifierError: 1, FetchError: 1, ModelNotFound: 1, DependencyError: 1,
 }
 

@@ -20,7 +20,7 @@ import numpy as np
 from localspec import verifier
 from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig
 from localspec.drafters import Drafter
-from localspec.errors import ConfigError, ModelError
+from localspec.errors import ConfigError, ModelError, PromptError
 from localspec.model import Model
 from localspec.planner import PREFILL_WARM_UP, Planner
 from localspec.profiles import STORE
@@ -140,9 +140,9 @@ class Engine:
     def start(self, prompt: Sequence[int]) -> None:
         """Make the target KV hold prompt[:-1], reusing what an earlier call left there."""
         if not prompt:
-            raise ModelError("the prompt is empty (no tokens to condition on)")
+            raise PromptError("the prompt is empty (no tokens to condition on)")
         if len(prompt) >= self.target.n_ctx:
-            raise ModelError(f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
+            raise PromptError(f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
                              "shorten the prompt or raise --ctx-size")
         self._counters = _Counters(prompt_tokens=len(prompt))
         self.finish_reason = None

@@ -25,6 +25,21 @@ class ModelError(LocalspecError, RuntimeError):
     """A model cannot be loaded or used; the message says which file and what to do."""
 
 
+class PromptError(ModelError):
+    """The caller's prompt or messages cannot be used (empty, malformed, not valid Unicode text,
+    longer than the context, a chat for a model without a chat template): the input is at fault,
+    not the model (HTTP 400 naming the field)."""
+
+
+class RemoteError(ModelError):
+    """A llama.cpp RPC server is unreachable or stopped answering (HTTP 503 and 502: the server's
+    upstream failed, not the client)."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class VerifierError(LocalspecError, ValueError):
     """Invalid input to the C verifier; the message names the argument and index at fault."""
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from localspec import kernels, profiles, rpc
 from localspec.config import ModelOptions
-from localspec.errors import ModelError
+from localspec.errors import ModelError, RemoteError
 from localspec.verifier import LogitsPointer
 
 log = logging.getLogger(__name__)
@@ -417,6 +417,8 @@ class Model:
         if rc == 1:
             raise ModelError(f"the context is full: no KV slot for {n} more tokens "
                              f"(ctx_size={self.n_ctx}); use a larger --ctx-size")
+        if rc != 0 and self.options.rpc:
+            raise RemoteError(f"llama_decode failed with code {rc} on the RPC server(s) {', '.join(self.options.rpc)}")
         if rc != 0:
             raise ModelError(f"llama_decode failed with code {rc}")
         return n if outputs == "all" else 1

@@ -16,7 +16,7 @@ from typing import Sequence, Union
 
 import llama_cpp as lc
 
-from localspec.errors import ModelError
+from localspec.errors import ModelError, PromptError
 from localspec.model import Model
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
@@ -29,32 +29,44 @@ _PLACEHOLDER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
 def prompt_tokens(target: Model, prompt: Prompt) -> list[int]:
     """A prompt (text, chat messages or token ids) as the token ids generation starts from."""
     if isinstance(prompt, str):
+        check_text(prompt, "the prompt")
         return target.tokenize(prompt, add_special=True, parse_special=False)
     items = list(prompt)
     if items and all(isinstance(m, dict) for m in items):
         return chat_tokens(target, items)
     if items and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < target.n_vocab for t in items):
         return items
-    raise ModelError("prompt must be a string, a non-empty list of chat messages ({'role', 'content'}) "
+    raise PromptError("prompt must be a string, a non-empty list of chat messages ({'role', 'content'}) "
                      f"or a non-empty list of token ids in [0, {target.n_vocab})")
+
+
+def check_text(text: str, what: str) -> None:
+    """Text that UTF-8 can encode: a lone surrogate (from JSON such as "\\ud800", or undecodable
+    bytes) is not text, and is refused naming where it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(f"{what} is not valid Unicode text: a lone surrogate U+{ord(text[exc.start]):04X} at "
+                          f"character {exc.start}") from None
 
 
 def check_messages(messages: Sequence[dict]) -> None:
     """Each message needs a role (a short name: user, system, assistant, ...) and text content."""
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-            raise ModelError(f"chat message {i} needs a string 'role' and a string 'content'")
+            raise PromptError(f"chat message {i} needs a string 'role' and a string 'content'")
         role = m.get("role")
         if not isinstance(role, str) or not ROLE_RE.match(role):
-            raise ModelError(f"chat message {i} has role {role!r}; a role is a short name such as user, "
-                             "system or assistant (letters, digits, _ and -)")
+            raise PromptError(f"chat message {i} has role {role!r}; a role is a short name such as user, "
+                              "system or assistant (letters, digits, _ and -)")
+        check_text(m["content"], f"the content of chat message {i}")
 
 
 def render_chat(model: Model, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
     """The conversation as text, through the model's own chat template."""
     template = model.chat_template
     if not template:
-        raise ModelError(f"{model.path.name} has no chat template; send a plain prompt instead")
+        raise PromptError(f"{model.path.name} has no chat template; send a plain prompt instead")
     check_messages(messages)
     rendered = _render_builtin(template, messages, add_generation_prompt)
     if rendered is None:
@@ -72,7 +84,7 @@ def chat_tokens(model: Model, messages: Sequence[dict]) -> list[int]:
         if _PLACEHOLDER.sub(lambda m: fill(contents[int(m.group(1))]), marked) == real:
             break
     else:
-        raise ModelError(f"the chat template of {model.path.name} rewrites message text, so localspec cannot "
+        raise PromptError(f"the chat template of {model.path.name} rewrites message text, so localspec cannot "
                          "tell its markup from the messages; send a plain prompt (--raw) instead")
     pieces: list[int | str] = []  # control-token ids and plain text, in order
     pos = 0
@@ -159,4 +171,4 @@ def _render_jinja(template: str, messages: Sequence[dict], add_assistant: bool, 
             bos_token=model.token_text(model.bos).decode("utf-8", "replace"),
             eos_token=model.token_text(model.eos).decode("utf-8", "replace"))
     except Exception as exc:
-        raise ModelError(f"the chat template of {model.path.name} failed to render: {exc}") from exc
+        raise PromptError(f"the chat template of {model.path.name} failed to render these messages: {exc}") from exc

@@ -27,7 +27,7 @@ import threading
 from typing import Callable, Sequence
 
 from localspec import ggml
-from localspec.errors import DependencyError, ModelError
+from localspec.errors import DependencyError, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,8 @@ def _reachable(endpoint: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT).close()
     except OSError as exc:
-        raise ModelError(f"cannot reach the RPC server at {endpoint}: {exc.strerror or exc}; start one there with "
-                         f"`localspec rpc-server --host {host.strip('[]')} --port {port}`") from None
+        raise RemoteError(f"cannot reach the RPC server at {endpoint}: {exc.strerror or exc}; start one there with "
+                          f"`localspec rpc-server --host {host.strip('[]')} --port {port}`", status=503) from None
 
 
 def devices(endpoints: Sequence[str]) -> list[int]:
@@ -107,7 +107,7 @@ def devices(endpoints: Sequence[str]) -> list[int]:
                 found = [g.ggml_backend_reg_dev_get(reg, i) for i in range(g.ggml_backend_reg_dev_count(reg))] \
                     if reg else []
                 if not found:
-                    raise ModelError(f"the RPC server at {endpoint} offers no device (a protocol mismatch? both "
+                    raise RemoteError(f"the RPC server at {endpoint} offers no device (a protocol mismatch? both "
                                      "sides need the same llama.cpp RPC version)")
                 g.ggml_backend_register(reg)
                 _servers[endpoint] = found

@@ -171,7 +171,7 @@ def test_a_server_that_dies_or_hangs_mid_generation(servers, tiny_paths: tuple[P
 @needs_rpc
 def test_wrong_addresses_are_clear_errors(tiny_paths: tuple[Path, Path]) -> None:
     refused = run(*common(tiny_paths), "-d", "none", "-n", "4", "--rpc", f"127.0.0.1:{free_port()}", PROMPT)
-    assert refused.returncode == 1 and "cannot reach the RPC server at 127.0.0.1:" in refused.stderr
+    assert refused.returncode == 3 and "cannot reach the RPC server at 127.0.0.1:" in refused.stderr  # EXIT_REMOTE
     assert "localspec rpc-server --host 127.0.0.1" in refused.stderr and "Traceback" not in refused.stderr
     malformed = run(*common(tiny_paths), "-d", "none", "-n", "4", "--rpc", "nowhere", PROMPT)
     assert malformed.returncode == 2 and "'nowhere' is not an RPC server address" in malformed.stderr

@@ -571,3 +571,38 @@ def test_api_key_is_required_when_given(tiny_target: Model) -> None:
         oa = OpenAI(base_url="http://testserver/v1", api_key="wrong", http_client=client, max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             oa.models.list()
+
+
+# ---------------------------------------------------------------- whose fault an error is
+
+
+def test_a_lone_surrogate_is_the_clients_error(served: Served) -> None:
+    body = '{"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "hi \\ud800 there"}]}'
+    r = served.http.post("/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages" and "lone surrogate U+D800" in err["message"]
+    r = served.http.post("/completions", content='{"model": "x", "max_tokens": 4, "prompt": "\\udfff"}',
+                         headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def test_model_and_remote_failures_are_the_servers(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp failing is a 500 that blames no request field; an RPC server failing is a 502
+    (503 when unreachable): never a 400 naming `messages`."""
+    from localspec.engine import Engine
+    from localspec.errors import ModelError, RemoteError
+
+    for exc, status in ((ModelError("llama_decode failed with code -3"), 500),
+                        (RemoteError("llama_decode failed with code -1 on the RPC server(s) h:1"), 502),
+                        (RemoteError("cannot reach the RPC server at h:1", status=503), 503)):
+        def fail(*args: object, _exc: Exception = exc, **kwargs: object) -> None:
+            raise _exc
+
+        monkeypatch.setattr(Engine, "step", fail)
+        r = served.http.post("/chat/completions", json={"model": "x", "messages": MESSAGES, "max_tokens": 4})
+        assert r.status_code == status, (exc, r.text)
+        assert r.json()["error"]["type"] == "server_error" and r.json()["error"].get("param") is None
+    monkeypatch.undo()
+    assert served.http.post("/chat/completions", json={"model": "x", "messages": MESSAGES,
+                                                       "max_tokens": 2}).status_code == 200

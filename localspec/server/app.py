@@ -33,6 +33,8 @@ from localspec.errors import (
     FetchError,
     LocalspecError,
     ModelError,
+    PromptError,
+    RemoteError,
     RequestError,
     VerifierError,
 )
@@ -44,15 +46,16 @@ from localspec.server.worker import Job, ModelWorker
 log = logging.getLogger(__name__)
 
 ROUTES_HELP = "GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
-HTTP_STATUS: dict[type[LocalspecError], int] = {
+HTTP_STATUS: dict[type[LocalspecError], int] = {  # the first class an error is an instance of
     RequestError: 400,  # or the status the error carries
-    ConfigError: 400, ModelError: 400,  # settings, prompts and contexts the client chose
-    VerifierError: 500, FetchError: 500, DependencyError: 500,  # the server's own failures
+    ConfigError: 400, PromptError: 400,  # settings, prompts and messages the client chose
+    RemoteError: 502,  # or the status it carries (503: unreachable): the server's upstream failed
+    ModelError: 500, VerifierError: 500, FetchError: 500, DependencyError: 500,  # the server's own failures
 }
 
 
 def status_of(exc: BaseException) -> int:
-    if isinstance(exc, RequestError):
+    if isinstance(exc, (RequestError, RemoteError)):
         return exc.status
     return next((code for kind, code in HTTP_STATUS.items() if isinstance(exc, kind)), 500)
 
@@ -63,7 +66,7 @@ def error_response(exc: BaseException, chat: bool) -> HTTPResponse:
     if status >= 500 and not isinstance(exc, RequestError):
         return JSONResponse(error_body(f"generation failed: {exc}", kind="server_error"), status_code=status)
     param = getattr(exc, "param", None)
-    if isinstance(exc, ModelError):
+    if isinstance(exc, PromptError):
         param = "messages" if chat else "prompt"
     return JSONResponse(error_body(str(exc), param), status_code=status)
 
