@@ -13,14 +13,13 @@ import ctypes
 import logging
 import os
 import re
-import threading
 from pathlib import Path
 from typing import Any, Sequence
 
 import llama_cpp as lc
 import numpy as np
 
-from localspec import kernels, profiles, rpc
+from localspec import backend, kernels, profiles, rpc
 from localspec.config import ModelOptions
 from localspec.errors import ModelError, RemoteError
 from localspec.verifier import LogitsPointer
@@ -34,20 +33,7 @@ LOAD_MODES = {"auto": lc.LLAMA_LOAD_MODE_AUTO, "mmap": lc.LLAMA_LOAD_MODE_MMAP,
               "read": lc.LLAMA_LOAD_MODE_NONE}  # read: copy the weights into memory (no mapped duplicates)
 
 
-_init_lock = threading.Lock()
-_backend_ready = False
-_log_callback = None
-_load_lock = threading.Lock()  # one load at a time, so its log lines are its own
-_load_log: list[str] | None = None  # llama.cpp's log lines during the current load
 _BUFFER_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
-
-
-def _quiet_llama(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    line = text.decode("utf-8", "replace")
-    if _load_log is not None:
-        _load_log.append(line)
-    if os.environ.get("LOCALSPEC_LLAMA_LOG"):
-        log.debug("llama.cpp: %s", line.rstrip())
 
 
 def _weight_buffers(lines: Sequence[str]) -> dict[str, float]:
@@ -56,18 +42,6 @@ def _weight_buffers(lines: Sequence[str]) -> dict[str, float]:
     for m in _BUFFER_LINE.finditer("".join(lines)):
         out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
     return out
-
-
-def _init_backend() -> None:
-    """Initialise llama.cpp once and route its log lines to logging (debug)."""
-    global _backend_ready, _log_callback
-    with _init_lock:
-        if _backend_ready:
-            return
-        _log_callback = lc.llama_log_callback(_quiet_llama)
-        lc.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        lc.llama_backend_init()
-        _backend_ready = True
 
 
 def _check_gguf_file(path: Path) -> None:
@@ -106,7 +80,7 @@ class Model:
         self.path = Path(path).expanduser()
         self.options = options or ModelOptions()
         _check_gguf_file(self.path)
-        _init_backend()
+        backend.init()
         self._model = None
         self._ctx = None
         self._batch = None
@@ -138,7 +112,7 @@ class Model:
         self.kv_tokens = []
         self.weight_buffers = {}
         _check_gguf_file(self.path)
-        _init_backend()
+        backend.init()
         self._load_model(vocab_only=True)
         return self
 
@@ -180,7 +154,6 @@ class Model:
         return self._n_gpu_layers() if self.options.rpc or lc.llama_supports_gpu_offload() else 0
 
     def _load_weights(self, plan: kernels.KernelPlan | None, vocab_only: bool = False) -> Any:
-        global _load_log
         o = self.options
         params = lc.llama_model_default_params()
         params.vocab_only = vocab_only
@@ -194,12 +167,8 @@ class Model:
             devices = rpc.device_array(rpc.local_devices())
         if devices is not None:
             params.devices = ctypes.addressof(devices)
-        with _load_lock:
-            _load_log = []
-            try:
-                model = lc.llama_model_load_from_file(str(self.path).encode(), params)
-            finally:
-                lines, _load_log = _load_log, None
+        with backend.capture_log() as lines:
+            model = lc.llama_model_load_from_file(str(self.path).encode(), params)
         del keep_alive  # llama.cpp reads the overrides during the load only
         self.weight_buffers = _weight_buffers(lines)
         if not model:

@@ -223,9 +223,9 @@ class DecodeWatch:
 
 def serve(host: str, port: int, threads: int, cache_dir: str | None) -> None:
     """Serve this machine's CPU to RPC clients (blocks until the process ends)."""
-    from localspec.model import _init_backend
+    from localspec import backend
 
-    _init_backend()
+    backend.init()
     require()
     start = _proc("ggml_backend_rpc_start_server", None,
                   [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from localspec import kernels
+from localspec import kernel_check, kernels
 from localspec.cli import cli
 from localspec.config import ModelOptions
 from localspec.errors import ConfigError, ModelError
@@ -220,8 +220,8 @@ def test_child_that_computes_garbage_is_rejected() -> None:
     """The check compares logits with the plain kernels': a configuration that runs but computes
     something else is refused like one that dies (here: the comparison of two different models)."""
     with pytest.raises(SystemExit, match="logits differ"):
-        kernels.compare_logits("Q4_0", np.ones((3, 8)), -np.ones((3, 8)))
-    assert kernels.compare_logits("Q4_0", np.ones((3, 8)), np.ones((3, 8))) == 0.0
+        kernel_check.compare_logits("Q4_0", np.ones((3, 8)), -np.ones((3, 8)))
+    assert kernel_check.compare_logits("Q4_0", np.ones((3, 8)), np.ones((3, 8))) == 0.0
 
 
 def test_damaged_verdicts_are_ignored(q4_0: Path, fresh_checks: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -243,8 +243,8 @@ def test_f32_models_need_no_check(tiny_paths: tuple[Path, Path], fresh_checks: P
 
 
 def test_child_usage_error() -> None:
-    assert kernels.main(["fast", "Q4_0"]) == 2
-    assert kernels.main(["llama", "Q9_9"]) == 2
+    assert kernel_check.main(["fast", "Q4_0"]) == 2
+    assert kernel_check.main(["llama", "Q9_9"]) == 2
 
 
 def test_repack_leaves_offloaded_layers_alone() -> None:

@@ -69,10 +69,10 @@ def llama_info() -> dict:
     try:
         import llama_cpp
 
-        from localspec.model import _init_backend
+        from localspec import backend
     except Exception as exc:  # the shared library failed to load
         return {"error": f"cannot load llama-cpp-python: {exc}"}
-    _init_backend()  # quiets llama.cpp's log and registers the backends
+    backend.init()  # quiets llama.cpp's log and registers the backends
     return {"version": getattr(llama_cpp, "__version__", _version("llama-cpp-python")),
             "system_info": _text(llama_cpp.llama_print_system_info()).strip().rstrip("|").strip(),
             "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),

@@ -1,0 +1,59 @@
+"""llama.cpp's process-wide set-up: the backends initialised once, and its log routed to logging.
+
+llama.cpp writes its log through one callback per process. localspec's callback sends the lines
+to the ``logging`` module at debug level (shown with ``LOCALSPEC_LLAMA_LOG=1`` and ``-vv``) and,
+while a model loads, keeps them for the loader (:func:`capture_log`: which buffer types the
+weights went to).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import threading
+from typing import Iterator
+
+import llama_cpp as lc
+
+log = logging.getLogger(__name__)
+
+_init_lock = threading.Lock()
+_ready = False
+_callback = None  # keeps the ctypes callback alive
+_capture_lock = threading.Lock()  # one capture at a time, so its lines are its own
+_captured: list[str] | None = None
+
+
+def _log_line(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", "replace")
+    if _captured is not None:
+        _captured.append(line)
+    if os.environ.get("LOCALSPEC_LLAMA_LOG"):
+        log.debug("llama.cpp: %s", line.rstrip())
+
+
+def init() -> None:
+    """Initialise llama.cpp once and route its log lines to logging (debug)."""
+    global _ready, _callback
+    with _init_lock:
+        if _ready:
+            return
+        _callback = lc.llama_log_callback(_log_line)
+        lc.llama_log_set(_callback, ctypes.c_void_p(0))
+        lc.llama_backend_init()
+        _ready = True
+
+
+@contextlib.contextmanager
+def capture_log() -> Iterator[list[str]]:
+    """llama.cpp's log lines while the block runs (blocks run one at a time)."""
+    global _captured
+    init()
+    with _capture_lock:
+        _captured = lines = []
+        try:
+            yield lines
+        finally:
+            _captured = None
