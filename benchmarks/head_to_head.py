@@ -45,7 +45,7 @@ from localspec.api import load_model, stream_generate
 from localspec.prompt import prompt_tokens, render_chat
 from localspec.lookup import ContextLookup
 from localspec.efficiency import default_groups, paired_ratio, paired_scores, target_contexts
-from localspec.planner import CostTable, expected_tokens
+from localspec.planner import CostTable
 
 log = logging.getLogger("head_to_head")
 
@@ -98,6 +98,13 @@ def llama_cpp_version() -> str:
 
 
 LLAMA_TOOLS = ("llama-speculative-simple", "llama-completion")
+
+
+def expected_tokens(alpha: float, depth: int) -> float:
+    """E[tokens per step] for a chain of `depth` drafts with per-level acceptance α."""
+    if alpha >= 1.0:
+        return depth + 1.0
+    return (1.0 - alpha ** (depth + 1)) / (1.0 - alpha)
 
 
 def host_header() -> list[str]:

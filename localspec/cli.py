@@ -8,10 +8,13 @@ messages and exit codes in one place, :data:`EXIT_CODES`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -46,6 +49,29 @@ from localspec.report import format_stats, response_json, timings_json
 log = logging.getLogger(__name__)
 
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
+EXIT_TERMINATED = 143  # ... and for SIGTERM (128 + 15)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, service managers) while generating: handled as Ctrl-C is, so the text
+    generated so far (with --json, the JSON object) still comes out."""
+
+
+@contextlib.contextmanager
+def sigterm_stops_generation() -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated in the main thread (elsewhere: unchanged)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 EXIT_CODES: dict[type[LocalspecError], int] = {  # the first class an error is an instance of
     ConfigError: 2,  # a usage error, as click's own
     RemoteError: rpc.EXIT_REMOTE,  # an RPC server unreachable or gone, as when one dies mid-generation
@@ -363,14 +389,15 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
         parts: list[str] = []
         unregister = rpc.on_fatal(lambda error: _remote_failed(parts, as_json, loaded, config, error))
         try:
-            last, interrupted = _stream(generation, as_json, parts)
+            with sigterm_stops_generation():
+                last, interrupted = _stream(generation, as_json, parts)
         finally:
             unregister()
         _report(parts, last, as_json, usage, loaded, generation.config, entered)  # also after Ctrl-C: nothing lost
     finally:
         loaded.close()
-    if interrupted:
-        sys.exit(EXIT_INTERRUPTED)
+    if interrupted is not None:
+        sys.exit(EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED)
 
 
 def _remote_failed(parts: list[str], as_json: bool, loaded: Loaded, config: GenerationConfig, error: str) -> None:
@@ -382,9 +409,9 @@ def _remote_failed(parts: list[str], as_json: bool, loaded: Loaded, config: Gene
         click.echo("")
 
 
-def _stream(generation: Any, as_json: bool, parts: list[str]) -> tuple[Any, bool]:
-    """Run the generation into `parts`, echoing text unless JSON is wanted; Ctrl-C stops it with
-    what it has."""
+def _stream(generation: Any, as_json: bool, parts: list[str]) -> tuple[Any, KeyboardInterrupt | None]:
+    """Run the generation into `parts`, echoing text unless JSON is wanted; Ctrl-C (or SIGTERM:
+    Terminated) stops it with what it has, and is returned."""
     last = None
     stream = iter(generation)
     try:
@@ -394,12 +421,12 @@ def _stream(generation: Any, as_json: bool, parts: list[str]) -> tuple[Any, bool
             if not as_json and r.text:
                 click.echo(r.text, nl=False)
                 sys.stdout.flush()
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        return last, True
+    except KeyboardInterrupt as stop:
+        click.echo("\nterminated" if isinstance(stop, Terminated) else "\ninterrupted", err=True)
+        return last, stop
     finally:
         stream.close()
-    return last, False
+    return last, None
 
 
 def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loaded, config: GenerationConfig,

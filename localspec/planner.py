@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 EMA = 0.2  # weight of a new cost observation
 DECAY = 0.995  # per step: acceptance counts fade so an estimate can recover (half-life ~140 steps)
-PRIOR_ACCEPT, PRIOR_REJECT = 2.0, 1.0  # α prior 2/3, worth three observations
 MARGIN = 1.1  # speculate only when it is predicted to be at least 10 % faster (estimates are noisy)
 OPTIMISM = 0.5  # decide with the rejection rate OPTIMISM·sd low (explores a kind of draft until it is known)
 UNMEASURED_SLOPE = 0.5  # an unmeasured pass of n tokens is first taken to cost c(1)·(1 + 0.5 (n - 1))
@@ -170,13 +169,6 @@ class Acceptance:
     def alpha(self) -> float:
         """The first level's acceptance rate (a summary for reports)."""
         return 1.0 - self.hazard(0)
-
-
-def expected_tokens(alpha: float, depth: int) -> float:
-    """E[tokens per step] for a chain of `depth` drafts with per-level acceptance α."""
-    if alpha >= 1.0:
-        return depth + 1.0
-    return (1.0 - alpha ** (depth + 1)) / (1.0 - alpha)
 
 
 def profile_of(model: Any) -> Profile:

@@ -8,8 +8,9 @@ batch size, the llama.cpp build and the device). It holds
   pass costs), learned from real steps;
 * ``prefill``: seconds per token of a prompt prefill (a long batch: the cheapest per token);
 * ``load``: seconds to load the model;
-* ``acceptance``: for a target, per kind of draft, decaying counts of accepted and rejected
-  draft tokens (the planner's prior for the next run).
+* ``acceptance``: for a target, per kind of draft and per draft level, decaying counts of the
+  draft tokens put at risk at that level and of those rejected there (``[at_risk, rejected]``:
+  the planner's prior for the next run).
 
 The first run learns them from its own work (the prompt's prefill, every step); later runs start
 from them and keep refining. Files live in ``<cache root>/profiles`` (see
@@ -96,8 +97,10 @@ class Profile:
 
     @classmethod
     def from_json(cls, data: dict) -> "Profile":
-        if data.get("version") != VERSION:
-            raise ValueError(f"profile version {data.get('version')!r}")
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            raise ValueError(f"profile version {data.get('version') if isinstance(data, dict) else data!r}")
+        if not isinstance(data.get("identity"), dict) or not isinstance(data.get("key"), str):
+            raise ValueError("a profile needs a 'key' string and an 'identity' object")
         return cls(key=str(data["key"]), identity=dict(data["identity"]),
                    costs={int(n): float(s) for n, s in data.get("costs", {}).items() if float(s) > 0},
                    prefill=data.get("prefill"), load=data.get("load"),
@@ -156,7 +159,7 @@ class Profiles:
             return Profile.from_json(data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # any shape a file may have
             log.warning("ignoring the unreadable cost profile %s (%s); it will be measured again", path, exc)
             return None
         finally:

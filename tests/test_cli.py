@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,28 @@ def test_invalid_utf8_prompts_are_clean_errors(pair_args: list[str]) -> None:
     assert out.returncode == 2, out.stderr
     assert b"the prompt argument is not valid UTF-8 (byte 0xe9 at offset 3)" in out.stderr
     assert b"Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "text"])
+def test_sigterm_keeps_what_was_generated(tiny_paths: tuple[Path, Path], as_json: bool) -> None:
+    """`timeout` and service managers stop a run with SIGTERM: as with Ctrl-C, the text so far
+    comes out (with --json, the one JSON object) and the exit status says so (143)."""
+    import json
+    import signal
+    import subprocess
+    import time
+
+    cmd = [sys.executable, "-m", "localspec", "-m", str(tiny_paths[0]), "-d", "none", "-k", "0", "--raw",
+           "--ctx-size", "60000", "-n", "59000", "-t", "0", *(["--json"] if as_json else []), "ab"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    time.sleep(3.0)  # loaded and generating (greedy from "ab" runs for minutes without an end token)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err.decode()
+    assert b"terminated" in err and b"Traceback" not in err
+    if as_json:
+        data = json.loads(out)
+        assert data["usage"]["completion_tokens"] > 0 and data["text"]
+    else:
+        assert len(out.strip()) > 0

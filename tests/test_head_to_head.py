@@ -108,3 +108,12 @@ def test_ngram_ratio_takes_the_best_plan() -> None:
             h2h.Row("code-edit", 0.0, "localspec", "ngram", "block", "fixed", 100, 3.0, 2.0, 0.8, None),
             h2h.Row("code-edit", 0.0, "localspec", "ngram", "block", "auto k15", 100, 2.5, 3.0, 0.8, None)]
     assert "| ngram / target only (≥ 1.5) | code-edit | 0 | 1.60× |" in h2h.ratios(rows)
+
+
+def test_expected_tokens_formula() -> None:
+    """E[tokens per step] of a chain of drafts accepted at a constant rate (what-if table)."""
+    from head_to_head import expected_tokens
+
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)

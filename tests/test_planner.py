@@ -14,14 +14,8 @@ import pytest
 from localspec.api import stream_generate
 from localspec.config import Shape
 from localspec.model import Model
-from localspec.planner import FIRST_TRY, SAMPLED, Acceptance, CostTable, Planner, expected_tokens, profile_of
+from localspec.planner import FIRST_TRY, SAMPLED, Acceptance, CostTable, Planner, profile_of
 from localspec.profiles import Profile, Profiles, identity, key_of
-
-
-def test_expected_tokens_formula() -> None:
-    assert expected_tokens(0.0, 4) == 1.0
-    assert expected_tokens(1.0, 4) == 5.0
-    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
 
 
 def test_cost_table_interpolates_a_line() -> None:
@@ -77,7 +71,7 @@ def test_runs_that_end_at_an_edit_are_not_a_geometric_length() -> None:
     for _ in range(200):
         a.observe(10, 16)
     assert a.expected(10, optimism=0) == pytest.approx(11.0, abs=0.3)
-    assert expected_tokens(0.9, 10) < 7
+    assert (1 - 0.9 ** 11) / (1 - 0.9) < 7  # the geometric model's E[tokens] for 10 drafts at α = 0.9
 
 
 # ---------------------------------------------------------------- decisions
@@ -256,3 +250,23 @@ def test_sampled_and_greedy_acceptance_are_kept_apart(tiny_target) -> None:
     levels = profile_of(tiny_target).acceptance
     assert levels["ngram:apart"][1][0] == 0.0 and levels["ngram:apart" + SAMPLED][1][0] == 1.0
     assert greedy.acceptance("ngram:apart").hazard(0) < sampled.acceptance("ngram:apart").hazard(0)
+
+
+@pytest.mark.parametrize("body", [
+    '{"version": 2, "key": "k", "identity": {}, "costs": [1, 2]}',  # a list where a mapping belongs
+    '{"version": 2, "key": "k", "identity": {}, "costs": {"x": 1}}',  # a size that is no number
+    '{"version": 2, "key": "k", "identity": {}, "acceptance": {"ngram": [1, 2, 3]}}',
+    '{"version": 2, "key": "k", "identity": [], "checks": {}}',
+    '{"version": 2}', '[1, 2]', '"text"', '{"version": 2, "key": "k", "identity": {}, "updated": "soon"}',
+    '{"version": 2, "key": "k", "identity": {}, "acceptance": {"ngram": [["a"], [1]]}}',
+])
+def test_a_profile_of_the_wrong_shape_is_ignored_with_a_warning(tmp_path: Path, body: str,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    from localspec.profiles import Profiles, key_of
+
+    ident = {"file": "m.gguf"}
+    (tmp_path / f"{key_of(ident)}.json").write_text(body)
+    with caplog.at_level("WARNING", logger="localspec.profiles"):
+        profile = Profiles(tmp_path).get(ident)
+    assert profile.costs == {} and profile.acceptance == {}  # measured again
+    assert any("ignoring the unreadable cost profile" in r.getMessage() for r in caplog.records)
