@@ -38,6 +38,10 @@ MAX_PATHS = 16
 MAX_BRANCHING = 16  # children per node at one depth
 MAX_BRANCHES = 64  # root-to-leaf paths of one draft (KV sequences)
 SEED_LIMIT = 2**64
+INT32_MAX = 2**31 - 1  # what llama.cpp's int32 counts (tokens, threads, layers, top-k) hold
+MIN_TEMPERATURE = 1e-4  # below, logits / temperature overflows float32: use 0 (greedy)
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256  # every token is scanned for every stop string
+MAX_THREADS = 1024
 
 
 _ENDPOINT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-_]+):(\d{1,5})$")
@@ -92,10 +96,10 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        _require(_is_number(t) and math.isfinite(t) and t >= 0, "temperature",
-                 f"temperature must be a finite number >= 0 (0: greedy), got {t!r}")
-        _require(_is_int(self.top_k) and self.top_k >= 0, "top_k",
-                 f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        _require(_is_number(t) and math.isfinite(t) and (t == 0 or MIN_TEMPERATURE <= t <= 1e6), "temperature",
+                 f"temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE:g}, 1e6], got {t!r}")
+        _require(_is_int(self.top_k) and 0 <= self.top_k <= INT32_MAX, "top_k",
+                 f"top_k must be an integer in [0, {INT32_MAX}] (0: off), got {self.top_k!r}")
         _require(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p",
                  f"top_p must lie in (0, 1] (1: off), got {self.top_p!r}")
         _require(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p",
@@ -236,8 +240,8 @@ class GenerationConfig:
     stop: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        _require(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens",
-                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _require(_is_int(self.max_tokens) and 1 <= self.max_tokens <= INT32_MAX, "max_tokens",
+                 f"max_tokens must be an integer in [1, {INT32_MAX}], got {self.max_tokens!r}")
         _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT), "seed",
                  f"seed must be an integer in [0, 2**64) (or none for a random seed), got {self.seed!r}")
         _choice(self.verifier, "verifier", VERIFIERS)
@@ -245,6 +249,8 @@ class GenerationConfig:
         _choice(self.plan, "plan", PLANS)
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         _require(all(isinstance(s, str) for s in stop), "stop", f"stop must hold strings, got {self.stop!r}")
+        _require(len(stop) <= MAX_STOP_STRINGS and all(len(s) <= MAX_STOP_CHARS for s in stop), "stop",
+                 f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters each")
         object.__setattr__(self, "stop", stop)
         _require(_is_number(self.lenience) and math.isfinite(self.lenience) and self.lenience >= 0, "lenience",
                  f"lenience must be a finite number >= 0, got {self.lenience!r}")
@@ -357,12 +363,14 @@ class ModelOptions:
         object.__setattr__(self, "rpc", parse_endpoints(self.rpc))
         _require(_is_int(self.ctx_size) and self.ctx_size >= 16, "ctx_size",
                  f"ctx_size must be at least 16 tokens, got {self.ctx_size!r}")
+        _require(self.ctx_size <= INT32_MAX, "ctx_size", f"ctx_size must be at most {INT32_MAX}, got {self.ctx_size!r}")
         _require(_is_int(self.batch_size) and self.batch_size >= 1, "batch_size",
                  f"batch_size must be a positive integer, got {self.batch_size!r}")
-        _require(self.threads is None or (_is_int(self.threads) and self.threads >= 1), "threads",
-                 f"threads must be an integer >= 1, got {self.threads!r}")
-        _require(_is_int(self.n_gpu_layers) and self.n_gpu_layers >= -1, "n_gpu_layers",
-                 f"n_gpu_layers must be an integer >= -1 (-1: all), got {self.n_gpu_layers!r}")
+        _require(self.batch_size <= INT32_MAX, "batch_size", f"batch_size must be at most {INT32_MAX}")
+        _require(self.threads is None or (_is_int(self.threads) and 1 <= self.threads <= MAX_THREADS), "threads",
+                 f"threads must be an integer in [1, {MAX_THREADS}], got {self.threads!r}")
+        _require(_is_int(self.n_gpu_layers) and -1 <= self.n_gpu_layers <= INT32_MAX, "n_gpu_layers",
+                 f"n_gpu_layers must be an integer in [-1, {INT32_MAX}] (-1: all), got {self.n_gpu_layers!r}")
         _choice(self.flash_attn, "flash_attn", FLASH_ATTN)
         _choice(self.cache_type, "cache_type", CACHE_TYPES)
         _choice(self.load_mode, "load_mode", LOAD_MODES)

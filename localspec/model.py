@@ -59,6 +59,17 @@ def _check_gguf_file(path: Path) -> None:
                          "localspec loads llama.cpp GGUF models")
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations (Linux: MemAvailable), None if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class IncrementalDetokenizer:
     """Token ids -> text pieces, never splitting a UTF-8 character across pieces."""
 
@@ -183,8 +194,30 @@ class Model:
                              "state cannot roll back rejected draft tokens, so it cannot be used for "
                              "speculative decoding")
 
+    def kv_bytes(self, n_ctx: int) -> int:
+        """An estimate of the KV cache of n_ctx cells (K and V of every layer, this cache type)."""
+        n_head = max(int(lc.llama_model_n_head(self._model)), 1)
+        head_dim = int(lc.llama_model_n_embd(self._model)) // n_head
+        per_value = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}[self.options.cache_type]
+        per_cell = 2 * int(lc.llama_model_n_layer(self._model)) * int(lc.llama_model_n_head_kv(self._model)) * head_dim
+        return int(n_ctx * per_cell * per_value)
+
+    def _check_context_fits(self) -> None:
+        """Refuse a context whose KV cache cannot fit in this machine's memory, before llama.cpp
+        allocates it (a huge --ctx-size would otherwise take gigabytes and then fail, or swap)."""
+        available = available_memory()
+        if available is None or self._gpu_layers():  # unknown, or the cache lives on other devices
+            return
+        need = self.kv_bytes(self.options.ctx_size)
+        if need > available:
+            fits = max(16, int(self.options.ctx_size * available / need) // 256 * 256)
+            raise ModelError(f"ctx_size={self.options.ctx_size} needs ~{need / 2**30:.1f} GiB of KV cache for "
+                             f"{self.path.name}, and this machine has {available / 2**30:.1f} GiB available; use "
+                             f"--ctx-size {fits} or less (or --cache-type q8_0)")
+
     def _create_context(self) -> None:
         o = self.options
+        self._check_context_fits()
         params = lc.llama_context_default_params()
         params.n_ctx = o.ctx_size
         params.n_batch = o.batch_size

@@ -15,6 +15,7 @@ import pytest
 from scipy import stats
 
 from localspec.api import generate, stream_generate
+from localspec.config import GenerationConfig
 from localspec.errors import ConfigError, ModelError
 from localspec.model import Model
 from localspec.pairing import check_pair
@@ -373,7 +374,7 @@ def test_tree_too_large(tiny_target: Model, tiny_draft: Model) -> None:
     (dict(lenience=0.5, verifier="block"), "needs verifier 'token'"),
     (dict(temperature=-1), "temperature"),
     (dict(top_p=1.5), "top_p"),
-    (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
+    (dict(max_tokens=0), "max_tokens must be an integer in"),
     (dict(seed=-1), r"seed must be an integer in \[0, 2\*\*64\)"),
     (dict(num_draft_tokens=-1), "num_draft_tokens"),
 ])
@@ -413,3 +414,37 @@ def test_combine_sums_generations() -> None:
     assert t.block_efficiency == pytest.approx(1.6)
     assert t.verifier_share == pytest.approx(0.06 / 1.26)
     assert combine([]).generated_tokens == 0
+
+
+def test_a_context_beyond_the_machines_memory_is_refused_before_allocating(tiny_paths: tuple[Path, Path],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec import model as model_module
+
+    with load(tiny_paths[0]) as m:
+        per_cell = m.kv_bytes(1)
+        assert per_cell == 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads of 16 dims, f32
+    monkeypatch.setattr(model_module, "available_memory", lambda: 100 * per_cell)
+    with pytest.raises(ModelError, match=r"ctx_size=4096 needs .* use --ctx-size 16 or less"):
+        load(tiny_paths[0], n_ctx=4096)
+    with load(tiny_paths[0], n_ctx=64):  # what fits loads
+        pass
+
+
+@pytest.mark.parametrize("options,param", [
+    (dict(max_tokens=2**31), "max_tokens"), (dict(top_k=2**40), "top_k"), (dict(temperature=1e-300), "temperature"),
+    (dict(stop=["x"] * 17), "stop"), (dict(stop=["x" * 257]), "stop"),
+])
+def test_settings_past_what_the_code_underneath_holds_are_refused(options: dict, param: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        GenerationConfig.from_options(**options)
+    assert exc.value.param == param
+
+
+@pytest.mark.parametrize("options,param", [(dict(ctx_size=2**40), "ctx_size"), (dict(threads=10**9), "threads"),
+                                           (dict(n_gpu_layers=2**33), "n_gpu_layers")])
+def test_model_options_past_int32_are_refused(options: dict, param: str) -> None:
+    from localspec.config import ModelOptions
+
+    with pytest.raises(ConfigError) as exc:
+        ModelOptions(**options)
+    assert exc.value.param == param

@@ -233,11 +233,11 @@ BAD = [
     ("/chat/completions", {"messages": MESSAGES, "verifier": "nope"}, "verifier must be one of", "verifier"),
     ("/chat/completions", {"messages": MESSAGES, "verifier": "block", "tree": [2, 2]},
      "verifier 'block' verifies one chain", "verifier"),
-    ("/chat/completions", {"messages": MESSAGES, "max_tokens": -1}, "max_tokens must be an integer >= 1",
+    ("/chat/completions", {"messages": MESSAGES, "max_tokens": -1}, "max_tokens must be an integer in [1, 2147483647]",
      "max_tokens"),
     ("/chat/completions", {"messages": MESSAGES, "max_tokens": "12"}, "'max_tokens': Input should be a valid integer",
      "max_tokens"),
-    ("/chat/completions", {"messages": MESSAGES, "temperature": -0.5}, "temperature must be a finite number >= 0",
+    ("/chat/completions", {"messages": MESSAGES, "temperature": -0.5}, "temperature must be 0 (greedy) or a number in",
      "temperature"),
     ("/chat/completions", {"messages": MESSAGES, "temperature": True}, "'temperature': Input should be a valid number",
      "temperature"),
@@ -606,3 +606,13 @@ def test_model_and_remote_failures_are_the_servers(served: Served, monkeypatch: 
     monkeypatch.undo()
     assert served.http.post("/chat/completions", json={"model": "x", "messages": MESSAGES,
                                                        "max_tokens": 2}).status_code == 200
+
+
+@pytest.mark.parametrize("field,value", [("repeat_penalty", 1.3), ("mirostat", 2), ("typical_p", 0.5),
+                                         ("dry_multiplier", 0.8), ("ignore_eos", True)])
+def test_samplers_the_server_lacks_are_refused_not_ignored(served: Served, field: str, value) -> None:
+    r = served.http.post("/chat/completions", json={"model": "x", "messages": MESSAGES, "max_tokens": 2, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+    ok = served.http.post("/chat/completions", json={"model": "x", "messages": MESSAGES, "max_tokens": 2,
+                                                     "repeat_penalty": 1.0})
+    assert ok.status_code == 200  # the no-op value is accepted

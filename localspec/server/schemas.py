@@ -22,6 +22,16 @@ UNSUPPORTED: dict[str, Any] = {
     "best_of": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
     "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
 }
+# samplers of llama.cpp's and llama-cpp-python's servers that localspec does not have: refused
+# unless sent at their no-op values (never silently ignored: the text would differ from what the
+# client asked for)
+SAMPLER_EXTENSIONS: dict[str, tuple] = {
+    "repeat_penalty": (None, 1, 1.0), "repetition_penalty": (None, 1, 1.0), "penalty_last_n": (None, 0),
+    "mirostat": (None, 0), "mirostat_mode": (None, 0), "typical_p": (None, 1, 1.0), "tfs_z": (None, 1, 1.0),
+    "dry_multiplier": (None, 0, 0.0), "xtc_probability": (None, 0, 0.0), "top_n_sigma": (None, -1, -1.0),
+    "dynatemp_range": (None, 0, 0.0), "min_keep": (None, 0), "logit_bias_type": (None,),
+    "n_probs": (None, 0), "ignore_eos": (None, False), "grammar": (None, ""), "json_schema": (None, {}),
+}
 SETTINGS = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "verifier", "num_draft_tokens", "paths",
             "tree", "drafter", "plan")
 
@@ -152,4 +162,9 @@ def parse(body: Any, chat: bool) -> ChatRequest | CompletionRequest:
         got = "" if error["type"] == "missing" else f", got {error['input']!r:.80}"
         raise RequestError(f"'{where}': {error['msg']}{got}", where or None) from None
     request.check_supported()
+    for name, no_ops in SAMPLER_EXTENSIONS.items():
+        value = body.get(name)
+        if not any(value == v and type(value) is type(v) for v in no_ops) and value is not None:
+            raise RequestError(f"'{name}' is not supported by localspec's server (its samplers: temperature, "
+                               "top_k, top_p, min_p, seed, stop)", name)
     return request
