@@ -17,6 +17,7 @@ and iterating over it runs the generation; ``stream_generate`` and ``generate`` 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,17 +118,20 @@ class Generation:
         if len(self.prompt) >= target.n_ctx:
             raise PromptError(f"the prompt has {len(self.prompt)} tokens but the context holds {target.n_ctx}; "
                              "shorten the prompt or raise --ctx-size")
-        self.engine = Engine(target, make_drafters(target, draft, self.config),
-                             self.config)
+        self.engine = Engine(target, make_drafters(target, draft, self.config), self.config)
+        self._models = [m for m in (target, draft) if m is not None]
 
     def __iter__(self) -> Iterator[Response]:
-        self.engine.start(self.prompt)
-        try:
-            yield from self._responses()
-        except GeneratorExit:  # the caller stopped between steps: the caches are consistent
+        with contextlib.ExitStack() as held:
+            for model in self._models:  # one generation at a time per model: its KV cache is one state
+                held.enter_context(model.in_use())
+            self.engine.start(self.prompt)
+            try:
+                yield from self._responses()
+            except GeneratorExit:  # the caller stopped between steps: the caches are consistent
+                self.engine.finish()
+                raise
             self.engine.finish()
-            raise
-        self.engine.finish()
 
     def _responses(self) -> Iterator[Response]:
         engine, detok, stops = self.engine, self.target.detokenizer(), _StopFilter(self.config.stop)

@@ -9,12 +9,14 @@ cache), exposes the output logits as a zero-copy view, and edits the KV cache pe
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import logging
 import os
 import re
+import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import llama_cpp as lc
 import numpy as np
@@ -70,6 +72,21 @@ def available_memory() -> int | None:
     return None
 
 
+@contextlib.contextmanager
+def claimed(lock: threading.Lock, name: str) -> Iterator[None]:
+    """One generation at a time per loaded model (its KV cache is one state): a second one at the
+    same time (another thread, or a generator started while another is unfinished) is refused
+    with a ModelError, never interleaved."""
+    if not lock.acquire(blocking=False):
+        raise ModelError(f"{name} is generating already (another thread, or an unfinished generator): one "
+                         "generation at a time per loaded model; finish or close the other first, or load "
+                         "one model per thread")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 class IncrementalDetokenizer:
     """Token ids -> text pieces, never splitting a UTF-8 character across pieces."""
 
@@ -105,6 +122,7 @@ class Model:
             self.close()
             raise
         self._pieces: dict[int, bytes] = {}
+        self._busy = threading.Lock()
         # committed tokens known to sit in KV sequence 0 (empty = unknown); lets a new prompt
         # reuse a shared prefix. Whoever decodes into the cache keeps it true.
         self.kv_tokens: list[int] = []
@@ -120,6 +138,7 @@ class Model:
         self._model = self._ctx = self._batch = None
         self._identity = None
         self._pieces = {}
+        self._busy = threading.Lock()
         self.kv_tokens = []
         self.weight_buffers = {}
         _check_gguf_file(self.path)
@@ -256,6 +275,16 @@ class Model:
         for row in self._b_seq:
             row[0] = 0
 
+    def _live(self) -> None:
+        """A ModelError, never a crash or an AttributeError, for a model used after close()."""
+        if self._model is None:
+            raise ModelError(f"{self.path.name} is closed; load it again to use it")
+
+    def in_use(self) -> contextlib.AbstractContextManager[None]:
+        """Claim the model for one generation (see claimed)."""
+        self._live()
+        return claimed(self._busy, self.path.name)
+
     def close(self) -> None:
         """Free the batch, context and model (idempotent)."""
         if getattr(self, "_batch", None) is not None:
@@ -267,6 +296,7 @@ class Model:
         if getattr(self, "_model", None):
             lc.llama_model_free(self._model)
             self._model = None
+            self._vocab = None
 
     def __enter__(self) -> "Model":
         return self
@@ -298,6 +328,7 @@ class Model:
         return True
 
     def meta(self, key: str) -> str | None:
+        self._live()
         buf = ctypes.create_string_buffer(4096)
         n = lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
@@ -312,37 +343,46 @@ class Model:
 
     @property
     def n_params(self) -> int:
+        self._live()
         return int(lc.llama_model_n_params(self._model))
 
     @property
     def size_bytes(self) -> int:
+        self._live()
         return int(lc.llama_model_size(self._model))
 
     @property
     def bos(self) -> int:
+        self._live()
         return int(lc.llama_vocab_bos(self._vocab))
 
     @property
     def eos(self) -> int:
+        self._live()
         return int(lc.llama_vocab_eos(self._vocab))
 
     @property
     def add_bos(self) -> bool:
+        self._live()
         return bool(lc.llama_vocab_get_add_bos(self._vocab))
 
     @property
     def vocab_type(self) -> int:
+        self._live()
         return int(lc.llama_vocab_type(self._vocab))
 
     def is_eog(self, token: int) -> bool:
         """End of generation (EOS, EOT, <|im_end|>, ...)."""
+        self._live()
         return bool(lc.llama_vocab_is_eog(self._vocab, token))
 
     def token_text(self, token: int) -> bytes:
+        self._live()
         return lc.llama_vocab_get_text(self._vocab, token) or b""
 
     def token_attr(self, token: int) -> int:
         """llama.cpp's LLAMA_TOKEN_ATTR_* bits of a token (control, user-defined, byte, ...)."""
+        self._live()
         return int(lc.llama_vocab_get_attr(self._vocab, token))
 
     # ------------------------------------------------------------------ text
@@ -350,6 +390,7 @@ class Model:
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Text -> token ids (add_special: BOS if the model wants one; parse_special: read
         control tokens such as <|im_start|> written in the text, as chat templates do)."""
+        self._live()
         data = text.encode("utf-8")
         cap = len(data) + 16
         buf = (lc.llama_token * cap)()
@@ -366,6 +407,7 @@ class Model:
         """The bytes a token stands for in generated text (control tokens render as nothing)."""
         piece = self._pieces.get(token)
         if piece is None:
+            self._live()
             buf = ctypes.create_string_buffer(64)
             n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
             if n < 0:
@@ -380,6 +422,7 @@ class Model:
 
     @property
     def chat_template(self) -> str | None:
+        self._live()
         tmpl = lc.llama_model_chat_template(self._model, None)
         return tmpl.decode("utf-8", "replace") if tmpl else None
 
@@ -389,6 +432,7 @@ class Model:
                seq_ids: Sequence[Sequence[int]] | None = None, outputs: str = "all") -> int:
         """Decode one batch. seq_ids[i]: the sequences token i belongs to (default: seq 0).
         outputs: "all" (logits for every token) or "last". Returns the number of output rows."""
+        self._live()
         n = len(tokens)
         if n == 0:
             return 0
@@ -436,11 +480,13 @@ class Model:
 
     def logits(self, n_rows: int) -> LogitsPointer:
         """The last decode's output rows, zero-copy (valid until the next decode)."""
+        self._live()
         ptr = lc.llama_get_logits(self._ctx)
         return LogitsPointer(ctypes.addressof(ptr.contents), n_rows, self.n_vocab)
 
     def logits_array(self, n_rows: int) -> np.ndarray:
         """The same rows as a numpy view (no copy; valid until the next decode)."""
+        self._live()
         ptr = lc.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
 
@@ -448,13 +494,16 @@ class Model:
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """Drop positions [p0, p1) of sequence seq (-1: open end; seq -1: every sequence)."""
+        self._live()
         if not lc.llama_memory_seq_rm(self._mem, seq, p0, p1):
             raise ModelError("this model's cache cannot remove a partial sequence")
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self._live()
         lc.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def seq_keep(self, seq: int) -> None:
+        self._live()
         lc.llama_memory_seq_keep(self._mem, seq)
 
     def keep_branch(self, branch: int, keep: int, n_branches: int) -> None:
@@ -468,6 +517,7 @@ class Model:
                 self.seq_rm(branch, -1, -1)
 
     def clear(self) -> None:
+        self._live()
         lc.llama_memory_clear(self._mem, True)
         self.kv_tokens = []
 

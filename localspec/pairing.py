@@ -7,8 +7,10 @@ kept in the target's cost profile); :class:`LazyModel` loads on first use.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 from localspec import profiles
 from localspec.config import ModelOptions
 from localspec.errors import ModelError
-from localspec.model import Model, _check_gguf_file
+from localspec.model import Model, _check_gguf_file, claimed
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,12 @@ class LazyModel:
         _check_gguf_file(self.path)
         self.identity = profiles.identity(self.path, self.options)
         self._model: Model | None = None
+        self._busy = threading.Lock()
         self.load_seconds: float | None = None  # set when it is loaded
+
+    def in_use(self) -> contextlib.AbstractContextManager[None]:
+        """Claim the draft for one generation (localspec.model.claimed)."""
+        return claimed(self._busy, self.path.name)
 
     @property
     def loaded(self) -> bool:

@@ -448,3 +448,38 @@ def test_model_options_past_int32_are_refused(options: dict, param: str) -> None
     with pytest.raises(ConfigError) as exc:
         ModelOptions(**options)
     assert exc.value.param == param
+
+
+def test_two_generations_on_one_model_are_refused_not_interleaved(tiny_target: Model, tiny_draft: Model) -> None:
+    import threading
+
+    first = iter(stream_generate(tiny_target, tiny_draft, PROMPT, temperature=0, max_tokens=20, plan="fixed"))
+    head = next(first)  # under way
+    with pytest.raises(ModelError, match="is generating already"):
+        list(stream_generate(tiny_target, None, PROMPT, temperature=0, max_tokens=5))
+    errors: list[Exception] = []
+
+    def other_thread() -> None:
+        try:
+            list(stream_generate(tiny_target, tiny_draft, PROMPT, temperature=0, max_tokens=5))
+        except ModelError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert len(errors) == 1 and "generating already" in str(errors[0])
+    rest = list(first)  # the first goes on, unharmed
+    plain = tokens_of(tiny_target, None, PROMPT, temperature=0, max_tokens=20)
+    got = [r.token for r in [head, *rest] if r.token is not None]
+    assert_greedy_equal(tiny_target, PROMPT, got, plain)
+    assert len(list(stream_generate(tiny_target, None, PROMPT, temperature=0, max_tokens=3))) >= 1  # free again
+
+
+def test_a_closed_model_raises_a_model_error(tiny_paths: tuple[Path, Path]) -> None:
+    m = load(tiny_paths[0])
+    m.close()
+    for use in (lambda: m.tokenize("ab"), lambda: m.decode([1], [0]), lambda: m.chat_template, lambda: m.is_eog(2),
+                lambda: list(stream_generate(m, None, "ab", max_tokens=2))):
+        with pytest.raises(ModelError, match="is closed"):
+            use()
