@@ -616,3 +616,41 @@ def test_samplers_the_server_lacks_are_refused_not_ignored(served: Served, field
     ok = served.http.post("/chat/completions", json={"model": "x", "messages": MESSAGES, "max_tokens": 2,
                                                      "repeat_penalty": 1.0})
     assert ok.status_code == 200  # the no-op value is accepted
+
+
+def test_serve_refuses_a_draft_that_cannot_draft_for_the_target(tiny_paths: tuple[Path, Path], tmp_path: Path) -> None:
+    from localspec.models import tiny
+
+    other = tiny.make_mismatched_draft(tmp_path)
+    r = CliRunner().invoke(cli, ["serve", "-m", str(tiny_paths[0]), "-d", str(other), "--port", "0"])
+    assert r.exit_code == 1 and "cannot draft for target" in r.output and "Traceback" not in r.output
+
+
+def test_api_key_scheme_and_encoding(tiny_paths: tuple[Path, Path]) -> None:
+    """RFC 7235: the scheme is case-insensitive; a non-ASCII key matches when sent as UTF-8."""
+    from starlette.testclient import TestClient
+
+    key = "clé-секрет"
+    app = create_app(load(tiny_paths[0]), None, model_id="tiny", defaults=DEFAULTS,
+                     limits=ServerLimits(api_key=key))
+    with TestClient(app) as client:
+        for scheme in ("Bearer", "bearer", "BEARER"):
+            r = client.get("/v1/models", headers=[(b"authorization", f"{scheme} {key}".encode())])
+            assert r.status_code == 200, scheme
+        assert client.get("/v1/models", headers={"authorization": "Bearer wrong"}).status_code == 401
+        assert client.get("/v1/models", headers={"authorization": f"Basic {key}".encode()}).status_code == 401
+        assert client.get("/v1/models").status_code == 401
+
+
+def test_a_client_that_hangs_up_mid_body_is_no_internal_error(served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    host, port = served.url.split("//")[1].split("/")[0].rsplit(":", 1)
+    with caplog.at_level("INFO"):
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 500\r\n\r\n{\"model\": \"x\", ")
+            time.sleep(0.2)
+        time.sleep(0.5)
+    assert not any(r.exc_info for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert served.http.get("/models").status_code == 200

@@ -23,6 +23,16 @@ log = logging.getLogger(__name__)
 LIMITS = ("max_body_bytes", "max_messages", "max_nesting", "max_queue", "header_timeout", "body_timeout")
 
 
+def check_loaded_pair(loaded: Any) -> None:
+    """ModelError when the draft (loaded, or lazily: its vocabulary alone) cannot draft for the target."""
+    from localspec.pairing import LazyModel, check_lazy_pair, check_pair
+
+    if isinstance(loaded.draft, LazyModel):
+        check_lazy_pair(loaded.target, loaded.draft)
+    elif loaded.draft is not None:
+        check_pair(loaded.target, loaded.draft)
+
+
 @click.command()
 @model_options
 @spec_options
@@ -96,6 +106,11 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
         # a request may ask for another drafter than the default: a draft named with -d is kept
         loaded = load_pair(model, draft, need_draft=defaults.drafter != "ngram" or draft is not None,
                            lazy_draft=defaults.drafter in ("auto", "ngram"), **model_kwargs(options))
+        try:
+            check_loaded_pair(loaded)  # a draft that cannot draft for the target: refused now, as generate does
+        except BaseException:
+            loaded.close()
+            raise
     except BaseException:
         sock.close()
         raise

@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response as HTTPResponse
 from starlette.routing import Route
@@ -93,6 +93,8 @@ async def read_body(request: Request, limits: ServerLimits) -> bytes:
 
     try:
         await asyncio.wait_for(collect(), limits.body_timeout)
+    except ClientDisconnect:  # the client's doing, not the server's: no traceback, nobody to answer
+        raise RequestError("the client closed the connection before its whole body arrived", status=499) from None
     except asyncio.TimeoutError:
         raise RequestError(f"the request body did not arrive within {limits.body_timeout:g} s", status=408) from None
     return b"".join(chunks)
@@ -129,10 +131,13 @@ def parse_json(data: bytes, limits: ServerLimits, chat: bool) -> Any:
 
 
 def authorized(request: Request, limits: ServerLimits) -> bool:
+    """'Authorization: Bearer <key>': the scheme in any case (RFC 7235), the key compared as the
+    bytes the client sent with the key's UTF-8 bytes (so a non-ASCII key matches)."""
     if limits.api_key is None:
         return True
-    given = request.headers.get("authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {limits.api_key}".encode())
+    scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+    sent = token.strip().encode("latin-1", "replace")  # starlette decodes header bytes as latin-1
+    return scheme.lower() == "bearer" and hmac.compare_digest(sent, limits.api_key.encode("utf-8"))
 
 
 # ---------------------------------------------------------------- responding
