@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 from localspec.config import GenerationConfig, ModelOptions
 from localspec.drafters import make_drafters
 from localspec.engine import Engine, GenerationStats
-from localspec.errors import ModelError, PromptError
+from localspec.errors import PromptError
 from localspec.model import Model
 from localspec.prompt import Prompt, prompt_tokens
 

@@ -27,11 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from localspec.config import DEFAULT_SAMPLING, GenerationConfig, SamplingParams, Shape
 from localspec.engine import GenerationStats, combine
-from localspec.errors import ConfigError, DependencyError
-
-
-class BenchError(ConfigError):
-    """A benchmark input that cannot be used (the message names the option or file)."""
+from localspec.errors import BenchError, ConfigError, DependencyError
 
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 The root command generates: ``localspec "prompt"`` equals ``localspec generate "prompt"``.
 Subcommands live in ``localspec/commands/`` and share the option groups defined here. Defaults
 and ranges come from :mod:`localspec.config` (one place for each); localspec's errors become
-messages and exit codes in one place, :data:`EXIT_CODES`.
+messages and exit codes in one place, :data:`localspec.errors.EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -34,23 +34,10 @@ from localspec.config import (
     VERIFIERS,
     GenerationConfig,
 )
-from localspec.errors import (
-    ConfigError,
-    DependencyError,
-    FetchError,
-    LocalspecError,
-    ModelError,
-    ModelNotFound,
-    RemoteError,
-    VerifierError,
-)
+from localspec.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, LocalspecError, exit_code
 from localspec.report import format_stats, response_json, timings_json
 
 log = logging.getLogger(__name__)
-
-EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
-EXIT_TERMINATED = 143  # ... and for SIGTERM (128 + 15)
-
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (`timeout`, service managers) while generating: handled as Ctrl-C is, so the text
@@ -72,11 +59,6 @@ def sigterm_stops_generation() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-EXIT_CODES: dict[type[LocalspecError], int] = {  # the first class an error is an instance of
-    ConfigError: 2,  # a usage error, as click's own
-    RemoteError: rpc.EXIT_REMOTE,  # an RPC server unreachable or gone, as when one dies mid-generation
-    ModelError: 1, VerifierError: 1, FetchError: 1, ModelNotFound: 1, DependencyError: 1,
-}
 
 
 class DefaultGroup(click.Group):
@@ -107,7 +89,7 @@ class LocalspecClickError(click.ClickException):
         param = getattr(exc, "param", None)
         message = f"Invalid value for --{param.replace('_', '-')}: {exc}" if param else str(exc)
         super().__init__(message)
-        self.exit_code = next((code for kind, code in EXIT_CODES.items() if isinstance(exc, kind)), 1)
+        self.exit_code = exit_code(exc)
 
 
 def user_errors(f: Callable) -> Callable:

@@ -20,7 +20,7 @@ import numpy as np
 from localspec import verifier
 from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig
 from localspec.drafters import Drafter
-from localspec.errors import ConfigError, ModelError, PromptError
+from localspec.errors import ConfigError, PromptError
 from localspec.model import Model
 from localspec.planner import PREFILL_WARM_UP, Planner
 from localspec.profiles import STORE

@@ -1,8 +1,9 @@
 """localspec's errors: one base class, one subclass per kind of failure.
 
 Every message says what is wrong and what to do. The command line maps these classes to exit
-codes in one place (``localspec.cli.EXIT_CODES``) and the server to HTTP statuses in one place
-(``localspec.server.app.HTTP_STATUS``); library callers catch :class:`LocalspecError`.
+codes in one place (:data:`EXIT_CODES` here, so that a process that must exit at once can use it
+too) and the server to HTTP statuses in one place (``localspec.server.app.HTTP_STATUS``); library
+callers catch :class:`LocalspecError`.
 """
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ class RequestError(LocalspecError, ValueError):
         self.status = status
 
 
+class BenchError(ConfigError):
+    """A benchmark input that cannot be used (the message names the option or file)."""
+
+
+class CheckFailed(LocalspecError, RuntimeError):
+    """A check the user asked for ran and failed (losslessness checks, the verifier's self-test)."""
+
+
 class FetchError(LocalspecError, RuntimeError):
     """A registry model could not be downloaded, assembled or verified."""
 
@@ -68,3 +77,20 @@ class ModelNotFound(LocalspecError, ValueError):
 
 class DependencyError(LocalspecError, RuntimeError):
     """An optional dependency (an extra such as ``localspec[server]``) is not installed."""
+
+
+# ---------------------------------------------------------------- exit statuses
+
+EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT (Ctrl-C)
+EXIT_TERMINATED = 143  # ... and for SIGTERM (128 + 15)
+EXIT_CODES: dict[type[LocalspecError], int] = {  # the first class an error is an instance of
+    ConfigError: 2,  # a usage error, as click's own (BenchError included)
+    RemoteError: 3,  # an RPC server unreachable or gone (also when one dies mid-generation)
+    CheckFailed: 1, ModelError: 1, VerifierError: 1, FetchError: 1, ModelNotFound: 1, DependencyError: 1,
+}
+
+
+def exit_code(error: LocalspecError | type[LocalspecError]) -> int:
+    """The command line's exit status for an error (or an error class)."""
+    kind = error if isinstance(error, type) else type(error)
+    return next((code for cls, code in EXIT_CODES.items() if issubclass(kind, cls)), 1)

@@ -27,11 +27,11 @@ import threading
 from typing import Callable, Sequence
 
 from localspec import ggml
-from localspec.errors import DependencyError, RemoteError
+from localspec.errors import DependencyError, RemoteError, exit_code
 
 log = logging.getLogger(__name__)
 
-EXIT_REMOTE = 3  # exit status after a remote device failed
+EXIT_REMOTE = exit_code(RemoteError)  # exit status after a remote device failed (localspec.errors.EXIT_CODES)
 CONNECT_TIMEOUT = 3.0  # seconds to reach a server before loading
 TIMEOUT_ENV = "LOCALSPEC_RPC_TIMEOUT"  # seconds one remote decode may take before the server counts as gone
 DECODE_TIMEOUT = 120.0  # ... by default

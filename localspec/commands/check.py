@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from localspec.cli import load_pair, model_kwargs, model_options, user_errors
+from localspec.errors import CheckFailed, exit_code
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def check(toy_only: bool, model: str | None, draft: str | None, samples: int | N
     if failed:
         click.echo(f"{len(failed)} of {len(results)} checks FAILED: {', '.join(r.name for r in failed)} "
                    f"({elapsed:.1f} s)")
-        sys.exit(1)
+        sys.exit(exit_code(CheckFailed))
     click.echo(f"all {len(results)} checks passed, the negative control detected ({elapsed:.1f} s)")
 
 

@@ -16,6 +16,7 @@ import click
 
 from localspec import __version__
 from localspec.config import CPU_KERNELS, MODEL_DEFAULTS
+from localspec.errors import CheckFailed, exit_code
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +305,7 @@ def info(as_json: bool, rpc: str | None, model: str | None, cpu_kernels: str) ->
     data = collect(endpoints, model, cpu_kernels)
     click.echo(json.dumps(data, indent=2) if as_json else render(data))
     if data["verifier"]["self_test"] != "ok":
-        raise SystemExit(1)
+        raise SystemExit(exit_code(CheckFailed))
 
 
 COMMANDS = (info,)

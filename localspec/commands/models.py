@@ -280,7 +280,7 @@ def pair(ctx: click.Context, target: str, draft: str) -> None:
     \b
     localspec models pair target.gguf draft.gguf
     """
-    from localspec.errors import ModelError
+    from localspec.errors import ModelError, exit_code
     from localspec.pairing import check_pair
 
     with _open(_resolve_local(target)) as t, _open(_resolve_local(draft)) as d:
@@ -288,7 +288,7 @@ def pair(ctx: click.Context, target: str, draft: str) -> None:
             check_pair(t, d)
         except ModelError as exc:
             click.echo(f"cannot pair: {exc}")
-            ctx.exit(1)
+            ctx.exit(exit_code(exc))
         click.echo(f"OK: {d.path.name} can draft for {t.path.name} ({VOCAB_TYPES.get(t.vocab_type, '?')} "
                    f"vocabulary, {t.n_vocab:,} / {d.n_vocab:,} tokens, EOS {t.eos})")
 
