@@ -20,17 +20,19 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from localspec.config import GenerationConfig, ModelOptions
+from localspec.config import GenerationConfig
 from localspec.drafters import make_drafters
 from localspec.engine import Engine, GenerationStats
 from localspec.errors import PromptError
+from localspec.loading import load_model, load_pair
 from localspec.model import Model
 from localspec.prompt import Prompt, prompt_tokens
 
 log = logging.getLogger(__name__)
+
+__all__ = ["Generation", "Response", "applied_config", "default_pair", "generate", "load_model", "stream_generate"]
 
 
 @dataclass(frozen=True)
@@ -43,35 +45,13 @@ class Response:
     stats: GenerationStats
 
 
-def load_model(model: str | Path, **options: Any) -> Model:
-    """Load a GGUF file, or a registry model by name (fetched and cached on first use).
-    Options: ctx_size, batch_size, threads, n_gpu_layers, flash_attn, cache_type, n_seq_max,
-    load_mode, cpu_kernels, rpc (see localspec.config.ModelOptions)."""
-    from localspec import registry
-
-    model_options = ModelOptions.from_options(options)
-    return Model(registry.resolve(str(model)), model_options)
-
-
 def default_pair(*, draft_n_gpu_layers: int | None = None, draft_rpc: str | None = None,
                  **options: Any) -> tuple[Model, Model]:
     """The default (target, draft) pair of the registry, fetched if needed. Options as for
     load_model; draft_n_gpu_layers defaults to n_gpu_layers; the draft stays on this machine
     unless draft_rpc names RPC servers for it (rpc= applies to the target)."""
-    from localspec import registry
-
-    reg = registry.load_registry()
-    pair = reg.pairs[reg.default_pair]
-    target = load_model(pair.target, **options)
-    draft_options = dict(options, rpc=draft_rpc)
-    if draft_n_gpu_layers is not None:
-        draft_options["n_gpu_layers"] = draft_n_gpu_layers
-    try:
-        draft = load_model(pair.draft, **draft_options)
-    except BaseException:
-        target.close()
-        raise
-    return target, draft
+    loaded = load_pair(None, None, draft_n_gpu_layers=draft_n_gpu_layers, draft_rpc=draft_rpc, **options)
+    return loaded.target, loaded.draft
 
 
 def applied_config(config: GenerationConfig, has_draft: bool) -> GenerationConfig:

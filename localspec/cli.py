@@ -16,7 +16,6 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import click
@@ -31,10 +30,12 @@ from localspec.config import (
     LOAD_MODES,
     MODEL_DEFAULTS,
     PLANS,
+    SETTING_KEYS,
     VERIFIERS,
     GenerationConfig,
 )
 from localspec.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, LocalspecError, exit_code
+from localspec.loading import Loaded, draft_loading, load_pair
 from localspec.report import format_stats, response_json, timings_json
 
 log = logging.getLogger(__name__)
@@ -197,8 +198,7 @@ def sampling_options(f: Callable) -> Callable:
     ])
 
 
-GENERATION_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "verifier",
-                   "num_draft_tokens", "paths", "tree", "drafter", "plan", "stop")
+GENERATION_KEYS = SETTING_KEYS  # a command's options that are generation settings
 
 
 def generation_config(options: dict) -> GenerationConfig:
@@ -206,61 +206,10 @@ def generation_config(options: dict) -> GenerationConfig:
     return GenerationConfig.from_options(**{k: v for k, v in options.items() if k in GENERATION_KEYS})
 
 
-@dataclass
-class Loaded:
-    target: Any  # Model
-    draft: Any  # Model | LazyModel | None
-    target_name: str
-    load_seconds: tuple[float, float | None] = (0.0, None)  # target, draft (None: not loaded)
-
-    def close(self) -> None:
-        self.target.close()
-        if self.draft is not None:
-            self.draft.close()
-
-
-def _is_none(value: str | None) -> bool:
-    return value is not None and value.lower() in ("none", "")
-
-
-def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int | None = None,
-              draft_rpc: str | None = None, need_draft: bool = True, lazy_draft: bool = False,
-              **options: Any) -> Loaded:
-    """Load the target and the draft the options name (options: those of localspec.load_model).
-    lazy_draft: the draft is fetched if needed but loaded only when the planner wants it."""
-    from localspec import registry
-    from localspec.api import load_model
-    from localspec.config import ModelOptions
-    from localspec.pairing import LazyModel
-
-    ModelOptions.from_options(options)  # bad options are reported before anything loads
-    reg = registry.load_registry()
-    pair = reg.pairs[reg.default_pair]
-    target_name = model or pair.target
-    draft_name = None if (_is_none(draft) or not need_draft) else (draft or (None if model else pair.draft))
-    t0 = time.perf_counter()
-    target = load_model(target_name, **options)
-    t1 = time.perf_counter()
-    try:
-        dm = None
-        if draft_name:
-            draft_options = dict(options, rpc=draft_rpc)
-            if draft_n_gpu_layers is not None:
-                draft_options["n_gpu_layers"] = draft_n_gpu_layers
-            paired = draft_name == pair.draft and target_name == pair.target  # the registry vouches for it
-            dm = (LazyModel(registry.resolve(draft_name), ModelOptions.from_options(draft_options), paired)
-                  if lazy_draft else load_model(draft_name, **draft_options))
-    except BaseException:
-        target.close()
-        raise
-    return Loaded(target, dm, target_name, (t1 - t0, None if dm is None or lazy_draft else time.perf_counter() - t1))
-
-
 def load_for(config: GenerationConfig, model: str | None, draft: str | None, options: dict) -> Loaded:
-    """The pair a generation config needs: no draft for the n-gram drafter, a draft loaded only
-    when the planner wants it for auto, else loaded now."""
-    return load_pair(model, draft, need_draft=config.drafter != "ngram", lazy_draft=config.drafter == "auto",
-                     **model_kwargs(options))
+    """The pair a generation config needs (localspec.api.draft_loading decides about the draft)."""
+    need, lazy = draft_loading(config.drafter, draft_named=False)
+    return load_pair(model, draft, need_draft=need, lazy_draft=lazy, **model_kwargs(options))
 
 
 def model_kwargs(options: dict) -> dict:

@@ -339,6 +339,7 @@ def _shape_from_options(base: Shape, num_draft_tokens: int | None = None, paths:
 
 
 DEFAULTS = GenerationConfig()
+SETTING_KEYS: tuple[str, ...] = tuple(DEFAULTS.options())  # every setting's keyword (CLI flags, request fields)
 
 
 # ---------------------------------------------------------------- loading a model

@@ -65,6 +65,14 @@ class GenerationStats:
         busy = self.draft_seconds + self.target_seconds + self.verify_seconds
         return self.verify_seconds / busy if busy > 0 else 0.0
 
+    def as_dict(self) -> dict:
+        """The statistics programs read (the CLI's --json `stats`, the server's `speculative`)."""
+        return {"generated_tokens": self.generated_tokens, "tokens_per_second": self.tokens_per_second,
+                "elapsed_seconds": self.elapsed_seconds, "block_efficiency": self.block_efficiency,
+                "acceptance_rate": self.acceptance_rate, "target_passes": self.target_passes,
+                "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
+                "accept_histogram": list(self.accept_histogram), "verifier_share": self.verifier_share}
+
 
 def combine(stats: Sequence[GenerationStats]) -> GenerationStats:
     """The statistics of several generations taken together (sums; histograms added bin by bin),

@@ -54,20 +54,11 @@ def format_stats(stats: Any, speculative: bool, one_token_seconds: float = 0.0) 
     return "\n".join(lines)
 
 
-def stats_json(stats: Any) -> dict:
-    return {"generated_tokens": stats.generated_tokens, "tokens_per_second": stats.tokens_per_second,
-            "elapsed_seconds": stats.elapsed_seconds, "block_efficiency": stats.block_efficiency,
-            "acceptance_rate": stats.acceptance_rate,
-            "target_passes": stats.target_passes, "drafted_tokens": stats.drafted_tokens,
-            "accepted_tokens": stats.accepted_tokens, "accept_histogram": list(stats.accept_histogram),
-            "verifier_share": stats.verifier_share}
-
-
 def response_json(text: str, finish: str | None, stats: Any, model: str, config: GenerationConfig,
                   timings: dict | None = None) -> dict:
     return {"model": model, "text": text, "finish_reason": finish, "settings": config.options(),
             "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens},
-            "stats": stats_json(stats), "timings": timings or {}}
+            "stats": stats.as_dict(), "timings": timings or {}}
 
 
 def timings_json(entered: float, loaded: Any, stats: Any) -> dict:

@@ -69,3 +69,13 @@ def test_cli_stats_follow_the_predicate(tiny_paths: tuple[Path, Path]) -> None:
     assert "the target alone: nothing drafted" in alone.stderr
     ngram = CliRunner().invoke(cli, ["-m", target, "-d", "none", "-u", "-n", "4", "-t", "0", "ab"])
     assert ngram.exit_code == 0 and "the target alone" not in ngram.stderr
+
+
+@pytest.mark.parametrize("drafter,named,expected", [
+    ("ngram", False, (False, True)), ("ngram", True, (True, True)),  # a named draft kept for later requests
+    ("auto", False, (True, True)), ("model", False, (True, False)), ("hybrid", True, (True, False)),
+])
+def test_one_rule_for_loading_the_draft(drafter: str, named: bool, expected: tuple[bool, bool]) -> None:
+    from localspec.loading import draft_loading
+
+    assert draft_loading(drafter, named) == expected

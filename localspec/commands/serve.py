@@ -16,6 +16,7 @@ from localspec.cli import (
     spec_options,
     user_errors,
 )
+from localspec.loading import draft_loading, is_none
 from localspec.report import describe_speculation
 from localspec.server import ServerLimits
 
@@ -104,8 +105,8 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     sock = bind_socket(host, port)
     try:
         # a request may ask for another drafter than the default: a draft named with -d is kept
-        loaded = load_pair(model, draft, need_draft=defaults.drafter != "ngram" or draft is not None,
-                           lazy_draft=defaults.drafter in ("auto", "ngram"), **model_kwargs(options))
+        need, lazy = draft_loading(defaults.drafter, draft_named=draft is not None and not is_none(draft))
+        loaded = load_pair(model, draft, need_draft=need, lazy_draft=lazy, **model_kwargs(options))
         try:
             check_loaded_pair(loaded)  # a draft that cannot draft for the target: refused now, as generate does
         except BaseException:

@@ -18,13 +18,8 @@ FINGERPRINT = f"localspec-{__version__}"
 def speculative_info(config: GenerationConfig, stats: GenerationStats) -> dict:
     """The settings used and the acceptance statistics (the `speculative` object)."""
     options = config.options()
-    return {
-        **{k: options[k] for k in ("verifier", "drafter", "plan", "num_draft_tokens", "paths", "tree")},
-        "block_efficiency": stats.block_efficiency, "acceptance_rate": stats.acceptance_rate,
-        "target_passes": stats.target_passes, "drafted_tokens": stats.drafted_tokens,
-        "accepted_tokens": stats.accepted_tokens, "accept_histogram": list(stats.accept_histogram),
-        "verifier_share": stats.verifier_share, "tokens_per_second": stats.tokens_per_second,
-    }
+    return {**{k: options[k] for k in ("verifier", "drafter", "plan", "num_draft_tokens", "paths", "tree")},
+            **stats.as_dict()}
 
 
 def usage(stats: GenerationStats) -> dict:

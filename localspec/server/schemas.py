@@ -12,7 +12,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from localspec.config import GenerationConfig
+from localspec.config import SETTING_KEYS, GenerationConfig
 from localspec.errors import ConfigError, RequestError
 from localspec.prompt import ROLE_RE
 
@@ -32,8 +32,6 @@ SAMPLER_EXTENSIONS: dict[str, tuple] = {
     "dynatemp_range": (None, 0, 0.0), "min_keep": (None, 0), "logit_bias_type": (None,),
     "n_probs": (None, 0), "ignore_eos": (None, False), "grammar": (None, ""), "json_schema": (None, {}),
 }
-SETTINGS = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "verifier", "num_draft_tokens", "paths",
-            "tree", "drafter", "plan")
 
 
 class _Strict(BaseModel):
@@ -116,6 +114,11 @@ class _Request(_Strict):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+# the settings a request may carry: every GenerationConfig setting that is a request field
+# (max_tokens comes as max_tokens or max_completion_tokens, see _Request.config)
+SETTINGS = tuple(k for k in SETTING_KEYS if k in _Request.model_fields and k != "max_tokens")
 
 
 class ChatRequest(_Request):
