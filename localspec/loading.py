@@ -40,6 +40,8 @@ def draft_loading(drafter: str, draft_named: bool) -> tuple[bool, bool]:
 
 @dataclass
 class Loaded:
+    """A loaded target and its draft (a Model, a LazyModel the planner may load, or None)."""
+
     target: Any  # Model
     draft: Any  # Model | LazyModel | None
     target_name: str
@@ -52,6 +54,7 @@ class Loaded:
 
 
 def is_none(value: str | None) -> bool:
+    """-d none (or an empty value): no draft model."""
     return value is not None and value.lower() in ("none", "")
 
 
