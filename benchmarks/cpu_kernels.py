@@ -43,7 +43,7 @@ def measure(path: Path, configs: Sequence[str], rounds: int, threads: int | None
 
     from localspec import kernels
 
-    crashing = [name for name in kernels.extra_buffer_types() if name in kernels.KNOWN_CRASHING]
+    crashing = kernels.crashing_buffer_types()
     models, out = {}, {}
     for config in configs:
         if config == "llama" and crashing and not force:

@@ -261,7 +261,7 @@ def completion_flags() -> list[str]:
     buffer types includes AMX (which crashes on some Xeons: the flag that makes it run there)."""
     from localspec import kernels
 
-    crashing = [name for name in kernels.extra_buffer_types() if name in kernels.KNOWN_CRASHING]
+    crashing = kernels.crashing_buffer_types()
     return ["-no-cnv", "--no-escape", "--temp", "0", "--seed", "1", "-c", "4096", *(["-nr"] if crashing else [])]
 
 
@@ -320,7 +320,7 @@ def kernels_table(args: argparse.Namespace, root: Path) -> list[str]:
 
     configs = [c for c in ("llama", "repack", "plain")
                if c != "repack" or kernels.REPACK_BUFFER in kernels.extra_buffer_types()]
-    if any(name in kernels.KNOWN_CRASHING for name in kernels.extra_buffer_types()):
+    if kernels.crashing_buffer_types():
         configs.remove("llama")  # it would crash the run
     common = ["-n", str(args.tokens), "-t", "0", "--seed", "1", *TARGET_ALONE]
     lines = ["| prompt | " + " | ".join(f"--cpu-kernels {c} s (decode tok/s)" for c in configs)

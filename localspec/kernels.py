@@ -175,14 +175,10 @@ def on_cpu(weights: Sequence[Weight], gpu_layers: int) -> list[Weight]:
     offloads the last blocks, then the output layer: block i stays below n_layer + 1 - gpu_layers)."""
     if gpu_layers <= 0:
         return list(weights)
-    blocks = [int(m.group(1)) for w in weights if (m := re.match(r"blk\.(\d+)\.", w.name))]
-    first_offloaded = max(blocks, default=-1) + 2 - gpu_layers  # n_layer + 1 - gpu_layers
-    out = []
-    for w in weights:
-        m = re.match(r"blk\.(\d+)\.", w.name)
-        if (m is not None and int(m.group(1)) < first_offloaded) or w.name == "token_embd.weight":
-            out.append(w)
-    return out
+    block = {w.name: int(m.group(1)) for w in weights if (m := re.match(r"blk\.(\d+)\.", w.name))}
+    first_offloaded = max(block.values(), default=-1) + 2 - gpu_layers  # n_layer + 1 - gpu_layers
+    return [w for w in weights
+            if block.get(w.name, first_offloaded) < first_offloaded or w.name == "token_embd.weight"]
 
 
 def name_pattern(names: Sequence[str]) -> str:
@@ -247,10 +243,15 @@ def plan_for(config: str, weights: Sequence[Weight], reason: str = "", gpu_layer
     return KernelPlan(config, reason or "requested")
 
 
+def crashing_buffer_types() -> list[str]:
+    """This build's extra buffer types that are known to crash (KNOWN_CRASHING)."""
+    return [name for name in extra_buffer_types() if name in KNOWN_CRASHING]
+
+
 def candidates(weights: Sequence[Weight], gpu_layers: int = 0) -> list[tuple[str, str]]:
     """The configurations auto may use for these weights, fastest first, each with why."""
     extra = extra_buffer_types()
-    crashing = [name for name in extra if name in KNOWN_CRASHING]
+    crashing = crashing_buffer_types()
     out = []
     if not crashing:
         out.append(("llama", f"llama.cpp's own choice of buffer types: {', '.join(extra) or 'no extra ones'}"))
@@ -268,15 +269,9 @@ def candidates(weights: Sequence[Weight], gpu_layers: int = 0) -> list[tuple[str
 def host_key() -> str:
     """What a check's verdict depends on besides the configuration: the CPU, its flags and the
     llama.cpp build."""
-    from localspec.profiles import machine
+    from localspec.profiles import cpuinfo, machine
 
-    flags = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = line.split(":", 1)[1].strip()
-                break
-    ident = {**machine(), "flags": flags, "extra": sorted(extra_buffer_types())}
+    ident = {**machine(), "flags": cpuinfo("flags", "Features") or "", "extra": sorted(extra_buffer_types())}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
 

@@ -48,17 +48,22 @@ def profile_dir() -> Path:
     return Path(override).expanduser() if override else registry.cache_root() / "profiles"
 
 
+def cpuinfo(*keys: str) -> str | None:
+    """The value of the first /proc/cpuinfo line that starts with one of `keys` (None: none, or
+    not Linux)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(keys):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
 @lru_cache(maxsize=1)
 def machine() -> dict[str, str]:
     """The llama.cpp build and the CPU it runs on."""
     import llama_cpp
 
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpuinfo("model name") or platform.processor() or platform.machine()
     info = llama_cpp.llama_print_system_info()
     return {"llama_cpp": str(getattr(llama_cpp, "__version__", "?")),
             "build": info.decode("utf-8", "replace").strip() if isinstance(info, bytes) else str(info),

@@ -35,7 +35,7 @@ def format_stats(stats: Any, speculative: bool, one_token_seconds: float = 0.0) 
     elif stats.target_passes and not stats.drafted_tokens:
         lines.append("no tokens drafted: the planner (--plan auto) found that speculation does not pay with "
                      "these step costs; --plan fixed forces it")
-    elif speculative and stats.target_passes:
+    elif stats.target_passes:
         lines.append(f"block efficiency {stats.block_efficiency:.2f} tokens/target pass, "
                      f"acceptance {stats.acceptance_rate:.1%} ({stats.accepted_tokens}/{stats.drafted_tokens} "
                      f"drafted), verifier {stats.verifier_share:.1%} of step time")

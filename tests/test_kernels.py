@@ -88,7 +88,7 @@ def test_each_configuration_loads_and_computes_the_same(q4_0: Path, config: str)
     """Every configuration gives logits within quantization noise of the plain kernels (a wrong
     layout would be off by whole logits); repack puts exactly llama.cpp's choice in CPU_REPACK
     where AMX is absent, plain nothing."""
-    crashing = [name for name in kernels.extra_buffer_types() if name in kernels.KNOWN_CRASHING]
+    crashing = kernels.crashing_buffer_types()
     if config == "llama" and crashing:
         pytest.skip(f"llama.cpp's own choice here includes {', '.join(crashing)}, known to crash on some CPUs")
     tokens = list(range(5, 29))

@@ -87,8 +87,7 @@ def kernels_info(model: str | None, cpu_kernels: str) -> dict:
 
     loaded = model_buffers(model, cpu_kernels) if model is not None else None  # may record a check
     out: dict = {"extra_buffer_types": list(kernels.extra_buffer_types()),
-                 "known_to_crash": {k: v for k, v in kernels.KNOWN_CRASHING.items()
-                                    if k in kernels.extra_buffer_types()},
+                 "known_to_crash": {k: kernels.KNOWN_CRASHING[k] for k in kernels.crashing_buffer_types()},
                  "checks": {key: {"ok": v.ok, "detail": v.detail, "seconds": round(v.seconds, 2)}
                             for key, v in kernels.Checks().all().items()}}
     if loaded is not None:

@@ -16,24 +16,19 @@ from localspec.config import SETTING_KEYS, GenerationConfig
 from localspec.errors import ConfigError, RequestError
 from localspec.prompt import ROLE_RE
 
-# OpenAI parameters this server cannot honour: accepted only at their no-op values
+# parameters this server cannot honour: accepted only at their no-op values, never silently
+# ignored (the text would differ from what the client asked for). OpenAI's, then the samplers of
+# llama.cpp's and llama-cpp-python's servers that localspec does not have.
 UNSUPPORTED: dict[str, Any] = {
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
     "best_of": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
     "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
+    "repeat_penalty": (None, 1), "repetition_penalty": (None, 1), "penalty_last_n": (None, 0),
+    "mirostat": (None, 0), "mirostat_mode": (None, 0), "typical_p": (None, 1), "tfs_z": (None, 1),
+    "dry_multiplier": (None, 0), "xtc_probability": (None, 0), "top_n_sigma": (None, -1),
+    "dynatemp_range": (None, 0), "min_keep": (None, 0), "n_probs": (None, 0), "ignore_eos": (None, False),
+    "grammar": (None, ""), "json_schema": (None, {}),
 }
-# samplers of llama.cpp's and llama-cpp-python's servers that localspec does not have: refused
-# unless sent at their no-op values (never silently ignored: the text would differ from what the
-# client asked for)
-SAMPLER_EXTENSIONS: dict[str, tuple] = {
-    "repeat_penalty": (None, 1, 1.0), "repetition_penalty": (None, 1, 1.0), "penalty_last_n": (None, 0),
-    "mirostat": (None, 0), "mirostat_mode": (None, 0), "typical_p": (None, 1, 1.0), "tfs_z": (None, 1, 1.0),
-    "dry_multiplier": (None, 0, 0.0), "xtc_probability": (None, 0, 0.0), "top_n_sigma": (None, -1, -1.0),
-    "dynatemp_range": (None, 0, 0.0), "min_keep": (None, 0), "logit_bias_type": (None,),
-    "n_probs": (None, 0), "ignore_eos": (None, False), "grammar": (None, ""), "json_schema": (None, {}),
-}
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
@@ -92,6 +87,22 @@ class _Request(_Strict):
     logit_bias: Any = None
     tools: Any = None
     functions: Any = None
+    repeat_penalty: Any = None
+    repetition_penalty: Any = None
+    penalty_last_n: Any = None
+    mirostat: Any = None
+    mirostat_mode: Any = None
+    typical_p: Any = None
+    tfs_z: Any = None
+    dry_multiplier: Any = None
+    xtc_probability: Any = None
+    top_n_sigma: Any = None
+    dynatemp_range: Any = None
+    min_keep: Any = None
+    n_probs: Any = None
+    ignore_eos: Any = None
+    grammar: Any = None
+    json_schema: Any = None
 
     def check_supported(self) -> None:
         for name, no_ops in UNSUPPORTED.items():
@@ -165,9 +176,4 @@ def parse(body: Any, chat: bool) -> ChatRequest | CompletionRequest:
         got = "" if error["type"] == "missing" else f", got {error['input']!r:.80}"
         raise RequestError(f"'{where}': {error['msg']}{got}", where or None) from None
     request.check_supported()
-    for name, no_ops in SAMPLER_EXTENSIONS.items():
-        value = body.get(name)
-        if not any(value == v and type(value) is type(v) for v in no_ops) and value is not None:
-            raise RequestError(f"'{name}' is not supported by localspec's server (its samplers: temperature, "
-                               "top_k, top_p, min_p, seed, stop)", name)
     return request
