@@ -74,10 +74,11 @@ def measure(path: Path, configs: Sequence[str], rounds: int, threads: int | None
 def curve_table(results: dict[str, dict]) -> list[str]:
     shown = [n for n in SIZES[1:] if n <= 32]
     lines = ["c(n)/c(1): one target pass of n tokens with every row's logits, median of the rounds.", "",
-             "| --cpu-kernels | weight buffers (MiB) | load s | c(1) ms | " + " | ".join(f"n={n}" for n in shown) + " |",
+             "| --cpu-kernels | weight buffers (MiB) | load s | c(1) ms | "
+             + " | ".join(f"n={n}" for n in shown) + " |",
              "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in shown) + " |"]
-    per_token = ["", "Milliseconds per token of a pass of n tokens (n = 1: plain decoding; large n: a prompt's prefill):",
-                 "", "| --cpu-kernels | " + " | ".join(f"n={n}" for n in PER_TOKEN) + " |",
+    per_token = ["", "Milliseconds per token of a pass of n tokens (n = 1: plain decoding; "
+                 "large n: a prompt's prefill):", "", "| --cpu-kernels | " + " | ".join(f"n={n}" for n in PER_TOKEN) + " |",
                  "| --- | " + " | ".join("---:" for _ in PER_TOKEN) + " |"]
     for config, r in results.items():
         if "error" in r:

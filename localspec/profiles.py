@@ -76,7 +76,8 @@ def identity(path: Path, options: ModelOptions, extra: dict | None = None) -> di
     return {"file": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
             "threads": options.threads or os.cpu_count(), "n_gpu_layers": options.n_gpu_layers,
             "cache_type": options.cache_type, "flash_attn": options.flash_attn, "load_mode": options.load_mode,
-            "cpu_kernels": options.cpu_kernels, "batch_size": options.batch_size, "rpc": list(options.rpc), **machine(), **(extra or {})}
+            "cpu_kernels": options.cpu_kernels, "batch_size": options.batch_size, "rpc": list(options.rpc),
+            **machine(), **(extra or {})}
 
 
 def key_of(ident: dict[str, Any]) -> str:
