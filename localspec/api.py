@@ -28,6 +28,7 @@ from localspec.engine import Engine, GenerationStats
 from localspec.errors import PromptError
 from localspec.loading import load_model, load_pair
 from localspec.model import Model
+from localspec.profiles import Profiles
 from localspec.prompt import Prompt, prompt_tokens
 
 log = logging.getLogger(__name__)
@@ -89,16 +90,24 @@ class _StopFilter:
 
 class Generation:
     """One generation, set up eagerly: settings validated, prompt tokenized, engine built.
-    Iterate over it (once) for one :class:`Response` per token; the last carries the finish reason."""
+    Iterate over it (once) for one :class:`Response` per token; the last carries the finish reason.
 
-    def __init__(self, target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig) -> None:
+    `profiles` are the cost profiles the planner starts from and refines; given, their owner
+    saves them (a chat session, a server); None: the user's, read here and saved when the
+    generation ends."""
+
+    def __init__(self, target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig,
+                 profiles: Profiles | None = None) -> None:
         self.target = target
         self.config = applied_config(config, draft is not None)
+        self._owns_profiles = profiles is None
+        self.profiles = Profiles() if profiles is None else profiles
         self.prompt = prompt_tokens(target, prompt)
         if len(self.prompt) >= target.n_ctx:
             raise PromptError(f"the prompt has {len(self.prompt)} tokens but the context holds {target.n_ctx}; "
                              "shorten the prompt or raise --ctx-size")
-        self.engine = Engine(target, make_drafters(target, draft, self.config), self.config)
+        drafters = make_drafters(target, draft, self.config, self.profiles)
+        self.engine = Engine(target, drafters, self.config, self.profiles)
         self._models = [m for m in (target, draft) if m is not None]
 
     def __iter__(self) -> Iterator[Response]:
@@ -109,9 +118,14 @@ class Generation:
             try:
                 yield from self._responses()
             except GeneratorExit:  # the caller stopped between steps: the caches are consistent
-                self.engine.finish()
+                self._finish()
                 raise
-            self.engine.finish()
+            self._finish()
+
+    def _finish(self) -> None:
+        self.engine.finish()
+        if self._owns_profiles:
+            self.profiles.save()  # what this generation measured, for the next run
 
     def _responses(self) -> Iterator[Response]:
         engine, detok, stops = self.engine, self.target.detokenizer(), _StopFilter(self.config.stop)
@@ -133,7 +147,7 @@ class Generation:
 
 
 def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig | None = None,
-                    **options: Any) -> Iterator[Response]:
+                    *, profiles: Profiles | None = None, **options: Any) -> Iterator[Response]:
     """Yield one Response per generated token; the last one carries the finish reason.
 
     Settings come from `config` and/or the flat keywords of the CLI flags (max_tokens,
@@ -141,11 +155,11 @@ def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: 
     lenience, stop); they are checked here, before the first token (ConfigError; PromptError for the prompt).
     plan="auto" (default) drafts at most num_draft_tokens levels and picks each step's depth, or
     no speculation at all, from measured step costs and acceptance; plan="fixed" always drafts
-    the full shape."""
-    return iter(Generation(target, draft, prompt, GenerationConfig.from_options(config, **options)))
+    the full shape. `profiles`: the cost profiles to plan with (see Generation)."""
+    return iter(Generation(target, draft, prompt, GenerationConfig.from_options(config, **options), profiles))
 
 
 def generate(target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig | None = None,
-             **options: Any) -> str:
+             *, profiles: Profiles | None = None, **options: Any) -> str:
     """The whole completion as a string (see stream_generate for the settings)."""
-    return "".join(r.text for r in stream_generate(target, draft, prompt, config, **options))
+    return "".join(r.text for r in stream_generate(target, draft, prompt, config, profiles=profiles, **options))

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
 
@@ -37,6 +37,9 @@ from localspec.config import (
 from localspec.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, LocalspecError, exit_code
 from localspec.loading import Loaded, draft_loading, load_pair
 from localspec.report import format_stats, response_json, timings_json
+
+if TYPE_CHECKING:
+    from localspec.api import Generation
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +327,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
                 last, interrupted = _stream(generation, as_json, parts)
         finally:
             unregister()
-        _report(parts, last, as_json, usage, loaded, generation.config, entered)  # also after Ctrl-C: nothing lost
+        _report(parts, last, as_json, usage, loaded, generation, entered)  # also after Ctrl-C: nothing lost
     finally:
         loaded.close()
     if interrupted is not None:
@@ -360,21 +363,21 @@ def _stream(generation: Any, as_json: bool, parts: list[str]) -> tuple[Any, Keyb
     return last, None
 
 
-def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loaded, config: GenerationConfig,
+def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loaded, generation: Generation,
             entered: float) -> None:
     """After generation: the final newline or the JSON object on stdout, the statistics on stderr."""
-    from localspec.planner import one_token_seconds
-
+    config, profiles = generation.config, generation.profiles
     if not as_json and parts:
         click.echo("")
     if last is None:
         return
     if as_json:
         click.echo(json.dumps(response_json("".join(parts), last.finish_reason, last.stats,
-                                            loaded.target_name, config, timings_json(entered, loaded, last.stats))))
+                                            loaded.target_name, config,
+                                            timings_json(entered, loaded, last.stats, profiles.io_seconds))))
     if usage:
         drafts = not config.is_target_alone(loaded.draft is not None)
-        one = one_token_seconds(loaded.target) if drafts else 0.0
+        one = profiles.one_token_seconds(loaded.target) if drafts else 0.0
         click.echo(format_stats(last.stats, drafts, one), err=True)
 
 

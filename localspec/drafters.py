@@ -27,7 +27,7 @@ from localspec.errors import ConfigError
 from localspec.lookup import ContextLookup, Proposal
 from localspec.model import Model
 from localspec.pairing import LazyModel, check_lazy_pair, check_pair
-from localspec.profiles import key_of
+from localspec.profiles import Profiles, key_of
 from localspec.tree import DraftTree, leaf_ranges
 
 log = logging.getLogger(__name__)
@@ -259,11 +259,12 @@ class NGramDrafter:
         pass  # the lookup reads what was accepted from the context at the next proposal
 
 
-def make_drafters(target: Model, draft: Model | LazyModel | None, config: GenerationConfig) -> list[Drafter]:
+def make_drafters(target: Model, draft: Model | LazyModel | None, config: GenerationConfig,
+                  profiles: Profiles | None = None) -> list[Drafter]:
     """The drafters the engine considers for the setting `drafter` (none where
     GenerationConfig.is_target_alone: the target alone): auto: the n-gram lookup, and the draft
     model when one is given (the planner loads and uses it only where it pays); ngram; model;
-    hybrid."""
+    hybrid. A lazy draft's vocabulary check is kept in `profiles` (None: checked every time)."""
     drafter, shape = config.drafter, config.shape
     if config.is_target_alone(draft is not None):
         return []
@@ -281,5 +282,5 @@ def make_drafters(target: Model, draft: Model | LazyModel | None, config: Genera
     if isinstance(draft, Model):
         check_pair(target, draft)
     else:
-        check_lazy_pair(target, draft)
+        check_lazy_pair(target, draft, Profiles.in_memory() if profiles is None else profiles)
     return ngram + [ModelDrafter(draft, target, max_nodes)]

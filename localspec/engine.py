@@ -5,7 +5,8 @@ cache as sequence 0. A step drafts a chain/paths/tree, runs ONE target decode ov
 all draft nodes (branches as KV sequences sharing the prefix), lets the C verifier accept a path
 and draw the extra token, and keeps exactly the accepted path in both KV caches.
 
-The engine alone keeps the statistics of a generation (:meth:`Engine.stats`).
+The engine alone keeps the statistics of a generation (:meth:`Engine.stats`). It does no I/O:
+what the planner learned goes into the cost profiles it was given, which their owner saves.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from localspec.drafters import Drafter
 from localspec.errors import ConfigError, PromptError
 from localspec.model import Model
 from localspec.planner import PREFILL_WARM_UP, Planner
-from localspec.profiles import STORE
+from localspec.profiles import Profiles
 from localspec.tree import DraftTree
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,8 @@ class _Counters:
 class Engine:
     """Speculative decoding of one target with drafters tried in order (none: the target alone)."""
 
-    def __init__(self, target: Model, drafters: Sequence[Drafter], config: GenerationConfig) -> None:
+    def __init__(self, target: Model, drafters: Sequence[Drafter], config: GenerationConfig,
+                 profiles: Profiles | None = None) -> None:
         if drafters:
             config = config.fitted(target.n_batch, target.options.n_seq_max)
         self.target = target
@@ -137,7 +139,7 @@ class Engine:
         self.n_cached = 0  # committed tokens in the target KV (sequence 0)
         self.finish_reason: str | None = None  # "stop" (end of generation) or "length" once done
         self._counters = _Counters()
-        self.planner = (Planner(target, self.shape, sampled=not self.sampling.greedy)
+        self.planner = (Planner(target, self.shape, sampled=not self.sampling.greedy, profiles=profiles)
                         if config.plan == "auto" else None)
 
     def stats(self) -> GenerationStats:
@@ -186,11 +188,13 @@ class Engine:
         planner.observe_prefill(planner.profile, len(tokens) - i, time.perf_counter() - t0)
 
     def finish(self) -> None:
-        """Record what the KV caches hold, so the next prompt can reuse its shared prefix."""
+        """Record what the KV caches hold, so the next prompt can reuse its shared prefix, and
+        what the planner learned, in the cost profiles (for the next run, once their owner saves them)."""
         self.target.kv_tokens = self.tokens[: self.n_cached]
         for d in self.drafters:
             d.finish(self.tokens)
-        STORE.save()  # what this generation measured, for the next run
+        if self.planner is not None:
+            self.planner.record()
 
     # ------------------------------------------------------------------ step
 

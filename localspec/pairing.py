@@ -1,8 +1,9 @@
 """Which draft can draft for which target, and a draft loaded only when it is needed.
 
 :func:`check_pair` applies llama.cpp's rules (common/speculative.cpp) to two loaded models;
-:func:`check_lazy_pair` reads only a lazy draft's vocabulary, once per machine (the verdict is
-kept in the target's cost profile); :class:`LazyModel` loads on first use.
+:func:`check_lazy_pair` reads only a lazy draft's vocabulary, once per machine when given the
+cost profiles (the verdict is kept in the target's profile); :class:`LazyModel` loads on first
+use.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ VOCAB_CHECK_START_TOKEN_ID = 5  # ... and tokens compared from this id on
 
 
 class LazyModel:
-    """A model loaded on first use (a draft the planner may never need). Its load time is kept
-    in its cost profile."""
+    """A model loaded on first use (a draft the planner may never need). The planner records its
+    load time (`load_seconds`) in its cost profile."""
 
     def __init__(self, path: str | os.PathLike, options: ModelOptions | None = None, paired: bool = False) -> None:
         self.path = Path(path).expanduser()
@@ -60,10 +61,8 @@ class LazyModel:
         if self._model is None:
             t0 = time.perf_counter()
             self._model = Model(self.path, self.options)
-            profile = profiles.STORE.get(self.identity)
-            profile.load = self.load_seconds = time.perf_counter() - t0
-            profile.dirty = True
-            log.info("loaded the draft %s in %.2f s", self.path.name, profile.load)
+            self.load_seconds = time.perf_counter() - t0
+            log.info("loaded the draft %s in %.2f s", self.path.name, self.load_seconds)
         return self._model
 
     def close(self) -> None:
@@ -72,27 +71,32 @@ class LazyModel:
             self._model = None
 
 
-def check_lazy_pair(target: Model, draft: LazyModel) -> None:
+def check_lazy_pair(target: Model, draft: LazyModel, store: profiles.Profiles) -> None:
     """check_pair for a draft that is not loaded: its vocabulary alone is read, once per machine
-    (the verdict is kept in the target's profile)."""
+    when `store` is saved (the verdict is kept in the target's profile)."""
     if draft.paired:
         return
-    profile = profiles.STORE.get(target.identity)
+    profile = store.get(target.identity)
     key = "pair:" + profiles.key_of(draft.identity)
     verdict = profile.checks.get(key)
     if verdict is None:
-        vocab = Model.vocabulary(draft.path)
-        try:
-            check_pair(target, vocab)
-            verdict = "ok"
-        except ModelError as exc:
-            verdict = str(exc)
-        finally:
-            vocab.close()
+        verdict = _vocabulary_verdict(target, draft.path)
         profile.checks[key] = verdict
         profile.dirty = True
     if verdict != "ok":
         raise ModelError(verdict)
+
+
+def _vocabulary_verdict(target: Model, draft_path: Path) -> str:
+    """"ok" when the draft file's vocabulary can draft for the target, else why not."""
+    vocab = Model.vocabulary(draft_path)
+    try:
+        check_pair(target, vocab)
+        return "ok"
+    except ModelError as exc:
+        return str(exc)
+    finally:
+        vocab.close()
 
 
 _checked_pairs: "weakref.WeakKeyDictionary[Model, weakref.WeakSet[Model]]" = weakref.WeakKeyDictionary()

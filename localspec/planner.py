@@ -7,8 +7,9 @@ tokens it has not seen plus d levels) plus c_target(n(d) + 1); the target alone 
 per c_target(1). The planner picks the d that maximises E(d) / cost(d), and d = 0 unless that
 beats the target alone by a margin.
 
-* Costs come from the models' profiles (localspec.profiles): measured on earlier runs, refined by
-  every step, never by dummy batches. A size never measured is first estimated optimistically
+* Costs come from the models' profiles (localspec.profiles, passed in by whoever set the
+  generation up): measured on earlier runs, refined by every step, never by dummy batches; the
+  planner works on its own copies and writes them back with :meth:`Planner.record`. A size never measured is first estimated optimistically
   (from c(1) and the prompt prefill's rate), so it gets tried once and measured.
 * Acceptance is tracked per kind of draft (the n-gram drafter's proposals by the length of the
   context match behind them, the draft model's per pair) and per draft level: E(d) comes from
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from localspec.config import Shape
-from localspec.profiles import STORE, Profile
+from localspec.profiles import Profile, Profiles
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +111,7 @@ class Acceptance:
     """How far drafts of one kind get accepted: per draft level k, decaying counts of drafts that
     reached level k (`at_risk`) and of those rejected there (`rejected`), a Kaplan-Meier estimate
     of P(accepted >= k). Copies of the context are accepted in runs that end at an edit, which a
-    single per-token rate (a geometric length) misjudges; per-level counts do not. The lists are
-    shared with a profile, so they persist."""
+    single per-token rate (a geometric length) misjudges; per-level counts do not."""
 
     at_risk: list[float] = field(default_factory=lambda: [0.0] * LEVELS)
     rejected: list[float] = field(default_factory=lambda: [0.0] * LEVELS)
@@ -171,48 +171,60 @@ class Acceptance:
         return 1.0 - self.hazard(0)
 
 
-def profile_of(model: Any) -> Profile:
-    """The cost profile of a loaded (or lazily loaded) model."""
-    return STORE.get(model.identity)
-
-
-def one_token_seconds(model: Any) -> float:
-    """The measured cost of decoding one token (0: not measured yet)."""
-    return profile_of(model).costs.get(1, 0.0)
-
-
 class Planner:
     """Chooses each step's draft depth for one target and its drafters."""
 
     acceptance_type: type[Acceptance] = Acceptance  # what tracks each kind's acceptance (a replay may vary it)
 
-    def __init__(self, target: Any, shape: Shape, sampled: bool = False, profile: Profile | None = None) -> None:
+    def __init__(self, target: Any, shape: Shape, sampled: bool = False, profiles: Profiles | None = None,
+                 profile: Profile | None = None) -> None:
         self.shape = shape
         self.sampled = sampled  # temperature > 0: acceptance is kept apart from greedy decoding's
         self._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]  # nodes by depth
         self.target_bytes = target.file_bytes
-        self.profile = profile_of(target) if profile is None else profile  # given: a replay's (benchmarks/)
-        self.target_cost = CostTable(self.profile.costs, lambda: self.profile.prefill)
+        self.profiles = Profiles.in_memory() if profiles is None else profiles
+        self.profile = self.profiles.get(target.identity) if profile is None else profile  # given: a replay's
+        self.target_cost = CostTable(dict(self.profile.costs), lambda: self.profile.prefill)
         self._acceptance: dict[str, Acceptance] = {}
-        self._draft_costs: dict[str, CostTable] = {}
+        self._draft_costs: dict[str, tuple[Profile, CostTable]] = {}
+
+    def profile_of(self, model: Any) -> Profile:
+        """The cost profile of a loaded (or lazily loaded) model."""
+        return self.profiles.get(model.identity)
+
+    def record(self) -> None:
+        """Write what this planner learned (costs, acceptance) into the profiles, in memory; the
+        profiles' owner saves them."""
+        self.profile.costs = dict(self.target_cost.seconds)
+        for kind, acc in self._acceptance.items():
+            self.profile.acceptance[self._entry(kind)] = [list(acc.at_risk), list(acc.rejected)]
+        for profile, table in self._draft_costs.values():
+            profile.costs = dict(table.seconds)
+            profile.dirty = True
+        self.profile.dirty = True
 
     # ------------------------------------------------------------------ what things cost
 
+    def _entry(self, kind: str) -> str:
+        """The profile's entry for a kind of draft: a sampled target accepts fewer copies than a
+        greedy one, so they are learned apart."""
+        return kind + SAMPLED if self.sampled else kind
+
     def acceptance(self, kind: str) -> Acceptance:
         acc = self._acceptance.get(kind)
-        if acc is None:  # a sampled target accepts fewer copies than a greedy one: learned apart
-            at_risk, rejected = self.profile.levels(kind + SAMPLED if self.sampled else kind, LEVELS)
+        if acc is None:
+            at_risk, rejected = self.profile.levels(self._entry(kind), LEVELS)
             prior = PRIOR_HAZARD.get(kind, DEFAULT_PRIOR_HAZARD)
-            acc = self._acceptance[kind] = self.acceptance_type(at_risk, rejected, prior)
+            acc = self._acceptance[kind] = self.acceptance_type(list(at_risk), list(rejected), prior)
         return acc
 
     def draft_cost(self, drafter: Any) -> CostTable:
         """A draft model's cost per level, from its profile."""
-        profile = profile_of(drafter.source)
-        table = self._draft_costs.get(profile.key)
-        if table is None:
-            table = self._draft_costs[profile.key] = CostTable(profile.costs, lambda: profile.prefill)
-        return table
+        profile = self.profile_of(drafter.source)
+        found = self._draft_costs.get(profile.key)
+        if found is None:
+            found = self._draft_costs[profile.key] = (profile, CostTable(dict(profile.costs), lambda: profile.prefill))
+        return found[1]
 
     def _draft_level(self, drafter: Any) -> float:
         """Seconds per draft level: measured, else the target's c(1) scaled by the file sizes
@@ -224,7 +236,7 @@ class Planner:
         cost = self.target_cost(self._nodes[depth] + 1)
         if drafter.source is not None:  # a draft model: catch up on `lag` tokens, then `depth` levels
             level = self._draft_level(drafter)
-            per_token = profile_of(drafter.source).prefill or level / 3
+            per_token = self.profile_of(drafter.source).prefill or level / 3
             cost += lag * per_token + depth * level
         return cost
 
@@ -262,8 +274,8 @@ class Planner:
             return False
         source = drafter.source
         level = self._draft_level(drafter)
-        load = profile_of(source).load or 2.0 * source.file_bytes / 1e9  # ~2 s per GB here
-        prefill = prompt_tokens * (profile_of(source).prefill or level / 3)
+        load = self.profile_of(source).load or 2.0 * source.file_bytes / 1e9  # ~2 s per GB here
+        prefill = prompt_tokens * (self.profile_of(source).prefill or level / 3)
         best = min(self.step_cost(drafter, d, 0) / (d + 1) for d in range(1, self.shape.depth + 1))
         gain = remaining * (c1 - best)
         log.debug("draft model: best case %.1f ms/token vs %.1f, gain %.2f s vs load+prefill %.2f s",
@@ -292,8 +304,12 @@ class Planner:
         self.profile.dirty = True
 
     def observe_draft(self, drafter: Any) -> None:
-        """A draft model's last draft: its cost per level, and its catch-up as a prefill rate."""
-        profile = profile_of(drafter.source)
+        """A draft model's last draft: its cost per level, its catch-up as a prefill rate, and
+        what loading it took (a lazy draft loaded for this draft)."""
+        profile = self.profile_of(drafter.source)
+        load_seconds = getattr(drafter.source, "load_seconds", None)
+        if load_seconds is not None:
+            profile.load = load_seconds
         levels, secs = drafter.timing.levels
         if levels > 0:
             self.draft_cost(drafter).observe(1, secs / levels)

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 VERSION = 2
 MAX_WEIGHT = 100.0  # acceptance counts kept per level between runs (so a profile keeps adapting)
-PROFILE_ENV = "LOCALSPEC_PROFILE_DIR"  # overrides the directory (tests keep theirs apart)
+PROFILE_ENV = "LOCALSPEC_PROFILE_DIR"  # overrides the directory
 
 
 def profile_dir() -> Path:
@@ -135,16 +135,19 @@ class Profile:
 
 
 class Profiles:
-    """The profiles of this process, read from disk on first use and written back when changed."""
+    """Cost profiles, read from `directory` on first use and written back by :meth:`save`
+    (default directory: :func:`profile_dir`)."""
 
-    def __init__(self, directory: Path | None = None) -> None:
-        self._directory = directory
+    def __init__(self, directory: Path | None = None, *, persistent: bool = True) -> None:
+        self.directory = directory or profile_dir()
+        self.persistent = persistent  # False: nothing is read or written
         self._loaded: dict[str, Profile] = {}
         self.io_seconds = 0.0  # spent reading and writing profiles (reported by `localspec --json`)
 
-    @property
-    def directory(self) -> Path:
-        return self._directory or profile_dir()
+    @classmethod
+    def in_memory(cls) -> "Profiles":
+        """Profiles that start empty and are never saved (a first run, every time)."""
+        return cls(persistent=False)
 
     def get(self, ident: dict[str, Any]) -> Profile:
         key = key_of(ident)
@@ -155,6 +158,8 @@ class Profiles:
         return profile
 
     def _read(self, key: str) -> Profile | None:
+        if not self.persistent:
+            return None
         path = self.directory / f"{key}.json"
         t0 = time.perf_counter()
         try:
@@ -173,6 +178,8 @@ class Profiles:
 
     def save(self) -> None:
         """Write every changed profile (atomically; a failure is logged, never raised)."""
+        if not self.persistent:
+            return
         t0 = time.perf_counter()
         self._write_changed()
         self.io_seconds += time.perf_counter() - t0
@@ -212,5 +219,6 @@ class Profiles:
         self._loaded.clear()
         return removed
 
-
-STORE = Profiles()
+    def one_token_seconds(self, model: Any) -> float:
+        """A model's measured cost of decoding one token (0: not measured yet)."""
+        return self.get(model.identity).costs.get(1, 0.0)

@@ -61,12 +61,11 @@ def response_json(text: str, finish: str | None, stats: Any, model: str, config:
             "stats": stats.as_dict(), "timings": timings or {}}
 
 
-def timings_json(entered: float, loaded: Any, stats: Any) -> dict:
-    """Where the process's time went (seconds; `entered`: when the command started, epoch)."""
-    from localspec.profiles import STORE
-
+def timings_json(entered: float, loaded: Any, stats: Any, profile_io: float) -> dict:
+    """Where the process's time went (seconds; `entered`: when the command started, epoch;
+    `profile_io`: reading and writing cost profiles)."""
     draft_load = loaded.load_seconds[1]
     if draft_load is None:
         draft_load = getattr(loaded.draft, "load_seconds", None)  # a lazy draft the planner loaded
     return {"command_started": entered, "target_load": loaded.load_seconds[0], "draft_load": draft_load,
-            "profile_io": STORE.io_seconds, "prefill": stats.prompt_seconds, "decode": stats.elapsed_seconds}
+            "profile_io": profile_io, "prefill": stats.prompt_seconds, "decode": stats.elapsed_seconds}

@@ -19,8 +19,10 @@ EXACT = dict(cache_type="f32", flash_attn="off", threads=1)
 
 @pytest.fixture(scope="session", autouse=True)
 def own_profiles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Cost profiles the tests learn go to a directory of their own (subprocesses inherit it),
-    never to the user's cache."""
+    """The user's default cost-profile directory, for the CLI runs and API calls that take no
+    Profiles of their own (as a user would set LOCALSPEC_PROFILE_DIR), points into the test session's
+    temporary directory, so tests never write to the user's cache; engine and planner tests pass
+    their own Profiles objects."""
     directory = tmp_path_factory.mktemp("profiles")
     old = os.environ.get(PROFILE_ENV)
     os.environ[PROFILE_ENV] = str(directory)

@@ -11,10 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from localspec.api import stream_generate
 from localspec.config import Shape
 from localspec.model import Model
-from localspec.planner import FIRST_TRY, SAMPLED, Acceptance, CostTable, Planner, profile_of
+from localspec.planner import FIRST_TRY, SAMPLED, Acceptance, CostTable, Planner
 from localspec.profiles import Profile, Profiles, identity, key_of
 
 
@@ -87,6 +86,7 @@ def planner_with(target_costs: dict[int, float], shape: Shape, kind: str, alpha_
     p.sampled = False
     p._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]
     p.target_bytes = 1_117_320_768
+    p.profiles = Profiles.in_memory()
     p.profile = Profile(f"t{id(shape)}", {})
     p.target_cost = CostTable(dict(target_costs))
     p._acceptance = {}
@@ -96,12 +96,13 @@ def planner_with(target_costs: dict[int, float], shape: Shape, kind: str, alpha_
     return p
 
 
-def model_drafter(level_seconds: float | None, tmp_path: Path, loaded: bool = True) -> SimpleNamespace:
+def model_drafter(planner: Planner, level_seconds: float | None, tmp_path: Path,
+                  loaded: bool = True) -> SimpleNamespace:
     path = tmp_path / "draft.gguf"
     path.write_bytes(b"GGUF")
     source = SimpleNamespace(identity={"draft": str(path), "level": level_seconds}, file_bytes=491_400_064)
     if level_seconds is not None:
-        profile_of(source).costs[1] = level_seconds
+        planner.profile_of(source).costs[1] = level_seconds
     return SimpleNamespace(source=source, loaded=loaded, kind="model")
 
 
@@ -109,20 +110,21 @@ def test_planner_declines_a_model_drafter_that_cannot_pay(tmp_path: Path) -> Non
     """The CPU numbers: a 21 ms draft level against a 33 ms target step loses even at 91 %
     acceptance, so the planner decodes with the target alone, and would not even load it."""
     p = planner_with(CPU, Shape.chain(4), "model:x", alpha_runs=100, accepted=4, depth=4)  # α ≈ 1
-    drafter = model_drafter(0.021, tmp_path)
+    drafter = model_drafter(p, 0.021, tmp_path)
     assert p.acceptance("model:x").expected(4, optimism=0) > 4.5
     assert p.choose(drafter, "model:x", 4)[0] == 0
     (tmp_path / "u").mkdir()
-    unloaded = model_drafter(None, tmp_path / "u", loaded=False)
+    unloaded = model_drafter(p, None, tmp_path / "u", loaded=False)
     assert not p.worth_loading(unloaded, prompt_tokens=30, remaining=200)  # size prior: 44 % of a step
 
 
 def test_planner_uses_a_model_drafter_where_verification_is_cheap(tmp_path: Path) -> None:
     gpu = {1: 0.0023, 2: 0.0025, 4: 0.0030, 5: 0.0033, 8: 0.0037, 9: 0.0047}  # flat: a GPU
     p = planner_with(gpu, Shape.chain(8), "model:x", alpha_runs=200, accepted=8, depth=8)
-    drafter = model_drafter(0.00012, tmp_path)
+    drafter = model_drafter(p, 0.00012, tmp_path)
     assert p.choose(drafter, "model:x", 8)[0] >= 4
     bad = planner_with(gpu, Shape.chain(8), "model:x", alpha_runs=200, accepted=0, depth=8)  # never accepted
+    bad.profiles = p.profiles
     assert bad.choose(drafter, "model:x", 8)[0] == 0
 
 
@@ -132,7 +134,7 @@ def test_a_draft_models_catch_up_counts() -> None:
     gpu = {1: 0.0023, 2: 0.0025, 4: 0.0030, 5: 0.0033}
     p = planner_with(gpu, Shape.chain(4), "model:y", alpha_runs=200, accepted=4, depth=4)
     source = SimpleNamespace(identity={"lag-test": 1}, file_bytes=1)
-    profile = profile_of(source)
+    profile = p.profile_of(source)
     profile.costs[1], profile.prefill = 0.0002, 0.0001
     drafter = SimpleNamespace(source=source, loaded=True)
     assert p.choose(drafter, "model:y", 4, lag=0)[0] == 4
@@ -174,13 +176,22 @@ def test_a_kind_never_seen_is_first_tried_short_and_deepens_as_it_is_accepted() 
 # ---------------------------------------------------------------- learning and persistence
 
 
-def test_auto_plan_learns_costs_from_real_steps(tiny_target: Model, tiny_draft: Model) -> None:
-    before = dict(profile_of(tiny_target).costs)
-    out = list(stream_generate(tiny_target, tiny_draft, "def add(a, b): return a + b. def add(a, b):",
-                               max_tokens=30, temperature=0, drafter="hybrid", num_draft_tokens=4))
+def test_auto_plan_learns_costs_from_real_steps(tiny_target: Model, tiny_draft: Model, tmp_path: Path) -> None:
+    """A generation's planner refines the profiles it was given; their owner saves them (the
+    engine writes nothing)."""
+    from localspec.api import Generation
+    from localspec.config import GenerationConfig
+
+    store = Profiles(tmp_path)
+    before = dict(store.get(tiny_target.identity).costs)
+    config = GenerationConfig.from_options(max_tokens=30, temperature=0, drafter="hybrid", num_draft_tokens=4)
+    out = list(Generation(tiny_target, tiny_draft, "def add(a, b): return a + b. def add(a, b):", config, store))
     assert out[-1].finish_reason in ("length", "stop")
-    costs = profile_of(tiny_target).costs
+    costs = store.get(tiny_target.identity).costs
     assert 1 in costs and all(v > 0 for v in costs.values()) and len(costs) >= len(before)
+    assert not list(tmp_path.glob("*.json"))  # given profiles are saved by their owner, not the generation
+    store.save()
+    assert Profiles(tmp_path).get(tiny_target.identity).costs == costs
 
 
 def test_profiles_persist_atomically_and_reset(tmp_path: Path) -> None:
@@ -244,10 +255,14 @@ def _env() -> dict:
 def test_sampled_and_greedy_acceptance_are_kept_apart(tiny_target) -> None:
     """A sampled target accepts fewer copies: its counts go to their own profile entry, so a
     greedy run's evidence does not make a sampled run draft (and the reverse)."""
-    greedy, sampled = Planner(tiny_target, Shape.chain(4)), Planner(tiny_target, Shape.chain(4), sampled=True)
+    store = Profiles.in_memory()
+    greedy = Planner(tiny_target, Shape.chain(4), profiles=store)
+    sampled = Planner(tiny_target, Shape.chain(4), sampled=True, profiles=store)
     greedy.acceptance("ngram:apart").observe(4, 4)
     sampled.acceptance("ngram:apart").observe(0, 4)
-    levels = profile_of(tiny_target).acceptance
+    greedy.record()
+    sampled.record()
+    levels = store.get(tiny_target.identity).acceptance
     assert levels["ngram:apart"][1][0] == 0.0 and levels["ngram:apart" + SAMPLED][1][0] == 1.0
     assert greedy.acceptance("ngram:apart").hazard(0) < sampled.acceptance("ngram:apart").hazard(0)
 

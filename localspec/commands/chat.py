@@ -26,6 +26,7 @@ from localspec.cli import (
     user_errors,
 )
 from localspec.config import GenerationConfig
+from localspec.profiles import Profiles
 from localspec.report import describe_speculation, format_stats
 
 log = logging.getLogger(__name__)
@@ -60,11 +61,13 @@ def describe_session(replies: list[Any], speculative: bool) -> str:
 
 @dataclass
 class Session:
-    """The conversation and what the commands report on."""
+    """The conversation, what the commands report on, and the cost profiles the session's
+    replies refine (saved after each reply)."""
 
     system: str | None
     history: list[dict] = field(default_factory=list)
     replies: list[Any] = field(default_factory=list)  # GenerationStats of every reply, in order
+    profiles: Profiles = field(default_factory=Profiles)
 
     @property
     def last_stats(self) -> Any:
@@ -117,14 +120,14 @@ def deferred_interrupt() -> Iterator[_Interrupt]:
 
 
 def stream_reply(loaded: Loaded, history: list[dict], config: GenerationConfig,
-                 write: Callable[[str], None]) -> Reply:
+                 write: Callable[[str], None], profiles: Profiles) -> Reply:
     """Stream the assistant's next message to `write`; Ctrl-C stops it early."""
     from localspec.api import stream_generate
 
     parts: list[str] = []
     last = None
     interrupted = False
-    stream = stream_generate(loaded.target, loaded.draft, history, config)
+    stream = stream_generate(loaded.target, loaded.draft, history, config, profiles=profiles)
     with deferred_interrupt() as flag:
         try:
             for r in stream:
@@ -139,6 +142,7 @@ def stream_reply(loaded: Loaded, history: list[dict], config: GenerationConfig,
             interrupted = True
         finally:
             stream.close()  # between steps: the engine records its KV caches for reuse
+            profiles.save()
     return Reply("".join(parts), last.finish_reason if last else None, last.stats if last else None, interrupted)
 
 
@@ -190,13 +194,11 @@ def _note(text: str) -> None:
 
 
 def _show_stats(session: Session, loaded: Loaded, config: GenerationConfig) -> None:
-    from localspec.planner import one_token_seconds
-
     if session.last_stats is None:
         _note("no reply yet")
         return
     drafts = not config.is_target_alone(loaded.draft is not None)
-    one = one_token_seconds(loaded.target) if drafts else 0.0
+    one = session.profiles.one_token_seconds(loaded.target) if drafts else 0.0
     _note("last reply: " + format_stats(session.last_stats, drafts, one))
     _note(describe_session(session.replies, drafts))
 
@@ -237,7 +239,7 @@ def _turn(text: str, session: Session, loaded: Loaded, config: GenerationConfig)
         sys.stdout.flush()
 
     try:
-        reply = stream_reply(loaded, session.history, turn, write)
+        reply = stream_reply(loaded, session.history, turn, write, session.profiles)
     except ModelError as exc:  # the conversation no longer fits, or the context filled mid-step
         session.history.pop()
         if written:
@@ -297,7 +299,7 @@ def chat_loop(session: Session, loaded: Loaded, config: GenerationConfig) -> Non
         _turn(line[1:] if text.startswith("//") else line, session, loaded, config)
 
 
-def _validate(loaded: Loaded, config: GenerationConfig, system: str | None) -> GenerationConfig:
+def _validate(loaded: Loaded, config: GenerationConfig, system: str | None, profiles: Profiles) -> GenerationConfig:
     """Refuse impossible settings before the first message (raises localspec errors); the
     settings as they apply to the loaded pair."""
     from localspec.api import Generation
@@ -307,7 +309,7 @@ def _validate(loaded: Loaded, config: GenerationConfig, system: str | None) -> G
         raise click.ClickException(f"{target.path.name} has no chat template, so it cannot chat; for plain "
                                    f"text completion use: localspec generate --raw -m {target.path}")
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": ""}]
-    return Generation(target, loaded.draft, messages, config).config  # validates; nothing is decoded
+    return Generation(target, loaded.draft, messages, config, profiles).config  # validates; nothing is decoded
 
 
 @contextlib.contextmanager
@@ -355,13 +357,14 @@ def chat(model: str | None, draft: str | None, system: str | None, **options: An
     config = generation_config(options)
     loaded = load_for(config, model, draft, options)
     try:
-        config = _validate(loaded, config, system)
+        session = Session(system)
+        config = _validate(loaded, config, system, session.profiles)
         if _interactive():
             with contextlib.suppress(ImportError):
                 import readline  # noqa: F401  line editing and history for input()
         _note(_banner(loaded, config))
         with ctrl_c_raises():
-            chat_loop(Session(system), loaded, config)
+            chat_loop(session, loaded, config)
     finally:
         loaded.close()
 

@@ -183,8 +183,9 @@ def rpc_info(endpoints: tuple[str, ...]) -> dict:
 
 def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kernels: str = "auto") -> dict:
     from localspec import registry
-    from localspec.profiles import STORE
+    from localspec.profiles import Profiles
 
+    store = Profiles()
     llama = llama_info()
     return {
         "localspec": __version__,
@@ -196,7 +197,7 @@ def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kerne
         "verifier": native_info(),
         "packages": {name: _version(name) for name in ("numpy", "cffi", "click", "jinja2")},
         "cache": {"dir": str(registry.cache_dir()), "from_env": bool(os.environ.get(registry.CACHE_ENV))},
-        "profiles": {"dir": str(STORE.directory), "count": len(STORE.on_disk())},
+        "profiles": {"dir": str(store.directory), "count": len(store.on_disk())},
         "rpc": rpc_info(endpoints),
     }
 

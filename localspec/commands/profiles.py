@@ -53,14 +53,15 @@ def profiles() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def list_profiles(as_json: bool) -> None:
     """The profiles on disk, newest first."""
-    from localspec.profiles import STORE
+    from localspec.profiles import Profiles
 
-    found = STORE.on_disk()
+    store = Profiles()
+    found = store.on_disk()
     if as_json:
-        click.echo(json.dumps({"directory": str(STORE.directory), "profiles": [p.to_json() for p in found]},
+        click.echo(json.dumps({"directory": str(store.directory), "profiles": [p.to_json() for p in found]},
                               indent=2))
         return
-    click.echo(f"profiles in {STORE.directory}: {len(found)}")
+    click.echo(f"profiles in {store.directory}: {len(found)}")
     for profile in found:
         click.echo("\n".join(describe(profile)))
 
@@ -68,9 +69,10 @@ def list_profiles(as_json: bool) -> None:
 @profiles.command("reset")
 def reset_profiles() -> None:
     """Delete every profile (the next run measures afresh)."""
-    from localspec.profiles import STORE
+    from localspec.profiles import Profiles
 
-    click.echo(f"removed {STORE.reset()} profile(s) from {STORE.directory}")
+    store = Profiles()
+    click.echo(f"removed {store.reset()} profile(s) from {store.directory}")
 
 
 COMMANDS = (profiles,)

@@ -27,9 +27,12 @@ LIMITS = ("max_body_bytes", "max_messages", "max_nesting", "max_queue", "header_
 def check_loaded_pair(loaded: Any) -> None:
     """ModelError when the draft (loaded, or lazily: its vocabulary alone) cannot draft for the target."""
     from localspec.pairing import LazyModel, check_lazy_pair, check_pair
+    from localspec.profiles import Profiles
 
     if isinstance(loaded.draft, LazyModel):
-        check_lazy_pair(loaded.target, loaded.draft)
+        profiles = Profiles()
+        check_lazy_pair(loaded.target, loaded.draft, profiles)
+        profiles.save()  # the verdict, so that the next start reads no vocabulary
     elif loaded.draft is not None:
         check_pair(loaded.target, loaded.draft)
 

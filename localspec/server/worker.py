@@ -15,6 +15,7 @@ from typing import Any
 
 from localspec.api import Generation
 from localspec.config import GenerationConfig
+from localspec.profiles import Profiles
 from localspec.errors import LocalspecError, RequestError
 from localspec.model import Model
 
@@ -43,11 +44,13 @@ class Job:
 
 
 class ModelWorker:
-    """Runs jobs one at a time, in arrival order, on one thread that owns the models."""
+    """Runs jobs one at a time, in arrival order, on one thread that owns the models and the cost
+    profiles their generations refine (saved after each one)."""
 
     def __init__(self, target: Model, draft: Model | None, max_queue: int) -> None:
         self.target = target
         self.draft = draft
+        self.profiles = Profiles()
         self.max_queue = max_queue
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -105,7 +108,7 @@ class ModelWorker:
     def _run(self, job: Job) -> None:
         stream = None
         try:
-            stream = iter(Generation(self.target, self.draft, job.prompt, job.config))
+            stream = iter(Generation(self.target, self.draft, job.prompt, job.config, self.profiles))
             for r in stream:
                 job.emit("token", r)
                 if r.finish_reason is None and (job.cancel.is_set() or self._closed):
@@ -124,3 +127,4 @@ class ModelWorker:
         finally:
             if stream is not None:
                 stream.close()  # between steps: the engine keeps its KV caches consistent
+                self.profiles.save()
