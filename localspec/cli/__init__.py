@@ -1,7 +1,7 @@
 """The ``localspec`` command line.
 
 The root command generates: ``localspec "prompt"`` equals ``localspec generate "prompt"``.
-Subcommands live in ``localspec/commands/`` and share the option groups defined here. Defaults
+Subcommands live in the other modules of ``localspec/cli/`` and share the option groups defined here. Defaults
 and ranges come from :mod:`localspec.config` (one place for each); localspec's errors become
 messages and exit codes in one place, :data:`localspec.errors.EXIT_CODES`.
 """
@@ -379,14 +379,12 @@ def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loa
 
 
 def iter_commands() -> Iterator[click.Command]:
-    """Subcommands from localspec/commands/ (each module defines COMMANDS)."""
+    """Subcommands from the other modules of localspec/cli/ (each defines COMMANDS)."""
     import importlib
     import pkgutil
 
-    from localspec import commands
-
-    for info in pkgutil.iter_modules(commands.__path__):
-        module = importlib.import_module(f"localspec.commands.{info.name}")
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
         yield from getattr(module, "COMMANDS", ())
 
 
