@@ -72,5 +72,3 @@ def reset_profiles() -> None:
 
     click.echo(f"removed {STORE.reset()} profile(s) from {STORE.directory}")
 
-
-COMMANDS = (profiles,)
