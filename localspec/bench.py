@@ -12,7 +12,7 @@ like with like (see docs/design.md, "Metrics")::
     results = run_bench(target, draft, builtin_prompts("code"), settings)
     print(to_markdown(results))
 
-No click here: the ``bench`` command (localspec/commands/bench.py) turns errors into messages.
+No click here: the ``bench`` command (localspec/cli/bench.py) turns errors into messages.
 Prompt sets live in :mod:`localspec.prompt_sets`.
 """
 

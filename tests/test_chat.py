@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from localspec.api import Response, generate
 from localspec.cli import cli
-from localspec.commands import chat as chat_module
+from localspec.cli import chat as chat_module
 from localspec.config import GenerationConfig
 from localspec.engine import GenerationStats
 from localspec.model import Model

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from localspec import registry
 from localspec.cli import cli
-from localspec.commands import info as info_module
+from localspec.cli import info as info_module
 from localspec.models import tiny
 
 

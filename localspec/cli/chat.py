@@ -16,8 +16,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from localspec.cli import (
-    Loaded,
+from localspec.cli.options import (
     generation_config,
     load_for,
     model_options,
@@ -26,6 +25,7 @@ from localspec.cli import (
     user_errors,
 )
 from localspec.config import GenerationConfig
+from localspec.loading import Loaded
 from localspec.profiles import Profiles
 from localspec.report import describe_speculation, format_stats
 
@@ -368,5 +368,3 @@ def chat(model: str | None, draft: str | None, system: str | None, **options: An
     finally:
         loaded.close()
 
-
-COMMANDS = (chat,)

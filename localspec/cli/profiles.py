@@ -74,5 +74,3 @@ def reset_profiles() -> None:
     store = Profiles()
     click.echo(f"removed {store.reset()} profile(s) from {store.directory}")
 
-
-COMMANDS = (profiles,)

@@ -9,7 +9,7 @@ import threading
 
 import click
 
-from localspec.cli import user_errors
+from localspec.cli.options import user_errors
 from localspec.config import RPC_PORT
 
 log = logging.getLogger(__name__)
@@ -72,5 +72,3 @@ def rpc_server(host: str, port: int, threads: int | None, cache_dir: str | None)
     click.echo("localspec: RPC server stopped", err=True)
     os._exit(0)  # the C server loop has no stop call: leave without waiting for it
 
-
-COMMANDS = (rpc_server,)

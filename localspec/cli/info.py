@@ -307,5 +307,3 @@ def info(as_json: bool, rpc: str | None, model: str | None, cpu_kernels: str) ->
     if data["verifier"]["self_test"] != "ok":
         raise SystemExit(exit_code(CheckFailed))
 
-
-COMMANDS = (info,)

@@ -9,8 +9,9 @@ from typing import Any
 
 import click
 
-from localspec.cli import load_pair, model_kwargs, model_options, user_errors
+from localspec.cli.options import model_kwargs, model_options, user_errors
 from localspec.errors import CheckFailed, exit_code
+from localspec.loading import load_pair
 
 log = logging.getLogger(__name__)
 
@@ -92,5 +93,3 @@ def _pair(model: str | None, draft: str | None, options: dict, samples: int, alp
     finally:
         loaded.close()
 
-
-COMMANDS = (check,)

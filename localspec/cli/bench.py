@@ -8,9 +8,10 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from localspec.cli import load_pair, model_kwargs, model_options, user_errors
+from localspec.cli.options import model_kwargs, model_options, user_errors
 from localspec.config import DEFAULT_SAMPLING, DRAFTERS, PLANS, VERIFIERS, SamplingParams, Shape
 from localspec.errors import ConfigError
+from localspec.loading import load_pair
 
 log = logging.getLogger(__name__)
 
@@ -166,5 +167,3 @@ def _write(out: Path, results: list, settings: Any, names: dict, to_json: Callab
     except OSError as exc:
         raise click.ClickException(f"cannot write the results to {out}: {exc}") from None
 
-
-COMMANDS = (bench,)

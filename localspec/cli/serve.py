@@ -7,16 +7,15 @@ from typing import Any
 
 import click
 
-from localspec.cli import (
+from localspec.cli.options import (
     generation_config,
-    load_pair,
     model_kwargs,
     model_options,
     sampling_options,
     spec_options,
     user_errors,
 )
-from localspec.loading import draft_loading, is_none
+from localspec.loading import draft_loading, is_none, load_pair
 from localspec.report import describe_speculation
 from localspec.server import ServerLimits
 
@@ -132,5 +131,3 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
             loaded.close()
     click.echo("localspec: server stopped", err=True)
 
-
-COMMANDS = (serve,)

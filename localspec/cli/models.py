@@ -292,5 +292,3 @@ def pair(ctx: click.Context, target: str, draft: str) -> None:
         click.echo(f"OK: {d.path.name} can draft for {t.path.name} ({VOCAB_TYPES.get(t.vocab_type, '?')} "
                    f"vocabulary, {t.n_vocab:,} / {d.n_vocab:,} tokens, EOS {t.eos})")
 
-
-COMMANDS = (models,)

@@ -1,0 +1,209 @@
+"""The root command's behaviour: it generates.
+
+``localspec "prompt"`` equals ``localspec generate "prompt"``: :class:`DefaultGroup` sends a
+first argument that is not a subcommand to ``generate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+import click
+
+from localspec import rpc
+from localspec.cli.options import (
+    generation_config,
+    load_for,
+    model_options,
+    sampling_options,
+    spec_options,
+    user_errors,
+)
+from localspec.config import GenerationConfig
+from localspec.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
+from localspec.loading import Loaded
+from localspec.report import format_stats, response_json, timings_json
+
+if TYPE_CHECKING:
+    from localspec.api import Generation
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, service managers) while generating: handled as Ctrl-C is, so the text
+    generated so far (with --json, the JSON object) still comes out."""
+
+
+@contextlib.contextmanager
+def sigterm_stops_generation() -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated in the main thread (elsewhere: unchanged)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class DefaultGroup(click.Group):
+    """A group whose first argument, when it is not a subcommand, goes to ``generate``."""
+
+    default_command = "generate"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        n_root = 0  # leading root options (-v, -vv, --verbose) stay with the group
+        while n_root < len(args) and (args[n_root] == "--verbose" or
+                                      (args[n_root].startswith("-v") and set(args[n_root][1:]) == {"v"})):
+            n_root += 1
+        root, rest = args[:n_root], args[n_root:]
+        if rest and rest[0] not in self.commands and rest[0] not in ("--help", "-h", "--version"):
+            args = [*root, self.default_command, *rest]
+        elif not rest and not sys.stdin.isatty():
+            args = [*root, self.default_command]  # `echo prompt | localspec`
+        return super().parse_args(ctx, args)
+
+
+def _utf8_problem(data: bytes, where: str) -> click.UsageError:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return click.UsageError(f"{where} is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                                "localspec reads prompts as UTF-8 text")
+    raise AssertionError("valid UTF-8")  # pragma: no cover
+
+
+def _argument_text(prompt: tuple[str, ...]) -> str:
+    text = " ".join(prompt)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes in argv arrive as surrogate escapes
+        raise _utf8_problem(text.encode("utf-8", "surrogateescape"), "the prompt argument") from None
+    return text
+
+
+def _stdin_text() -> str:
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _utf8_problem(data, "the prompt on stdin") from None
+
+
+def read_prompt(prompt: tuple[str, ...]) -> str:
+    """The prompt argument, followed by piped stdin when there is any (`cat notes | localspec "Summarise:"`)."""
+    text = _argument_text(prompt)
+    piped = "" if sys.stdin.isatty() else _stdin_text()
+    if text and piped.strip():
+        return f"{text}\n\n{piped}"
+    if text:
+        return text
+    if sys.stdin.isatty():
+        raise click.UsageError("give a prompt as an argument or on stdin, e.g. localspec \"def fib(n):\"")
+    if not piped.strip():
+        raise click.UsageError("the prompt on stdin is empty")
+    return piped
+
+
+@click.command()
+@click.argument("prompt", nargs=-1)
+@model_options
+@spec_options
+@sampling_options
+@click.option("--chat/--raw", "chat_template", default=True, show_default=True,
+              help="Wrap the prompt in the model's chat template (when it has one).")
+@click.option("-s", "--system", default=None, help="System message (with --chat).")
+@click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and stats.")
+@click.option("-u", "--usage", is_flag=True, help="Print statistics to stderr when done.")
+@user_errors
+def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat_template: bool,
+             system: str | None, as_json: bool, usage: bool, **options: Any) -> None:
+    """Generate text from PROMPT (or stdin), streaming it to stdout.
+
+    \b
+    localspec "def quicksort(xs):"
+    echo "Explain speculative decoding" | localspec -u
+    localspec -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1 "..."
+    localspec --drafter ngram -d none --raw -n 100 "$(cat file.py) # refactor:"
+    """
+    from localspec.api import Generation
+
+    entered = time.time()
+    config = generation_config(options)
+    text = read_prompt(prompt)
+    loaded = load_for(config, model, draft, options)
+    try:
+        message: Any = text
+        if chat_template and loaded.target.chat_template:
+            message = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        generation = Generation(loaded.target, loaded.draft, message, config)
+        parts: list[str] = []
+        unregister = rpc.on_fatal(lambda error: _remote_failed(parts, as_json, loaded, config, error))
+        try:
+            with sigterm_stops_generation():
+                last, interrupted = _stream(generation, as_json, parts)
+        finally:
+            unregister()
+        _report(parts, last, as_json, usage, loaded, generation, entered)  # also after Ctrl-C: nothing lost
+    finally:
+        loaded.close()
+    if interrupted is not None:
+        sys.exit(EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED)
+
+
+def _remote_failed(parts: list[str], as_json: bool, loaded: Loaded, config: GenerationConfig, error: str) -> None:
+    """A remote device failed mid-generation: what was generated is kept (printed) before the exit."""
+    if as_json:
+        click.echo(json.dumps({"model": loaded.target_name, "text": "".join(parts), "finish_reason": "error",
+                               "error": error, "settings": config.options()}))
+    elif parts:
+        click.echo("")
+
+
+def _stream(generation: Any, as_json: bool, parts: list[str]) -> tuple[Any, KeyboardInterrupt | None]:
+    """Run the generation into `parts`, echoing text unless JSON is wanted; Ctrl-C (or SIGTERM:
+    Terminated) stops it with what it has, and is returned."""
+    last = None
+    stream = iter(generation)
+    try:
+        for r in stream:
+            last = r
+            parts.append(r.text)
+            if not as_json and r.text:
+                click.echo(r.text, nl=False)
+                sys.stdout.flush()
+    except KeyboardInterrupt as stop:
+        click.echo("\nterminated" if isinstance(stop, Terminated) else "\ninterrupted", err=True)
+        return last, stop
+    finally:
+        stream.close()
+    return last, None
+
+
+def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loaded, generation: Generation,
+            entered: float) -> None:
+    """After generation: the final newline or the JSON object on stdout, the statistics on stderr."""
+    config, profiles = generation.config, generation.profiles
+    if not as_json and parts:
+        click.echo("")
+    if last is None:
+        return
+    if as_json:
+        click.echo(json.dumps(response_json("".join(parts), last.finish_reason, last.stats,
+                                            loaded.target_name, config,
+                                            timings_json(entered, loaded, last.stats, profiles.io_seconds))))
+    if usage:
+        drafts = not config.is_target_alone(loaded.draft is not None)
+        one = profiles.one_token_seconds(loaded.target) if drafts else 0.0
+        click.echo(format_stats(last.stats, drafts, one), err=True)

@@ -1,0 +1,169 @@
+"""The option groups and helpers that the ``localspec`` commands share.
+
+Defaults and ranges come from :mod:`localspec.config` (one place for each); localspec's errors
+become messages and exit codes in one place, :data:`localspec.errors.EXIT_CODES`. Commands import
+from here; this module imports no command.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import click
+
+from localspec.config import (
+    CACHE_TYPES,
+    CPU_KERNELS,
+    DEFAULT_SAMPLING,
+    DEFAULTS,
+    DRAFTERS,
+    LOAD_MODES,
+    MODEL_DEFAULTS,
+    PLANS,
+    SETTING_KEYS,
+    VERIFIERS,
+    GenerationConfig,
+)
+from localspec.errors import LocalspecError, exit_code
+from localspec.loading import Loaded, draft_loading, load_pair
+
+
+# ---------------------------------------------------------------- errors
+
+
+class LocalspecClickError(click.ClickException):
+    """A localspec error as click shows it, with its exit code."""
+
+    def __init__(self, exc: LocalspecError) -> None:
+        param = getattr(exc, "param", None)
+        message = f"Invalid value for --{param.replace('_', '-')}: {exc}" if param else str(exc)
+        super().__init__(message)
+        self.exit_code = exit_code(exc)
+
+
+def user_errors(f: Callable) -> Callable:
+    """Turn localspec's own exceptions into messages and exit codes (no traceback)."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except LocalspecError as exc:
+            raise LocalspecClickError(exc) from None
+
+    return wrapper
+
+
+# ---------------------------------------------------------------- shared options
+
+
+def _options(f: Callable, options: list[Callable]) -> Callable:
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def model_options(f: Callable) -> Callable:
+    """-m/-d and how to load them."""
+    m = MODEL_DEFAULTS
+    return _options(f, [
+        click.option("-m", "--model", envvar="LOCALSPEC_MODEL", default=None, metavar="GGUF|NAME",
+                     help="Target model: a GGUF path or a registry name (default: the default pair's "
+                          "target; env LOCALSPEC_MODEL)."),
+        click.option("-d", "--draft", envvar="LOCALSPEC_DRAFT", default=None, metavar="GGUF|NAME|none",
+                     help="Draft model: a GGUF path, a registry name, or 'none' for no draft model (the "
+                          "n-gram drafter still drafts from the context; -k 0 decodes with the target "
+                          "alone). Default: the default pair's draft when -m is not given (env LOCALSPEC_DRAFT)."),
+        click.option("--ctx-size", type=int, default=m.ctx_size, show_default=True, help="Context length in tokens."),
+        click.option("--n-gpu-layers", type=int, default=m.n_gpu_layers, show_default=True,
+                     help="Target layers to offload to the GPU (-1: all)."),
+        click.option("--draft-n-gpu-layers", type=int, default=None,
+                     help="Draft layers to offload to the GPU (default: as --n-gpu-layers)."),
+        click.option("--threads", type=int, default=m.threads, help="CPU threads (default: all cores)."),
+        click.option("--cache-type", type=click.Choice(CACHE_TYPES), default=m.cache_type, show_default=True,
+                     envvar="LOCALSPEC_CACHE_TYPE",
+                     help="KV cache type of both models; q8_0 halves its memory (env LOCALSPEC_CACHE_TYPE)."),
+        click.option("--load-mode", type=click.Choice(LOAD_MODES), default=m.load_mode, show_default=True,
+                     envvar="LOCALSPEC_LOAD_MODE",
+                     help="read: copy the weights into memory (no second resident copy where llama.cpp "
+                          "repacks them for its CPU kernels); mmap: map the file; auto: llama.cpp decides "
+                          "(env LOCALSPEC_LOAD_MODE)."),
+        click.option("--cpu-kernels", type=click.Choice(CPU_KERNELS), default=m.cpu_kernels, show_default=True,
+                     envvar="LOCALSPEC_CPU_KERNELS",
+                     help="Which of llama.cpp's CPU weight kernels to use. auto: the fastest that runs here, "
+                          "never AMX (its kernels crash on some Xeons), each checked once per machine in a "
+                          "child process; llama: llama.cpp's own choice, AMX included; repack: its repacked "
+                          "kernels only; plain: none of these (env LOCALSPEC_CPU_KERNELS)."),
+        click.option("--rpc", envvar="LOCALSPEC_RPC", default=None, metavar="HOST:PORT[,...]",
+                     help="Put the target's layers on these llama.cpp RPC servers (`localspec rpc-server`; "
+                          "all layers unless --n-gpu-layers says how many; several servers share them). "
+                          "Needs llama-cpp-python built with -DGGML_RPC=on (env LOCALSPEC_RPC)."),
+        click.option("--draft-rpc", default=None, metavar="HOST:PORT[,...]",
+                     help="RPC servers for the draft model (default: the draft stays on this machine)."),
+    ])
+
+
+def spec_options(f: Callable) -> Callable:
+    """How to draft and verify."""
+    d = DEFAULTS
+    return _options(f, [
+        click.option("--verifier", type=click.Choice(VERIFIERS), default=d.verifier, show_default=True,
+                     help="Verification rule: greedy, match (llama.cpp's), token, block, gbv (K paths), "
+                          "batch (K paths), rrs/rrsw/traversal (trees)."),
+        click.option("-k", "--num-draft-tokens", type=int, default=d.shape.depth, show_default=True,
+                     help="Most tokens drafted per path and step (0: the target alone); --plan auto "
+                          "chooses how many each step."),
+        click.option("--paths", type=int, default=d.shape.paths, show_default=True,
+                     help="Independent draft paths (for --verifier gbv or batch)."),
+        click.option("--tree", "tree", default=None, metavar="BxBx..",
+                     help="Draft tree: children per node at each depth, e.g. 3x2x1 "
+                          "(for --verifier rrs, rrsw or traversal)."),
+        click.option("--drafter", type=click.Choice(DRAFTERS), default=d.drafter, show_default=True,
+                     help="auto: n-gram lookups of the context where they pay, the draft model only where "
+                          "measured costs say it pays (loaded then); model: always the draft model; "
+                          "ngram: lookups only (no draft model); hybrid: n-gram when the context repeats, "
+                          "else the model."),
+        click.option("--plan", type=click.Choice(PLANS), default=d.plan, show_default=True,
+                     help="auto: choose each step's draft depth, or no speculation, from measured "
+                          "step costs and acceptance; fixed: always draft the full shape."),
+    ])
+
+
+def sampling_options(f: Callable) -> Callable:
+    s = DEFAULT_SAMPLING
+    return _options(f, [
+        click.option("-t", "--temperature", type=float, default=s.temperature, show_default=True,
+                     help="Sampling temperature (0: greedy)."),
+        click.option("--top-k", type=int, default=s.top_k, show_default=True, help="Top-k (0: off)."),
+        click.option("--top-p", type=float, default=s.top_p, show_default=True, help="Top-p (1: off)."),
+        click.option("--min-p", type=float, default=s.min_p, show_default=True, help="Min-p (0: off)."),
+        click.option("--seed", type=int, default=None,
+                     help="Random seed, 0 to 2**64-1 (default: random). Runs repeat exactly with --plan fixed; "
+                          "--plan auto adapts the draft depth to measured timings, which changes the sample "
+                          "drawn (not its distribution)."),
+        click.option("-n", "--max-tokens", type=int, default=DEFAULTS.max_tokens, show_default=True,
+                     help="Most tokens to generate."),
+    ])
+
+
+GENERATION_KEYS = SETTING_KEYS  # a command's options that are generation settings
+
+
+def generation_config(options: dict) -> GenerationConfig:
+    """The GenerationConfig of the command's options (the keys of GENERATION_KEYS it has)."""
+    return GenerationConfig.from_options(**{k: v for k, v in options.items() if k in GENERATION_KEYS})
+
+
+def load_for(config: GenerationConfig, model: str | None, draft: str | None, options: dict) -> Loaded:
+    """The pair a generation config needs (localspec.loading.draft_loading decides about the draft)."""
+    need, lazy = draft_loading(config.drafter, draft_named=False)
+    return load_pair(model, draft, need_draft=need, lazy_draft=lazy, **model_kwargs(options))
+
+
+def model_kwargs(options: dict) -> dict:
+    """The load_pair keywords among a command's options."""
+    keys = ("ctx_size", "n_gpu_layers", "draft_n_gpu_layers", "threads", "cache_type", "load_mode", "cpu_kernels",
+            "rpc", "draft_rpc")
+    return {k: options[k] for k in keys if k in options}
+

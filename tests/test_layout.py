@@ -1,0 +1,130 @@
+"""The package's layout: imports go one way. No module of localspec/ imports one that imports it
+back, function-level imports included; within localspec/cli/: ``__init__`` → commands → ``options``."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import click
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"localspec": ROOT / "localspec", "localspec.models": ROOT / "models"}  # pyproject's package-dir
+
+
+def find_modules(packages: dict[str, Path]) -> dict[str, Path]:
+    """Module name → file, for every .py under each package's directory (subpackages included)."""
+    found = {}
+    for name, directory in packages.items():
+        for path in sorted(directory.rglob("*.py")):
+            parts = path.relative_to(directory).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((name, *parts))] = path
+    return found
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of `known` that `module` imports anywhere in its file (in functions too),
+    relative imports resolved. ``from pkg import sub`` counts as importing pkg.sub, not pkg; and
+    ``import pkg.sub`` as importing pkg.sub: a package's ``__init__`` may import its submodules."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known]
+            names = submodules + ([base] if len(submodules) < len(node.names) else [])
+        else:
+            continue
+        found.update(name for name in names if name in known and name != module)
+    return found
+
+
+def import_graph(packages: dict[str, Path]) -> dict[str, set[str]]:
+    """Module → the modules it imports, for the modules of `packages`."""
+    modules = find_modules(packages)
+    return {module: imports_of(module, path, set(modules)) for module, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """An import cycle as a path that ends where it starts (a → b → a), or None."""
+    state: dict[str, str] = {}  # "open" while on the path, then "done"
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = "open"
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                return path[path.index(imported):] + [imported]
+            if imported not in state and (cycle := visit(imported)):
+                return cycle
+        path.pop()
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle() -> None:
+    graph = import_graph(PACKAGES)
+    # the checker sees the code: module-level and function-level imports, the package's own edges
+    assert "localspec.cli.options" in graph["localspec.cli.chat"]
+    assert "localspec.api" in graph["localspec.cli.chat"]  # imported inside a function
+    assert "localspec.cli.chat" in graph["localspec.cli"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_cli_modules_do_not_import_the_cli_package() -> None:
+    graph = import_graph(PACKAGES)
+    back = sorted(module for module, imported in graph.items()
+                  if module.startswith("localspec.cli.") and "localspec.cli" in imported)
+    assert not back, f"these import localspec.cli (the package): {back}"
+    assert not {module for module in graph["localspec.cli.options"] if module.startswith("localspec.cli")}
+
+
+def test_every_cli_module_adds_its_command() -> None:
+    """localspec/cli/__init__ lists the command modules by hand: none is forgotten."""
+    from localspec.cli import cli
+
+    registered = set(map(id, cli.commands.values()))
+    for path in sorted((ROOT / "localspec" / "cli").glob("*.py")):
+        if path.stem in ("__init__", "options"):
+            continue
+        module = importlib.import_module(f"localspec.cli.{path.stem}")
+        commands = [value for value in vars(module).values() if isinstance(value, click.Command)]
+        assert any(id(command) in registered for command in commands), f"{path.name} adds no command to the root"
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_checker_finds_a_cycle(tmp_path: Path) -> None:
+    """Negative control: a cycle through a relative import and two function-level imports is found,
+    and once it is broken there is none."""
+    pkg = tmp_path / "pkg"
+    write(pkg / "__init__.py", "from pkg import a\n")
+    write(pkg / "a.py", "from .b import f\n")
+    write(pkg / "b.py", "def f():\n    from pkg.sub import c\n")
+    write(pkg / "sub" / "__init__.py", "")
+    write(pkg / "sub" / "c.py", "def g():\n    if True:\n        from .. import a\n")
+    graph = import_graph({"pkg": pkg})
+    assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.sub.c"}, "pkg.sub": set(),
+                     "pkg.sub.c": {"pkg.a"}}
+    assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]
+
+    write(pkg / "sub" / "c.py", "def g():\n    import os\n")
+    assert find_cycle(import_graph({"pkg": pkg})) is None
