@@ -13,7 +13,7 @@ llama.cpp source that the installed llama-cpp-python vendors, and localspec with
 and drafter. It prints markdown tables (tok/s, speedup against the target alone, block
 efficiency, acceptance, verifier share of step time), a what-if table of predicted speedups for
 cheaper drafts, a paired verifier comparison at T = 1, γ = 8 (every verifier on the same drafts
-at the same contexts, with bootstrap intervals: localspec.efficiency), and peak memory at an 8k
+at the same contexts, with bootstrap intervals: benchmarks/efficiency.py), and peak memory at an 8k
 context per load mode and KV cache type.
 Progress goes to stderr, tables to stdout (and to --out).
 """
@@ -44,8 +44,9 @@ from localspec import registry
 from localspec.api import load_model, stream_generate
 from localspec.prompt import prompt_tokens, render_chat
 from localspec.lookup import ContextLookup
-from localspec.efficiency import default_groups, paired_ratio, paired_scores, target_contexts
 from localspec.planner import CostTable
+
+from efficiency import default_groups, paired_ratio, paired_scores, target_contexts  # benchmarks/
 
 log = logging.getLogger("head_to_head")
 
@@ -299,7 +300,7 @@ RATIO_TARGETS = [  # (numerator, denominator, issue target)
 
 
 def verifier_efficiency(args, target, draft) -> tuple[dict[str, np.ndarray], int]:
-    """Paired block efficiencies at T = 1, γ = 8 (localspec.efficiency): every verifier on the same
+    """Paired block efficiencies at T = 1, γ = 8 (efficiency.py): every verifier on the same
     drafts at the same contexts (prefixes of text the target sampled alone from each prompt)."""
     prompts = [chat_tokens(target, PROMPTS[name]) for name in args.prompts]
     log.info("sampling efficiency contexts")

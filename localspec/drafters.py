@@ -8,8 +8,12 @@ were actually drawn from (what makes verification lossless).
 
 :func:`make_drafters` turns a drafter name into the drafters the engine considers each step.
 
-A drafter keeps its own KV cache in step with the committed tokens: ``draft`` is called with
-all committed tokens, ``commit`` with the verifier's accepted path.
+Each step the engine asks every drafter to :meth:`~Drafter.propose` (a :class:`DraftProposal`:
+its acceptance kind, how many levels it offers, what it must decode first), the planner picks
+one, the engine passes that proposal back to its drafter's :meth:`~Drafter.draft`, and after
+verification calls :meth:`~Drafter.commit` with the accepted path and the committed tokens. A
+model drafter keeps its model's :class:`~localspec.sequence.KVSequence` in step with the target's
+context; the n-gram drafter holds no state between steps but its lookup.
 """
 
 from __future__ import annotations
@@ -27,35 +31,47 @@ from localspec.errors import ConfigError
 from localspec.lookup import ContextLookup, Proposal
 from localspec.model import Model
 from localspec.pairing import LazyModel, check_lazy_pair, check_pair
-from localspec.profiles import Profiles, key_of
+from localspec.profiles import Profiled, Profiles, key_of
+from localspec.sequence import KVSequence
 from localspec.tree import DraftTree, leaf_ranges
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class DraftProposal:
+    """What a drafter offers at one step, passed from :meth:`Drafter.propose` through the planner
+    to :meth:`Drafter.draft`."""
+
+    drafter: "Drafter"
+    kind: str  # the planner's acceptance kind
+    levels: int  # draft levels it can offer (at most the depth asked for)
+    lag: int = 0  # committed tokens it must decode before drafting (a draft model's catch-up)
+    tokens: tuple[int, ...] = ()  # a deterministic proposal's tokens (n-gram); empty: drawn when drafting
+
+
 class Drafter(Protocol):
-    """What the engine needs of a drafter."""
+    """What the engine and the planner need of a drafter."""
 
     kind: str  # "model" (a draft-model pass per level) or "ngram" (free proposals)
-    source: Model | LazyModel | None  # the draft model it decodes with; None: its proposals cost nothing
-    loaded: bool  # False: using it would load the draft model first
+    source: Profiled | None  # the draft model it decodes with; None: its proposals cost nothing
 
-    def plan(self, tokens: Sequence[int], max_depth: int) -> tuple[str, int]:
-        """The acceptance kind of what it would propose now, and how many levels it can offer."""
-
-    def lag(self, tokens: Sequence[int]) -> int:
-        """Committed tokens it would have to decode before drafting (a draft model's catch-up)."""
-
-    def draft(self, tokens: Sequence[int], shape: Shape, sampling: SamplingParams,
-              rng: np.random.Generator, without_replacement: bool) -> DraftTree: ...
-
-    def commit(self, tokens: Sequence[int], tree: DraftTree, path: tuple[int, ...]) -> None: ...
+    @property
+    def loaded(self) -> bool:
+        """False: drafting would load the draft model first."""
 
     def start(self, prompt: Sequence[int]) -> None:
-        """Prepare for a new prompt (reusing what the KV cache shares with it)."""
+        """Prepare for a new prompt (a draft model keeps the cached prefix it shares)."""
 
-    def finish(self, tokens: Sequence[int]) -> None:
-        """The generation ended cleanly with these committed tokens."""
+    def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
+        """What it can draft now after the committed `context` (None: nothing)."""
+
+    def draft(self, proposal: DraftProposal, context: Sequence[int], shape: Shape, sampling: SamplingParams,
+              rng: np.random.Generator, without_replacement: bool) -> DraftTree:
+        """The draft of `shape` for its own `proposal`, with the rows it was drawn from."""
+
+    def commit(self, tree: DraftTree, path: tuple[int, ...], committed: Sequence[int]) -> None:
+        """After verification of its draft: `path` was accepted and `committed` appended to the context."""
 
 
 @dataclass
@@ -96,40 +112,32 @@ class ModelDrafter:
         self.target = target
         self.n_vocab = target.n_vocab  # rows are padded or cut to the target's vocabulary
         self.buf = RowBuffer(max_nodes + 1, self.n_vocab)
-        self.n_past = 0  # committed tokens in the draft KV (sequence 0)
-        self._branches = 1  # KV sequences the last draft used
-        self._depth = 0  # its depth: nodes above it were decoded, leaves at it were not
-        self._prompt: Sequence[int] = ()
+        self._depth = 0  # the last draft's depth: nodes above it were decoded, leaves at it were not
         self.timing = DraftTiming()
 
     @property
     def loaded(self) -> bool:
         return not isinstance(self.source, LazyModel) or self.source.loaded
 
-    @property
-    def model(self) -> Model:
+    def _model(self) -> Model:
+        """The draft model, loaded (and checked against the target) if it was lazy."""
         if isinstance(self.source, LazyModel):
             if not self.source.loaded:
-                model = self.source.get()
-                check_pair(self.target, model)
-                self.n_past = model.reuse_prefix(self._prompt) if self._prompt else 0
+                check_pair(self.target, self.source.get())
             return self.source.get()
         return self.source
 
-    def lag(self, tokens: Sequence[int]) -> int:
-        """Committed tokens the draft model would have to decode before it can draft."""
-        return len(tokens) - self.n_past if self.loaded else len(tokens)
+    def _sequence(self) -> KVSequence:
+        return self._model().sequence
 
-    def plan(self, tokens: Sequence[int], max_depth: int) -> tuple[str, int]:
-        return f"{self.kind}:{key_of(self.source.identity)[:8]}", max_depth  # acceptance is per pair
+    def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
+        """Any depth (acceptance is tracked per pair), after catching up on what it has not seen."""
+        lag = len(context) - self._sequence().n_cached if self.loaded else len(context)
+        return DraftProposal(self, f"{self.kind}:{key_of(self.source.identity)[:8]}", max_depth, lag)
 
     def start(self, prompt: Sequence[int]) -> None:
-        self._prompt = prompt
-        self.n_past = self.model.reuse_prefix(prompt) if self.loaded else 0
-
-    def finish(self, tokens: Sequence[int]) -> None:
-        if self.loaded:
-            self.model.kv_tokens = list(tokens[: self.n_past])
+        if self.loaded:  # a lazy draft loaded later starts from an empty cache
+            self._sequence().start(prompt)
 
     def _fill_row(self, r: int, logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
         """Draft distribution of one logit row into buffer row r (float32, target vocab)."""
@@ -140,33 +148,29 @@ class ModelDrafter:
         verifier.probs(logits[:v], out=row[:v], sampling=sampling)
         return row
 
-    def _catch_up(self, tokens: Sequence[int]) -> np.ndarray:
+    def _catch_up(self, context: Sequence[int]) -> np.ndarray:
         """Decode the committed tokens the draft has not seen; the last one's logits."""
-        model = self.model
-        pending = tokens[self.n_past:]
-        if not pending:  # the root is always pending; re-decode it if not
-            model.seq_rm(0, len(tokens) - 1, -1)
-            self.n_past = len(tokens) - 1
-            pending = tokens[self.n_past:]
+        seq = self._sequence()
+        seq.follow(context)
+        seq.redecode_last()  # the root's logits are needed: decode it again if the cache holds it
+        pending = seq.pending
         t0 = time.perf_counter()
-        model.prefill(list(pending), self.n_past)
-        self.timing.catch_up = (len(pending), time.perf_counter() - t0)
-        self.n_past = len(tokens)
-        return model.logits_array(1)[0]
+        seq.fill()
+        self.timing.catch_up = (pending, time.perf_counter() - t0)
+        return seq.model.logits_array(1)[0]
 
-    def draft(self, tokens: Sequence[int], shape: Shape, sampling: SamplingParams,
+    def draft(self, proposal: DraftProposal, context: Sequence[int], shape: Shape, sampling: SamplingParams,
               rng: np.random.Generator, without_replacement: bool) -> DraftTree:
         self.buf.clear_one_hot()
         tree = DraftTree()
-        root_logits = self._catch_up(tokens)
+        root_logits = self._catch_up(context)
+        seq = self._sequence()
         t0 = time.perf_counter()
-        self._branches = shape.n_leaves
         self._depth = shape.depth
-        for s in range(1, self._branches):
-            self.model.seq_cp(0, s)
+        seq.fork(shape.n_leaves)
         self._fill_row(0, root_logits, sampling)
         ranges = leaf_ranges(shape)
-        base = len(tokens)  # position of depth-1 nodes
+        base = len(context)  # position of depth-1 nodes
         level = [(-1, 0)]  # (node, structural index) of the previous level; -1 = root
         for depth in range(shape.depth):
             children_per = 1 if shape.branching is None else shape.branching[depth]
@@ -190,22 +194,22 @@ class ModelDrafter:
             level = new_level
             if depth + 1 < shape.depth and level:  # decode this level to draft the next one
                 nodes = [n for n, _ in level]
-                self.model.decode([tree.tokens[n] for n in nodes], [base + depth] * len(nodes),
-                                  [tree.seqs[n] for n in nodes], outputs="all")
-                logits = self.model.logits_array(len(nodes))
+                seq.decode([tree.tokens[n] for n in nodes], [base + depth] * len(nodes),
+                           [tree.seqs[n] for n in nodes], outputs="all")
+                logits = seq.model.logits_array(len(nodes))
                 for i, n in enumerate(nodes):
                     self._fill_row(n + 1, logits[i], sampling)
         tree.probs = self.buf.rows[: tree.n + 1]
         self.timing.levels = (shape.depth, time.perf_counter() - t0)
         return tree
 
-    def commit(self, tokens: Sequence[int], tree: DraftTree, path: tuple[int, ...]) -> None:
-        """Keep the accepted path in the draft KV; drop everything else.
-        `tokens` are the committed tokens *before* this step's accepted ones were added."""
+    def commit(self, tree: DraftTree, path: tuple[int, ...], committed: Sequence[int]) -> None:
+        """Keep the accepted path in the draft KV; drop everything else."""
+        seq = self._sequence()
         decoded = sum(1 for j in path if tree.depths[j] < self._depth)  # leaves were never decoded
-        keep = len(tokens) + decoded
-        self.model.keep_branch(tree.branch_of(path), keep, self._branches)
-        self.n_past = keep
+        keep = len(seq.tokens) + decoded
+        seq.commit(committed)
+        seq.keep_branch(tree.branch_of(path), keep)
 
 
 def ngram_kind(proposal: Proposal) -> str:
@@ -225,37 +229,29 @@ class NGramDrafter:
     def __init__(self, n_vocab: int, max_nodes: int) -> None:
         self.buf = RowBuffer(max_nodes + 1, n_vocab)
         self.lookup = ContextLookup()
-        self._proposal: Proposal | None = None
 
     def start(self, prompt: Sequence[int]) -> None:
         self.lookup.reset()
 
-    def finish(self, tokens: Sequence[int]) -> None:
-        pass
+    def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
+        """The continuation of the longest earlier match, its kind the match-length bucket."""
+        found = self.lookup.propose(context, max_depth)
+        if found is None or not found.tokens:
+            return None
+        return DraftProposal(self, ngram_kind(found), len(found.tokens), 0, tuple(found.tokens))
 
-    def lag(self, tokens: Sequence[int]) -> int:
-        return 0
-
-    def plan(self, tokens: Sequence[int], max_depth: int) -> tuple[str, int]:
-        """The acceptance kind of the current proposal and its length (0: none)."""
-        self._proposal = self.lookup.propose(tokens, max_depth)
-        if self._proposal is None:
-            return self.kind, 0
-        return ngram_kind(self._proposal), len(self._proposal.tokens)
-
-    def draft(self, tokens: Sequence[int], shape: Shape, sampling: SamplingParams,
+    def draft(self, proposal: DraftProposal, context: Sequence[int], shape: Shape, sampling: SamplingParams,
               rng: np.random.Generator, without_replacement: bool) -> DraftTree:
         self.buf.clear_one_hot()
         tree = DraftTree()
-        proposal = self._proposal if self._proposal is not None else self.lookup.propose(tokens, shape.depth)
         parent = -1
-        for x in (proposal.tokens[: shape.depth] if proposal else ()):
+        for x in proposal.tokens[: shape.depth]:
             self.buf.one_hot(parent + 1, x)
             parent = tree.add(x, parent, (0,))
         tree.probs = self.buf.rows[: tree.n + 1]
         return tree
 
-    def commit(self, tokens: Sequence[int], tree: DraftTree, path: tuple[int, ...]) -> None:
+    def commit(self, tree: DraftTree, path: tuple[int, ...], committed: Sequence[int]) -> None:
         pass  # the lookup reads what was accepted from the context at the next proposal
 
 

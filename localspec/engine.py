@@ -1,9 +1,11 @@
 """The speculative step loop.
 
 Invariant between steps: every committed token but the last (the "root") is in the target's KV
-cache as sequence 0. A step drafts a chain/paths/tree, runs ONE target decode over the root and
-all draft nodes (branches as KV sequences sharing the prefix), lets the C verifier accept a path
-and draw the extra token, and keeps exactly the accepted path in both KV caches.
+cache as sequence 0; the target's :class:`~localspec.sequence.KVSequence` (``target.sequence``)
+holds the committed tokens and says so. A step asks each drafter for a proposal, drafts a
+chain/paths/tree from the chosen one, runs ONE target decode over the root and all draft nodes
+(branches as KV sequences sharing the prefix), lets the C verifier accept a path and draw the
+extra token, commits the new tokens and keeps exactly the accepted path in both KV caches.
 
 The engine alone keeps the statistics of a generation (:meth:`Engine.stats`). It does no I/O:
 what the planner learned goes into the cost profiles it was given, which their owner saves.
@@ -20,8 +22,8 @@ import numpy as np
 
 from localspec import verifier
 from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig
-from localspec.drafters import Drafter
-from localspec.errors import ConfigError, PromptError
+from localspec.drafters import DraftProposal, Drafter, ModelDrafter
+from localspec.errors import PromptError
 from localspec.model import Model
 from localspec.planner import PREFILL_WARM_UP, Planner
 from localspec.profiles import Profiles
@@ -135,8 +137,7 @@ class Engine:
         self.shape = config.shape if drafters else config.shape.truncated(0)
         self.sampling = config.sampling
         self.rng = np.random.default_rng(config.seed)
-        self.tokens: list[int] = []
-        self.n_cached = 0  # committed tokens in the target KV (sequence 0)
+        self.sequence = target.sequence  # the committed tokens, and what the target's cache holds
         self.finish_reason: str | None = None  # "stop" (end of generation) or "length" once done
         self._counters = _Counters()
         self.planner = (Planner(target, self.shape, sampled=not self.sampling.greedy, profiles=profiles)
@@ -144,6 +145,11 @@ class Engine:
 
     def stats(self) -> GenerationStats:
         return self._counters.snapshot()
+
+    @property
+    def tokens(self) -> list[int]:
+        """The committed tokens: the prompt and what was generated."""
+        return self.sequence.tokens
 
     # ------------------------------------------------------------------ prompt
 
@@ -157,42 +163,37 @@ class Engine:
         self._counters = _Counters(prompt_tokens=len(prompt))
         self.finish_reason = None
         t0 = time.perf_counter()
-        common = self.target.reuse_prefix(prompt)
-        self._prefill(list(prompt[common:-1]), common)
+        self.sequence.start(prompt)  # keeps the cached prefix the last context shares with this one
+        self._prefill(len(prompt) - 1)
         for d in self.drafters:
             d.start(prompt)
         self._counters.prompt_s = time.perf_counter() - t0
         self._counters.start = time.perf_counter()
-        self.tokens = list(prompt)
-        self.n_cached = len(prompt) - 1
 
-    def _prefill(self, tokens: list[int], start: int) -> None:
-        """Decode the prompt into the target's cache. With the planner, chunks of the pass sizes
-        whose cost is unknown are decoded as verification passes are (logits for every token) and
-        timed: real work that measures the cost curve; the rest is timed as a prefill."""
+    def _prefill(self, upto: int) -> None:
+        """Decode the prompt into the target's cache up to `upto`. With the planner, chunks of the
+        pass sizes whose cost is unknown are decoded as verification passes are (logits for every
+        token) and timed: real work that measures the cost curve; the rest is timed as a prefill."""
+        seq = self.sequence
         if self.planner is None or not self.drafters:
-            self.target.prefill(tokens, start)
+            seq.fill(upto)
             return
-        planner, i = self.planner, 0
-        sizes = planner.sizes_to_measure(len(tokens) - PREFILL_WARM_UP)
+        planner = self.planner
+        sizes = planner.sizes_to_measure(upto - seq.n_cached - PREFILL_WARM_UP)
         if sizes:  # warm up first, unmeasured; nothing to measure: one plain prefill, as the target alone does
-            self.target.prefill(tokens[:PREFILL_WARM_UP], start)
-            i = PREFILL_WARM_UP
+            seq.fill(seq.n_cached + PREFILL_WARM_UP)
         for n in sizes:
             t0 = time.perf_counter()
-            self.target.decode(tokens[i: i + n], range(start + i, start + i + n), outputs="all")
+            seq.fill(seq.n_cached + n, outputs="all")
             planner.target_cost.observe(n, time.perf_counter() - t0)
-            i += n
-        t0 = time.perf_counter()
-        self.target.prefill(tokens[i:], start + i)
-        planner.observe_prefill(planner.profile, len(tokens) - i, time.perf_counter() - t0)
+        rest, t0 = upto - seq.n_cached, time.perf_counter()
+        seq.fill(upto)
+        planner.observe_prefill(planner.profile, rest, time.perf_counter() - t0)
 
     def finish(self) -> None:
-        """Record what the KV caches hold, so the next prompt can reuse its shared prefix, and
-        what the planner learned, in the cost profiles (for the next run, once their owner saves them)."""
-        self.target.kv_tokens = self.tokens[: self.n_cached]
-        for d in self.drafters:
-            d.finish(self.tokens)
+        """The generation ended: what the planner learned goes into the cost profiles (for the
+        next run, once their owner saves them). The caches' sequences are already true, so the
+        next prompt reuses their shared prefix."""
         if self.planner is not None:
             self.planner.record()
 
@@ -215,30 +216,31 @@ class Engine:
         while depth > 0 and L0 + self.shape.truncated(depth).n_nodes > self.target.n_ctx:
             depth -= 1  # every node of a tree takes a KV cell
         t0 = time.perf_counter()
-        tree, drafter, kind = self._draft(depth)
+        tree, proposal = self._draft(depth)
         t1 = time.perf_counter()
-        branches = self._target_pass(tree)
+        self._target_pass(tree)
         t2 = time.perf_counter()
         v = verifier.verify(self.config.verifier, self.target.logits(tree.n + 1),
                             tree.probs if tree.n else None, tree.tokens, tree.parents,
                             sampling=self.sampling, seed=int(self.rng.integers(0, 2**63)),
                             lenience=self.config.lenience)
         t3 = time.perf_counter()
-        self.target.keep_branch(tree.branch_of(v.path), L0 + v.n_accepted, branches)
-        if drafter is not None:
-            drafter.commit(self.tokens, tree, v.path)
-        new = tree.path_tokens(v.path) + [v.token]
-        self.tokens.extend(new)
-        self.n_cached = L0 + v.n_accepted
+        new = self._emit(tree.path_tokens(v.path) + [v.token])
+        self.sequence.commit(new)
+        self.sequence.keep_branch(tree.branch_of(v.path), L0 + v.n_accepted)
+        if proposal is not None:
+            proposal.drafter.commit(tree, v.path, new)
         c.step(tree.n, v.n_accepted, (t1 - t0, t2 - t1, t3 - t2))
         if self.planner is not None:
+            kind = proposal.kind if proposal is not None and tree.n else None
             self.planner.observe(kind, max(tree.depths, default=0), v.n_accepted, tree.n + 1, t2 - t1)
-            if drafter is not None and drafter.source is not None:
-                self.planner.observe_draft(drafter)
-        return self._emit(new)
+            if proposal is not None and isinstance(proposal.drafter, ModelDrafter):
+                self.planner.observe_draft(proposal.drafter)
+        return new
 
     def _emit(self, new: list[int]) -> list[int]:
-        """The tokens up to the first end-of-generation token, counted as generated."""
+        """The tokens up to the first end-of-generation token, counted as generated (the
+        caches keep nothing past it)."""
         for i, tok in enumerate(new):
             if self.target.is_eog(tok):
                 new = new[: i + 1]
@@ -249,80 +251,44 @@ class Engine:
             self.finish_reason = "length"
         return new
 
-    def _target_pass(self, tree: DraftTree) -> int:
+    def _target_pass(self, tree: DraftTree) -> None:
         """ONE target decode over the root and every draft node (each root-to-leaf path a KV
-        sequence sharing the prefix); returns the number of sequences used."""
+        sequence sharing the prefix)."""
         L0 = len(self.tokens)
         branches = max((s[-1] for s in tree.seqs), default=0) + 1
-        for s in range(1, branches):
-            self.target.seq_cp(0, s)
-        self.target.decode([self.tokens[-1]] + tree.tokens,
-                           [L0 - 1] + [L0 - 1 + d for d in tree.depths],
-                           [tuple(range(branches))] + tree.seqs, outputs="all")
-        return branches
+        self.sequence.fork(branches)
+        self.sequence.decode([self.tokens[-1]] + tree.tokens, [L0 - 1] + [L0 - 1 + d for d in tree.depths],
+                             [tuple(range(branches))] + tree.seqs, outputs="all")
 
-    def _draft(self, depth: int) -> tuple[DraftTree, Drafter | None, str | None]:
-        """The step's draft, the drafter that made it and the acceptance kind of its proposal.
-        With the planner: the drafter with the best predicted rate, at its best depth (none when
+    def _draft(self, depth: int) -> tuple[DraftTree, DraftProposal | None]:
+        """The step's draft and the proposal it was made from (None: nothing drafted).
+        With the planner: the proposal with the best predicted rate, at its best depth (none when
         no drafter beats the target alone). Without (plan fixed): the first drafter that proposes
         at least MIN_PROPOSAL tokens (the last one's proposal is always taken)."""
         if depth <= 0:
-            return DraftTree(), None, None
-        choice: tuple[float, int, Drafter, str] | None = None
+            return DraftTree(), None
+        choice: tuple[float, int, DraftProposal] | None = None
         for i, d in enumerate(self.drafters):
-            kind, available = d.plan(self.tokens, depth)
-            available = min(available, depth)
-            if available <= 0:
+            proposal = d.propose(self.tokens, depth)
+            available = min(proposal.levels, depth) if proposal is not None else 0
+            if proposal is None or available <= 0:
                 continue
             if self.planner is None:
                 if i == len(self.drafters) - 1 or available >= min(MIN_PROPOSAL, depth):
-                    choice = (0.0, available, d, kind)
+                    choice = (0.0, available, proposal)
                     break
                 continue
             if not d.loaded and not self.planner.worth_loading(d, self._counters.prompt_tokens, self._remaining()):
                 continue
-            planned, rate = self.planner.choose(d, kind, available, d.lag(self.tokens))
+            planned, rate = self.planner.choose(d, proposal.kind, available, proposal.lag)
             if planned > 0 and (choice is None or rate > choice[0]):
-                choice = (rate, planned, d, kind)
+                choice = (rate, planned, proposal)
         if choice is None:
-            return DraftTree(), None, None
-        _, planned, drafter, kind = choice
-        tree = drafter.draft(self.tokens, self.shape.truncated(planned), self.sampling, self.rng,
-                             self.config.verifier in WITHOUT_REPLACEMENT)
-        return (tree, drafter, kind) if tree.n else (DraftTree(), None, None)
+            return DraftTree(), None
+        _, planned, proposal = choice
+        tree = proposal.drafter.draft(proposal, self.tokens, self.shape.truncated(planned), self.sampling, self.rng,
+                                      self.config.verifier in WITHOUT_REPLACEMENT)
+        return tree, proposal
 
     def _remaining(self) -> int:
         return self.config.max_tokens - self._counters.generated
-
-    def score(self, methods: Sequence[tuple[str, int | None]], draws: int) -> list[float]:
-        """Tokens per target pass of several verifiers on ONE draft of the full shape from the
-        current context, committing nothing (paired verifier comparisons, benchmarks/).
-
-        Each (verifier, branch) verifies the whole draft (branch None) or only the chain that
-        ends in that leaf branch; each runs `draws` times with the same seeds, and its value is
-        the mean of accepted tokens + 1 over the draws."""
-        if draws < 1:
-            raise ConfigError(f"draws must be >= 1, got {draws}", "draws")
-        if not self.drafters or len(self.tokens) + self.shape.n_nodes > self.target.n_ctx:
-            raise ConfigError("score needs a drafter and room for the whole draft in the context")
-        drafter = self.drafters[-1]
-        L0 = len(self.tokens)
-        tree = drafter.draft(self.tokens, self.shape, self.sampling, self.rng,
-                             self.config.verifier in WITHOUT_REPLACEMENT)
-        branches = self._target_pass(tree)
-        logits = self.target.logits_array(tree.n + 1)
-        seeds = [int(s) for s in self.rng.integers(0, 2**63, size=draws)]
-        values = []
-        for method, branch in methods:
-            nodes = list(range(tree.n)) if branch is None else tree.chain_nodes(branch)
-            index = {j: i for i, j in enumerate(nodes)}
-            rows = [0] + [j + 1 for j in nodes]
-            target_rows, draft_rows = np.ascontiguousarray(logits[rows]), np.ascontiguousarray(tree.probs[rows])
-            tokens, parents = tree.path_tokens(tuple(nodes)), [index.get(tree.parents[j], -1) for j in nodes]
-            total = sum(verifier.verify(method, target_rows, draft_rows if nodes else None, tokens, parents,
-                                        sampling=self.sampling, seed=s).n_accepted + 1 for s in seeds)
-            values.append(total / draws)
-        self.target.keep_branch(0, L0 - 1, branches)
-        if tree.n:
-            drafter.commit(self.tokens, tree, ())
-        return values

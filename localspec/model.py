@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -24,6 +25,7 @@ import numpy as np
 from localspec import backend, kernels, profiles, rpc
 from localspec.config import ModelOptions
 from localspec.errors import ModelError, RemoteError
+from localspec.sequence import KVSequence
 from localspec.verifier import LogitsPointer
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,7 @@ class Model:
         self.options = options or ModelOptions()
         _check_gguf_file(self.path)
         backend.init()
+        started = time.perf_counter()
         self._model = None
         self._ctx = None
         self._batch = None
@@ -123,9 +126,8 @@ class Model:
             raise
         self._pieces: dict[int, bytes] = {}
         self._busy = threading.Lock()
-        # committed tokens known to sit in KV sequence 0 (empty = unknown); lets a new prompt
-        # reuse a shared prefix. Whoever decodes into the cache keeps it true.
-        self.kv_tokens: list[int] = []
+        self.sequence = KVSequence(self)  # what the KV cache holds: its one owner
+        self.load_seconds: float | None = time.perf_counter() - started  # weights and context
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -139,7 +141,8 @@ class Model:
         self._identity = None
         self._pieces = {}
         self._busy = threading.Lock()
-        self.kv_tokens = []
+        self.sequence = KVSequence(self)
+        self.load_seconds = None
         self.weight_buffers = {}
         _check_gguf_file(self.path)
         backend.init()
@@ -506,28 +509,11 @@ class Model:
         self._live()
         lc.llama_memory_seq_keep(self._mem, seq)
 
-    def keep_branch(self, branch: int, keep: int, n_branches: int) -> None:
-        """Leave sequence 0 holding positions [0, keep) of sequence `branch`, and no other
-        sequence (after a tree step: the accepted path becomes the committed prefix)."""
-        self.seq_rm(branch, keep, -1)
-        if n_branches > 1:
-            self.seq_keep(branch)
-            if branch != 0:
-                self.seq_cp(branch, 0)
-                self.seq_rm(branch, -1, -1)
-
-    def clear(self) -> None:
+    def clear_memory(self) -> None:
+        """Empty the KV cache (KVSequence.clear keeps its record true; use Model.clear)."""
         self._live()
         lc.llama_memory_clear(self._mem, True)
-        self.kv_tokens = []
 
-    def reuse_prefix(self, prompt: Sequence[int]) -> int:
-        """Drop the KV cache beyond the longest prefix it shares with prompt[:-1]; return its
-        length (the tokens that need no decoding)."""
-        n = 0
-        limit = min(len(self.kv_tokens), len(prompt) - 1)
-        while n < limit and self.kv_tokens[n] == prompt[n]:
-            n += 1
-        self.seq_rm(-1, n, -1)
-        self.kv_tokens = []  # unknown until the caller finishes cleanly
-        return n
+    def clear(self) -> None:
+        """Empty the KV cache and its sequence."""
+        self.sequence.clear()

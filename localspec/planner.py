@@ -31,10 +31,13 @@ from __future__ import annotations
 import bisect
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from localspec.config import Shape
-from localspec.profiles import Profile, Profiles
+from localspec.profiles import Profile, Profiled, Profiles
+
+if TYPE_CHECKING:
+    from localspec.drafters import Drafter, ModelDrafter
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +179,7 @@ class Planner:
 
     acceptance_type: type[Acceptance] = Acceptance  # what tracks each kind's acceptance (a replay may vary it)
 
-    def __init__(self, target: Any, shape: Shape, sampled: bool = False, profiles: Profiles | None = None,
+    def __init__(self, target: Profiled, shape: Shape, sampled: bool = False, profiles: Profiles | None = None,
                  profile: Profile | None = None) -> None:
         self.shape = shape
         self.sampled = sampled  # temperature > 0: acceptance is kept apart from greedy decoding's
@@ -188,7 +191,7 @@ class Planner:
         self._acceptance: dict[str, Acceptance] = {}
         self._draft_costs: dict[str, tuple[Profile, CostTable]] = {}
 
-    def profile_of(self, model: Any) -> Profile:
+    def profile_of(self, model: Profiled) -> Profile:
         """The cost profile of a loaded (or lazily loaded) model."""
         return self.profiles.get(model.identity)
 
@@ -218,7 +221,7 @@ class Planner:
             acc = self._acceptance[kind] = self.acceptance_type(list(at_risk), list(rejected), prior)
         return acc
 
-    def draft_cost(self, drafter: Any) -> CostTable:
+    def draft_cost(self, drafter: Drafter) -> CostTable:
         """A draft model's cost per level, from its profile."""
         profile = self.profile_of(drafter.source)
         found = self._draft_costs.get(profile.key)
@@ -226,13 +229,13 @@ class Planner:
             found = self._draft_costs[profile.key] = (profile, CostTable(dict(profile.costs), lambda: profile.prefill))
         return found[1]
 
-    def _draft_level(self, drafter: Any) -> float:
+    def _draft_level(self, drafter: Drafter) -> float:
         """Seconds per draft level: measured, else the target's c(1) scaled by the file sizes
         (on a CPU a model's step costs about its size)."""
         own = self.draft_cost(drafter)(1)
         return own if own > 0 else self.target_cost(1) * drafter.source.file_bytes / self.target_bytes
 
-    def step_cost(self, drafter: Any, depth: int, lag: int) -> float:
+    def step_cost(self, drafter: Drafter, depth: int, lag: int) -> float:
         cost = self.target_cost(self._nodes[depth] + 1)
         if drafter.source is not None:  # a draft model: catch up on `lag` tokens, then `depth` levels
             level = self._draft_level(drafter)
@@ -246,7 +249,7 @@ class Planner:
         """c(1) as measured (0 until a single-token step has run), never estimated from larger passes."""
         return self.target_cost.seconds.get(1, 0.0)
 
-    def choose(self, drafter: Any, kind: str, available: int, lag: int = 0) -> tuple[int, float]:
+    def choose(self, drafter: Drafter, kind: str, available: int, lag: int = 0) -> tuple[int, float]:
         """The draft depth to use now with this drafter and its predicted tokens per second
         (depth 0: the target alone does better), deciding with the upper bound of the acceptance
         (so a kind little seen gets tried) but never deeper than the kind has been explored
@@ -264,7 +267,7 @@ class Planner:
                 best, best_rate = d, rate
         return best, best_rate
 
-    def worth_loading(self, drafter: Any, prompt_tokens: int, remaining: int) -> bool:
+    def worth_loading(self, drafter: Drafter, prompt_tokens: int, remaining: int) -> bool:
         """Is a draft model worth loading now? Only with measured target costs, and only when its
         best case (everything accepted) over the `remaining` tokens repays loading it and
         prefilling the prompt."""
@@ -303,13 +306,12 @@ class Planner:
             self.acceptance(kind).observe(n_accepted, depth)
         self.profile.dirty = True
 
-    def observe_draft(self, drafter: Any) -> None:
+    def observe_draft(self, drafter: ModelDrafter) -> None:
         """A draft model's last draft: its cost per level, its catch-up as a prefill rate, and
         what loading it took (a lazy draft loaded for this draft)."""
         profile = self.profile_of(drafter.source)
-        load_seconds = getattr(drafter.source, "load_seconds", None)
-        if load_seconds is not None:
-            profile.load = load_seconds
+        if drafter.source.load_seconds is not None:
+            profile.load = drafter.source.load_seconds
         levels, secs = drafter.timing.levels
         if levels > 0:
             self.draft_cost(drafter).observe(1, secs / levels)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from localspec.config import ModelOptions
 
@@ -78,6 +78,15 @@ def identity(path: Path, options: ModelOptions, extra: dict | None = None) -> di
             "cache_type": options.cache_type, "flash_attn": options.flash_attn, "load_mode": options.load_mode,
             "cpu_kernels": options.cpu_kernels, "batch_size": options.batch_size, "rpc": list(options.rpc),
             **machine(), **(extra or {})}
+
+
+class Profiled(Protocol):
+    """A model as the cost model sees it (loaded or not)."""
+
+    identity: dict[str, Any]
+
+    @property
+    def file_bytes(self) -> int: ...
 
 
 def key_of(ident: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
-"""Paired verifier comparison (localspec.efficiency, Engine.score) on the tiny models."""
+"""Paired verifier comparison (benchmarks/efficiency.py) on the tiny models."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,8 +12,6 @@ import pytest
 from localspec.api import stream_generate
 from localspec.config import GenerationConfig, SamplingParams, Shape
 from localspec.drafters import make_drafters
-from localspec.efficiency import (Method, Group, default_groups, paired_ratio, paired_scores,
-                                  target_contexts)
 from localspec.engine import Engine
 from localspec.errors import ConfigError
 from localspec.model import Model
@@ -20,6 +19,10 @@ from localspec.tree import DraftTree
 
 from conftest import load
 from greedy import assert_greedy_equal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from efficiency import (Group, Method, default_groups, paired_ratio, paired_scores, score,  # noqa: E402
+                        target_contexts)
 
 PROMPT = "def add(a, b): return a"
 
@@ -82,7 +85,7 @@ def test_score_leaves_the_caches_as_they_were(tiny_paths: tuple[Path, Path], tin
     prompt = tiny_target.tokenize(PROMPT)
     engine = Engine(tiny_target, make_drafters(tiny_target, tiny_draft, replace(config, drafter="model")), config)
     engine.start(prompt)
-    engine.score([("rrsw", None), ("traversal", None)], draws=2)
+    score(engine, [("rrsw", None), ("traversal", None)], draws=2)
     engine.finish()
     kw = dict(temperature=0, max_tokens=12, verifier="traversal", tree=(2, 2), plan="fixed")
     after = [r.token for r in stream_generate(tiny_target, tiny_draft, prompt, **kw)]
@@ -96,12 +99,12 @@ def test_score_refuses_bad_input(tiny_target: Model, tiny_draft: Model) -> None:
     engine = Engine(tiny_target, make_drafters(tiny_target, tiny_draft, replace(config, drafter="model")), config)
     engine.start(tiny_target.tokenize(PROMPT))
     with pytest.raises(ConfigError, match="draws"):
-        engine.score([("block", None)], draws=0)
+        score(engine, [("block", None)], draws=0)
     engine.finish()
     alone = Engine(tiny_target, [], GenerationConfig(shape=Shape(0), seed=0))
     alone.start(tiny_target.tokenize(PROMPT))
     with pytest.raises(ConfigError, match="drafter"):
-        alone.score([("block", None)], draws=1)
+        score(alone, [("block", None)], draws=1)
     alone.finish()
 
 

@@ -11,6 +11,9 @@ from the verifiers themselves and a paired bootstrap over contexts gives its con
 The estimand is the mean over target-distributed contexts of E[accepted + 1 | context], the
 papers' block efficiency E[τ + 1] (GBV paper, Sec. 3; traversal paper, Sec. 4) averaged over
 contexts instead of weighted by where a speculative run happens to stop.
+
+Benchmark code (benchmarks/head_to_head.py uses it): it drives the engine's pieces directly
+(:func:`score`), which no user-facing path needs.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.config import GenerationConfig, SamplingParams, Shape
+from localspec import verifier
+from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig, SamplingParams, Shape
 from localspec.engine import Engine
+from localspec.errors import ConfigError
 from localspec.model import Model
 
 log = logging.getLogger(__name__)
@@ -91,13 +96,49 @@ def paired_scores(target: Model, draft: Model, contexts: Sequence[Sequence[int]]
         engine = Engine(target, make_drafters(target, draft, replace(config, drafter="model")), config)
         for ctx in contexts:
             engine.start(ctx)
-            values = engine.score([(m.verifier, m.branch) for m in group.methods], draws)
+            values = score(engine, [(m.verifier, m.branch) for m in group.methods], draws)
             engine.finish()
             for m, v in zip(group.methods, values):
                 scores.setdefault(m.label, []).append(v)
             bar.update()
     bar.close()
     return {label: np.asarray(v) for label, v in scores.items()}
+
+
+def score(engine: Engine, methods: Sequence[tuple[str, int | None]], draws: int) -> list[float]:
+    """Tokens per target pass of several verifiers on ONE draft of the full shape from the
+    engine's current context, committing nothing.
+
+    Each (verifier, branch) verifies the whole draft (branch None) or only the chain that ends in
+    that leaf branch; each runs `draws` times with the same seeds, and its value is the mean of
+    accepted tokens + 1 over the draws."""
+    if draws < 1:
+        raise ConfigError(f"draws must be >= 1, got {draws}", "draws")
+    if not engine.drafters or len(engine.tokens) + engine.shape.n_nodes > engine.target.n_ctx:
+        raise ConfigError("score needs a drafter and room for the whole draft in the context")
+    drafter, context = engine.drafters[-1], engine.tokens
+    proposal = drafter.propose(context, engine.shape.depth)
+    if proposal is None:
+        raise ConfigError("the last drafter proposes nothing here; score needs a draft model's drafter")
+    L0 = len(context)
+    tree = drafter.draft(proposal, context, engine.shape, engine.sampling, engine.rng,
+                         engine.config.verifier in WITHOUT_REPLACEMENT)
+    engine._target_pass(tree)
+    logits = engine.target.logits_array(tree.n + 1)
+    seeds = [int(s) for s in engine.rng.integers(0, 2**63, size=draws)]
+    values = []
+    for method, branch in methods:
+        nodes = list(range(tree.n)) if branch is None else tree.chain_nodes(branch)
+        index = {j: i for i, j in enumerate(nodes)}
+        rows = [0] + [j + 1 for j in nodes]
+        target_rows, draft_rows = np.ascontiguousarray(logits[rows]), np.ascontiguousarray(tree.probs[rows])
+        tokens, parents = tree.path_tokens(tuple(nodes)), [index.get(tree.parents[j], -1) for j in nodes]
+        total = sum(verifier.verify(method, target_rows, draft_rows if nodes else None, tokens, parents,
+                                    sampling=engine.sampling, seed=s).n_accepted + 1 for s in seeds)
+        values.append(total / draws)
+    engine.sequence.keep_branch(0, L0 - 1)  # nothing committed: the root stays out of the cache
+    drafter.commit(tree, (), ())
+    return values
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,166 @@
+"""What one model's KV cache holds: its sequence object, the one owner of that state.
+
+A :class:`KVSequence` belongs to one model (``Model.sequence``). It holds the committed tokens
+of the context (``tokens``) and how many of them the cache holds as llama.cpp sequence 0
+(``n_cached``); between steps of a generation the target's cache holds every committed token but
+the last (the root of the next step), a draft model's whatever it has caught up on. Only its
+methods decode into sequence 0 or trim it, so what it says is what the cache holds:
+
+* :meth:`start` keeps the cached prefix a new context shares with the last one (prefix reuse),
+* :meth:`fill` decodes committed tokens the cache does not hold yet,
+* :meth:`fork` / :meth:`decode` / :meth:`keep_branch` run a step's draft on KV sequences
+  1..n-1 sharing the prefix and keep the accepted path as sequence 0,
+* :meth:`commit` appends committed tokens, :meth:`rollback` withdraws them.
+
+Its followers (:class:`Follower`: the stop-string scanner, a grammar matcher) see every commit
+and rollback, so they always describe the same tokens. A cache whose state is not known (an
+operation failed half-way) is marked untrusted and is cleared by the next :meth:`start`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from localspec.model import Model
+
+
+class Follower(Protocol):
+    """Something that follows a sequence's committed tokens."""
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        """The sequence starts over with these tokens (a new prompt)."""
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """These tokens were appended."""
+
+    def rollback(self, n: int) -> None:
+        """The last `n` committed tokens were withdrawn."""
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class KVSequence:
+    """One model's committed tokens and its KV cache's sequence 0 (see the module docstring)."""
+
+    def __init__(self, model: "Model") -> None:
+        self.model = model
+        self.tokens: list[int] = []  # the committed context
+        self.n_cached = 0  # tokens[:n_cached] are in the cache as sequence 0
+        self.followers: list[Follower] = []
+        self._branches = 1  # KV sequences the current step uses
+        self._trusted = True  # False: an operation failed half-way; the cache's content is unknown
+
+    @property
+    def pending(self) -> int:
+        """Committed tokens the cache does not hold yet."""
+        return len(self.tokens) - self.n_cached
+
+    # ------------------------------------------------------------------ a new context
+
+    def start(self, prompt: Sequence[int]) -> int:
+        """Make `prompt` the context: the cache keeps the prefix it shares with the last context
+        (at most all of the prompt but its last token) and drops the rest. Returns the number
+        of prompt tokens that need no decoding."""
+        if not self._trusted:
+            self.clear()
+        keep = common_prefix(self.tokens[: self.n_cached], prompt[: len(prompt) - 1])
+        self.model.seq_rm(-1, keep, -1)
+        self.tokens, self.n_cached, self._branches = list(prompt), keep, 1
+        for f in self.followers:
+            f.reset(self.tokens)
+        return keep
+
+    def follow(self, context: Sequence[int]) -> None:
+        """Catch the committed tokens up with `context` (a draft model following the target's
+        context): what the two share stays, the rest is withdrawn, then the new tokens are
+        committed (not decoded: :meth:`fill` does that)."""
+        shared = common_prefix(self.tokens, context) if context[: len(self.tokens)] != self.tokens else len(self.tokens)
+        if shared < len(self.tokens):
+            self.rollback(len(self.tokens) - shared)
+        if len(context) > shared:
+            self.commit(context[shared:])
+
+    def clear(self) -> None:
+        """Empty the cache and the context."""
+        self.model.clear_memory()
+        self.tokens, self.n_cached, self._branches, self._trusted = [], 0, 1, True
+        for f in self.followers:
+            f.reset(self.tokens)
+
+    # ------------------------------------------------------------------ decoding committed tokens
+
+    def fill(self, upto: int | None = None, outputs: str = "last") -> None:
+        """Decode tokens[n_cached:upto] (default: all) into the cache at their positions.
+        outputs "last": a prefill in n_batch chunks, the last token's logits kept; "all": one
+        batch with logits for every token (at most n_batch tokens)."""
+        upto = len(self.tokens) if upto is None else upto
+        if upto <= self.n_cached:
+            return
+        chunk = self.tokens[self.n_cached: upto]
+        self._trusted = False
+        if outputs == "all":
+            self.model.decode(chunk, range(self.n_cached, upto), outputs="all")
+        else:
+            self.model.prefill(chunk, self.n_cached)
+        self.n_cached, self._trusted = upto, True
+
+    def redecode_last(self) -> None:
+        """Drop the last cached token so the next :meth:`fill` decodes it again (its logits are
+        needed and the cache already holds it)."""
+        if self.n_cached and self.n_cached == len(self.tokens):
+            self.model.seq_rm(0, self.n_cached - 1, -1)
+            self.n_cached -= 1
+
+    # ------------------------------------------------------------------ a step's branches
+
+    def fork(self, branches: int) -> None:
+        """Copy sequence 0 to sequences 1..branches-1: the paths of a step's draft share the prefix."""
+        self._trusted = False
+        for s in range(1, branches):
+            self.model.seq_cp(0, s)
+        self._branches = branches
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
+               outputs: str = "all") -> int:
+        """Decode a step's batch on the forked sequences (logits rows: see Model.decode)."""
+        self._trusted = False
+        return self.model.decode(tokens, positions, seq_ids, outputs=outputs)
+
+    def keep_branch(self, branch: int, n_cached: int) -> None:
+        """End the step (after committing its tokens): sequence 0 holds positions [0, n_cached)
+        of sequence `branch` (the accepted path; at most the committed tokens) and no other
+        sequence is left."""
+        model, n_cached = self.model, min(n_cached, len(self.tokens))
+        model.seq_rm(branch, n_cached, -1)
+        if self._branches > 1:
+            model.seq_keep(branch)
+            if branch != 0:
+                model.seq_cp(branch, 0)
+                model.seq_rm(branch, -1, -1)
+        self.n_cached, self._branches, self._trusted = n_cached, 1, True
+
+    # ------------------------------------------------------------------ committed tokens
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Append committed tokens (the cache holds them once decoded or kept from a branch)."""
+        self.tokens.extend(tokens)
+        for f in self.followers:
+            f.commit(tokens)
+
+    def rollback(self, n: int) -> None:
+        """Withdraw the last `n` committed tokens, from the cache too."""
+        if n <= 0:
+            return
+        n = min(n, len(self.tokens))
+        del self.tokens[len(self.tokens) - n:]
+        if self.n_cached > len(self.tokens):
+            self.model.seq_rm(0, len(self.tokens), -1)
+            self.n_cached = len(self.tokens)
+        for f in self.followers:
+            f.rollback(n)
