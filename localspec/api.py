@@ -88,6 +88,56 @@ class _StopFilter:
         return out
 
 
+class StopScanner:
+    """A follower of the target's sequence (localspec.sequence.Follower): the text of the tokens
+    generated since the prompt, cut at the first stop string. :meth:`take` hands out each token
+    with its text once; tokens rolled back before they were taken are forgotten."""
+
+    def __init__(self, target: Model, stops: Sequence[str]) -> None:
+        self.target = target
+        self.stops = tuple(stops)
+        self.reset(())
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        """A new prompt: nothing generated yet."""
+        self.generated: list[int] = []
+        self._pieces: list[tuple[int, str]] = []  # (token, text) of generated tokens, up to a stop string
+        self._taken = 0
+        self._detok = self.target.detokenizer()
+        self._filter = _StopFilter(self.stops)
+
+    @property
+    def stopped(self) -> bool:
+        return self._filter.stopped
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        for tok in tokens:
+            self.generated.append(tok)
+            if self.stopped:
+                continue  # past a stop string: no text
+            text = "" if self.target.is_eog(tok) else self._filter.push(self._detok.add(tok))
+            self._pieces.append((tok, text))
+
+    def rollback(self, n: int) -> None:
+        keep = self.generated[: len(self.generated) - n]
+        if len(keep) < self._taken:
+            raise RuntimeError(f"cannot withdraw {n} tokens: their text was already handed out")
+        taken = self._taken
+        self.reset(())
+        self.commit(keep)  # the same tokens give the same text
+        self._taken = taken
+
+    def take(self) -> list[tuple[int, str]]:
+        """The (token, text) pairs committed since the last call, up to the one that stopped."""
+        out = self._pieces[self._taken:]
+        self._taken = len(self._pieces)
+        return out
+
+    def flush(self) -> str:
+        """Text held back (a possible start of a stop string, an incomplete character)."""
+        return "" if self.stopped else self._filter.push(self._detok.flush()) + self._filter.flush()
+
+
 class Generation:
     """One generation, set up eagerly: settings validated, prompt tokenized, engine built.
     Iterate over it (once) for one :class:`Response` per token; the last carries the finish reason.
@@ -109,11 +159,15 @@ class Generation:
         drafters = make_drafters(target, draft, self.config, self.profiles)
         self.engine = Engine(target, drafters, self.config, self.profiles)
         self._models = [m for m in (target, draft) if m is not None]
+        self.scanner = StopScanner(target, self.config.stop)
 
     def __iter__(self) -> Iterator[Response]:
         with contextlib.ExitStack() as held:
             for model in self._models:  # one generation at a time per model: its KV cache is one state
                 held.enter_context(model.in_use())
+            followers = self.target.sequence.followers
+            followers.append(self.scanner)  # follows the committed tokens from the prompt on
+            held.callback(followers.remove, self.scanner)
             self.engine.start(self.prompt)
             try:
                 yield from self._responses()
@@ -128,19 +182,18 @@ class Generation:
             self.profiles.save()  # what this generation measured, for the next run
 
     def _responses(self) -> Iterator[Response]:
-        engine, detok, stops = self.engine, self.target.detokenizer(), _StopFilter(self.config.stop)
+        engine, scanner = self.engine, self.scanner
         while True:
             new = engine.step()
             if not new:  # the context is full
-                yield Response(stops.flush() + detok.flush(), None, "length", engine.stats())
+                yield Response(scanner.flush(), None, "length", engine.stats())
                 return
-            for i, tok in enumerate(new):
-                finish = engine.finish_reason if i == len(new) - 1 else None
-                text = "" if finish == "stop" and self.target.is_eog(tok) else stops.push(detok.add(tok))
-                if stops.stopped:
-                    finish = "stop"
-                elif finish:
-                    text += stops.flush() + detok.flush()
+            pieces = scanner.take()  # what the step committed, cut after a stop string
+            for i, (tok, text) in enumerate(pieces):
+                last = i == len(pieces) - 1
+                finish = "stop" if last and scanner.stopped else engine.finish_reason if i == len(new) - 1 else None
+                if finish and not scanner.stopped:
+                    text += scanner.flush()
                 yield Response(text, tok, finish, engine.stats())
                 if finish:
                     return

@@ -127,3 +127,26 @@ def test_a_failed_operation_leaves_the_cache_untrusted_and_start_clears_it(tiny_
         assert seq.start(prompt) == 0
         seq.fill()
         np.testing.assert_allclose(last_logits(seq), fresh_logits(tiny_paths[0], prompt), rtol=0, atol=1e-4)
+
+
+def test_the_stop_scanner_follows_commits_and_rollbacks(tiny_target) -> None:
+    """The stop-string scanner is the target sequence's follower: text per committed token, cut
+    at a stop string; a rollback of tokens not yet handed out gives the text of the rest."""
+    from localspec.api import StopScanner
+
+    words = tiny_target.tokenize(" alpha beta gamma", add_special=False)
+    scanner = StopScanner(tiny_target, ["gamma"])
+    scanner.reset([1, 2])
+    scanner.commit(words[:2])
+    first = scanner.take()
+    scanner.commit(words[2:])
+    scanner.rollback(len(words) - 2)  # withdrawn before they were handed out
+    assert scanner.take() == [] and not scanner.stopped
+    scanner.commit(words[2:])
+    text = "".join(t for _, t in first + scanner.take())
+    straight = StopScanner(tiny_target, ["gamma"])
+    straight.commit(words)  # the same tokens, never rolled back
+    assert scanner.stopped and text == "".join(t for _, t in straight.take())
+    assert "alpha beta" in text and "gamma" not in text
+    with pytest.raises(RuntimeError, match="already handed out"):
+        scanner.rollback(len(words))
