@@ -518,6 +518,58 @@ def test_clients_that_send_nothing_or_slowly_are_timed_out(served: Served) -> No
     assert served.http.get("/models").status_code == 200
 
 
+def test_the_head_timeout_starts_again_after_each_response_and_spares_slow_requests(
+        tiny_paths: tuple[Path, Path]) -> None:
+    """The head timer (run.timed_protocol with run.HeadTimeoutApp) wraps uvicorn's protocol: the
+    request's task must see the connection it came from (it does when uvicorn starts the task
+    inside data_received). A request running longer than header_timeout is not cut; after the
+    response, a kept-alive connection that sends its next head a byte at a time is closed."""
+    import asyncio
+    import socket
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from localspec.server import run
+
+    async def slow(request) -> PlainTextResponse:
+        await asyncio.sleep(1.5 * LIMITS.header_timeout)
+        return PlainTextResponse("done")
+
+    app = Starlette(routes=[Route("/slow", slow)])
+    sock = bind_socket("127.0.0.1", 0)
+    uv = uvicorn.Server(uvicorn_config(app, LIMITS))
+    assert issubclass(uv.config.http, asyncio.Protocol) and isinstance(uv.config.app, run.HeadTimeoutApp)
+    thread = threading.Thread(target=uv.run, kwargs=dict(sockets=[sock]), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not uv.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        with socket.create_connection(sock.getsockname()[:2], timeout=TIMEOUT) as conn:
+            conn.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"done"):
+                chunk = conn.recv(65536)
+                assert chunk, answer  # closed mid-request: the app did not find its connection
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200")
+            t0 = time.perf_counter()
+            with contextlib.suppress(OSError):
+                for byte in b"GET /slow HTTP/1.1\r\nHost: x\r\n":  # a slow second head
+                    conn.sendall(bytes([byte]))
+                    time.sleep(0.1)
+            assert conn.recv(65536) == b""  # closed
+            assert time.perf_counter() - t0 < LIMITS.header_timeout + 1
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
 def test_keep_alive_requests_are_not_delayed(served: Served) -> None:
     """Responses on a kept-alive connection are not held back by Nagle's algorithm waiting for the
     client's delayed ACK (~40 ms on Linux each, ~12x the work); a cheap request takes ~1-3 ms."""
