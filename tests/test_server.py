@@ -198,6 +198,49 @@ def test_raw_sse_format(served: Served) -> None:
     assert "speculative" in json.loads(events[-3][len("data: "):])
 
 
+def test_sse_headers_and_keep_alive_pings(served: Served, tiny_target: Model,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """sse-starlette's framing: OpenAI's headers, and on a quiet stream keep-alive pings as comment
+    lines, which the openai client skips (the text is the same)."""
+    from localspec.server import app as app_module
+
+    monkeypatch.setattr(app_module, "PING_SECONDS", 0.005)
+    body = {"prompt": PROMPT, "max_tokens": 60, "stream": True, "num_draft_tokens": 0}
+    r = served.http.post("/completions", json=body)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers["cache-control"] == "no-cache" and r.headers["x-accel-buffering"] == "no"
+    events = r.text.split("\n\n")
+    assert ": ping" in events and events[-2:] == ["data: [DONE]", ""]
+    assert all(e.startswith("data: {") or e == ": ping" for e in events[:-2])
+    text = "".join(json.loads(e[len("data: "):])["choices"][0]["text"] for e in events[:-2] if e.startswith("data: {"))
+    chunks = served.openai.completions.create(model="x", prompt=PROMPT, max_tokens=60, temperature=0, stream=True,
+                                              extra_body={"num_draft_tokens": 0})
+    assert "".join(c.choices[0].text for c in chunks) == text
+
+
+def test_an_error_mid_stream_is_an_error_event(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec.engine import Engine
+    from localspec.errors import ModelError
+
+    real, calls = Engine.step, []
+
+    def failing_later(self: Engine) -> list[int]:
+        calls.append(1)
+        if len(calls) > 2:
+            raise ModelError("llama_decode failed with code -3")
+        return real(self)
+
+    monkeypatch.setattr(Engine, "step", failing_later)
+    r = served.http.post("/completions", json={"prompt": PROMPT, "max_tokens": N, "stream": True,
+                                               "num_draft_tokens": 0})
+    assert r.status_code == 200
+    events = [e for e in r.text.split("\n\n") if e]
+    assert len(events) >= 2 and "data: [DONE]" not in events
+    error = json.loads(events[-1][len("data: "):])["error"]
+    assert error == {"message": "llama_decode failed with code -3", "type": "server_error", "param": None,
+                     "code": None}
+
+
 def test_request_settings_are_used(served: Served) -> None:
     """max_completion_tokens, stop and drafter reach the engine; no draft means target-only stats."""
     r = served.http.post("/completions", json={"prompt": PROMPT, "max_completion_tokens": 3,
@@ -568,6 +611,16 @@ def test_the_head_timeout_starts_again_after_each_response_and_spares_slow_reque
         uv.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def test_a_stopped_server_leaves_the_streams_of_the_next_alone(tiny_paths: tuple[Path, Path]) -> None:
+    """sse-starlette watches for uvicorn shutting down, per thread and process-wide: a server
+    stopped in this process must not end the streams of a server started after it."""
+    body = {"prompt": PROMPT, "max_tokens": N, "stream": True}
+    for _ in range(2):
+        with serving(load(tiny_paths[0], n_ctx=CTX), load(tiny_paths[1], n_ctx=CTX)) as s:
+            events = s.http.post("/completions", json=body).text.split("\n\n")
+            assert events[-2:] == ["data: [DONE]", ""]
 
 
 def test_keep_alive_requests_are_not_delayed(served: Served) -> None:

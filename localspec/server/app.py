@@ -17,13 +17,12 @@ import logging
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
-import anyio
 from pydantic import BaseModel
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response as HTTPResponse
-from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from localspec.api import Response, applied_config
@@ -46,6 +45,8 @@ from localspec.server.worker import Job, ModelWorker
 
 log = logging.getLogger(__name__)
 
+PING_SECONDS = 15.0  # a keep-alive comment line (": ping") on a stream quiet this long, for proxies' idle timeouts
+STREAM_SHUTDOWN_GRACE = 2.0  # seconds a stream may take to end by itself when the server stops (uvicorn waits 3)
 ROUTES_HELP = "GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
 HTTP_STATUS: dict[type[LocalspecError], int] = {  # the first class an error is an instance of
     RequestError: 400,  # or the status the error carries
@@ -187,34 +188,29 @@ async def _collect(job: Job) -> tuple[list[Response], BaseException | None]:
             return out, error
 
 
-def _event(body: BaseModel | str) -> bytes:
+def _event(body: BaseModel | str) -> ServerSentEvent:
     """One `data:` event: a response model as JSON, or a bare string ("[DONE]")."""
-    return f"data: {body if isinstance(body, str) else body.model_dump_json()}\n\n".encode()
+    return ServerSentEvent(body if isinstance(body, str) else body.model_dump_json(), sep="\n")
 
 
-def _sse_response(job: Job, body: AsyncIterator[bytes]) -> HTTPResponse:
-    """A Server-Sent-Events response that stops the job when the client disconnects."""
+def _sse_response(job: Job, events: AsyncIterator[ServerSentEvent]) -> HTTPResponse:
+    """A Server-Sent-Events response (sse-starlette) that stops the job when the client
+    disconnects: at once when the disconnect is seen, and when the event generator is closed. A
+    stream quiet for PING_SECONDS gets a comment line, which SSE clients (OpenAI's) skip. When
+    the server stops, the worker ends the generation after its current step and the stream
+    ends by itself, with its final chunks and [DONE], within STREAM_SHUTDOWN_GRACE seconds."""
 
-    class SSEResponse(StreamingResponse):
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            try:  # listen for the disconnect whatever ASGI spec version the server speaks
-                async with anyio.create_task_group() as tg:
-                    async def stream() -> None:
-                        with contextlib.suppress(OSError):
-                            await self.stream_response(send)
-                        tg.cancel_scope.cancel()
+    async def client_left(message: Any) -> None:
+        job.cancel.set()
 
-                    tg.start_soon(stream)
-                    await self.listen_for_disconnect(receive)
-                    tg.cancel_scope.cancel()
-            finally:
-                job.cancel.set()  # a no-op once the generation has ended
-
-    return SSEResponse(body, media_type="text/event-stream",
-                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    # with sse-starlette's X-Accel-Buffering: no (proxies pass each event on at once)
+    return EventSourceResponse(events, headers={"Cache-Control": "no-cache"}, sep="\n", ping=PING_SECONDS,
+                               ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
+                               client_close_handler_callable=client_left,
+                               shutdown_grace_period=STREAM_SHUTDOWN_GRACE)
 
 
-async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterator[bytes]:
+async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterator[ServerSentEvent]:
     try:
         if reply.chat:
             yield _event(reply.chunk(None, role=True))
