@@ -198,6 +198,49 @@ def test_raw_sse_format(served: Served) -> None:
     assert "speculative" in json.loads(events[-3][len("data: "):])
 
 
+def test_sse_headers_and_keep_alive_pings(served: Served, tiny_target: Model,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """sse-starlette's framing: OpenAI's headers, and on a quiet stream keep-alive pings as comment
+    lines, which the openai client skips (the text is the same)."""
+    from localspec.server import app as app_module
+
+    monkeypatch.setattr(app_module, "PING_SECONDS", 0.005)
+    body = {"prompt": PROMPT, "max_tokens": 60, "stream": True, "num_draft_tokens": 0}
+    r = served.http.post("/completions", json=body)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers["cache-control"] == "no-cache" and r.headers["x-accel-buffering"] == "no"
+    events = r.text.split("\n\n")
+    assert ": ping" in events and events[-2:] == ["data: [DONE]", ""]
+    assert all(e.startswith("data: {") or e == ": ping" for e in events[:-2])
+    text = "".join(json.loads(e[len("data: "):])["choices"][0]["text"] for e in events[:-2] if e.startswith("data: {"))
+    chunks = served.openai.completions.create(model="x", prompt=PROMPT, max_tokens=60, temperature=0, stream=True,
+                                              extra_body={"num_draft_tokens": 0})
+    assert "".join(c.choices[0].text for c in chunks) == text
+
+
+def test_an_error_mid_stream_is_an_error_event(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localspec.engine import Engine
+    from localspec.errors import ModelError
+
+    real, calls = Engine.step, []
+
+    def failing_later(self: Engine) -> list[int]:
+        calls.append(1)
+        if len(calls) > 2:
+            raise ModelError("llama_decode failed with code -3")
+        return real(self)
+
+    monkeypatch.setattr(Engine, "step", failing_later)
+    r = served.http.post("/completions", json={"prompt": PROMPT, "max_tokens": N, "stream": True,
+                                               "num_draft_tokens": 0})
+    assert r.status_code == 200
+    events = [e for e in r.text.split("\n\n") if e]
+    assert len(events) >= 2 and "data: [DONE]" not in events
+    error = json.loads(events[-1][len("data: "):])["error"]
+    assert error == {"message": "llama_decode failed with code -3", "type": "server_error", "param": None,
+                     "code": None}
+
+
 def test_request_settings_are_used(served: Served) -> None:
     """max_completion_tokens, stop and drafter reach the engine; no draft means target-only stats."""
     r = served.http.post("/completions", json={"prompt": PROMPT, "max_completion_tokens": 3,
@@ -516,6 +559,68 @@ def test_clients_that_send_nothing_or_slowly_are_timed_out(served: Served) -> No
     assert slow_body.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in slow_body
     assert time.perf_counter() - t0 < LIMITS.body_timeout + 3
     assert served.http.get("/models").status_code == 200
+
+
+def test_the_head_timeout_starts_again_after_each_response_and_spares_slow_requests(
+        tiny_paths: tuple[Path, Path]) -> None:
+    """The head timer (run.timed_protocol with run.HeadTimeoutApp) wraps uvicorn's protocol: the
+    request's task must see the connection it came from (it does when uvicorn starts the task
+    inside data_received). A request running longer than header_timeout is not cut; after the
+    response, a kept-alive connection that sends its next head a byte at a time is closed."""
+    import asyncio
+    import socket
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from localspec.server import run
+
+    async def slow(request) -> PlainTextResponse:
+        await asyncio.sleep(1.5 * LIMITS.header_timeout)
+        return PlainTextResponse("done")
+
+    app = Starlette(routes=[Route("/slow", slow)])
+    sock = bind_socket("127.0.0.1", 0)
+    uv = uvicorn.Server(uvicorn_config(app, LIMITS))
+    assert issubclass(uv.config.http, asyncio.Protocol) and isinstance(uv.config.app, run.HeadTimeoutApp)
+    thread = threading.Thread(target=uv.run, kwargs=dict(sockets=[sock]), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not uv.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        with socket.create_connection(sock.getsockname()[:2], timeout=TIMEOUT) as conn:
+            conn.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"done"):
+                chunk = conn.recv(65536)
+                assert chunk, answer  # closed mid-request: the app did not find its connection
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200")
+            t0 = time.perf_counter()
+            with contextlib.suppress(OSError):
+                for byte in b"GET /slow HTTP/1.1\r\nHost: x\r\n":  # a slow second head
+                    conn.sendall(bytes([byte]))
+                    time.sleep(0.1)
+            assert conn.recv(65536) == b""  # closed
+            assert time.perf_counter() - t0 < LIMITS.header_timeout + 1
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def test_a_stopped_server_leaves_the_streams_of_the_next_alone(tiny_paths: tuple[Path, Path]) -> None:
+    """sse-starlette watches for uvicorn shutting down, per thread and process-wide: a server
+    stopped in this process must not end the streams of a server started after it."""
+    body = {"prompt": PROMPT, "max_tokens": N, "stream": True}
+    for _ in range(2):
+        with serving(load(tiny_paths[0], n_ctx=CTX), load(tiny_paths[1], n_ctx=CTX)) as s:
+            events = s.http.post("/completions", json=body).text.split("\n\n")
+            assert events[-2:] == ["data: [DONE]", ""]
 
 
 def test_keep_alive_requests_are_not_delayed(served: Served) -> None:

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible HTTP server (Starlette + uvicorn, the optional extra ``localspec[server]``).
+"""An OpenAI-compatible HTTP server (Starlette, sse-starlette, uvicorn: the extra ``localspec[server]``).
 
     GET  /v1/models             the loaded model
     POST /v1/chat/completions   messages -> chat.completion (or chat.completion.chunk events)
@@ -47,8 +47,11 @@ class ServerLimits:
 
 
 def require_server_deps() -> None:
-    """Raise DependencyError naming the extra to install when Starlette or uvicorn is missing."""
-    missing = [name for name in ("starlette", "uvicorn", "pydantic") if importlib.util.find_spec(name) is None]
+    """Raise DependencyError naming the extra to install when Starlette, sse-starlette, uvicorn or
+    pydantic is missing."""
+    modules = {"starlette": "starlette", "sse-starlette": "sse_starlette", "uvicorn": "uvicorn",
+               "pydantic": "pydantic"}
+    missing = [name for name, module in modules.items() if importlib.util.find_spec(module) is None]
     if missing:
         raise DependencyError(f"the server needs {' and '.join(missing)}: pip install 'localspec[server]'")
 

@@ -15,13 +15,13 @@ import hmac
 import json
 import logging
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
-import anyio
+from pydantic import BaseModel
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response as HTTPResponse
 from starlette.routing import Route
 
@@ -40,11 +40,13 @@ from localspec.errors import (
 )
 from localspec.model import Model
 from localspec.server import ServerLimits, schemas
-from localspec.server.responses import Reply, error_body, sse
+from localspec.server.responses import Health, ModelCard, ModelList, Reply, error_body
 from localspec.server.worker import Job, ModelWorker
 
 log = logging.getLogger(__name__)
 
+PING_SECONDS = 15.0  # a keep-alive comment line (": ping") on a stream quiet this long, for proxies' idle timeouts
+STREAM_SHUTDOWN_GRACE = 2.0  # seconds a stream may take to end by itself when the server stops (uvicorn waits 3)
 ROUTES_HELP = "GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
 HTTP_STATUS: dict[type[LocalspecError], int] = {  # the first class an error is an instance of
     RequestError: 400,  # or the status the error carries
@@ -60,15 +62,21 @@ def status_of(exc: BaseException) -> int:
     return next((code for kind, code in HTTP_STATUS.items() if isinstance(exc, kind)), 500)
 
 
+def json_response(body: BaseModel, status_code: int = 200, headers: Mapping[str, str] | None = None) -> HTTPResponse:
+    """A JSON response whose body is one of the response models (.responses)."""
+    return HTTPResponse(body.model_dump_json(), status_code=status_code, headers=headers,
+                        media_type="application/json")
+
+
 def error_response(exc: BaseException, chat: bool) -> HTTPResponse:
     """An OpenAI-style error response for an exception raised before any output."""
     status = status_of(exc)
     if status >= 500 and not isinstance(exc, RequestError):
-        return JSONResponse(error_body(f"generation failed: {exc}", kind="server_error"), status_code=status)
+        return json_response(error_body(f"generation failed: {exc}", kind="server_error"), status)
     param = getattr(exc, "param", None)
     if isinstance(exc, PromptError):
         param = "messages" if chat else "prompt"
-    return JSONResponse(error_body(str(exc), param), status_code=status)
+    return json_response(error_body(str(exc), param), status)
 
 
 # ---------------------------------------------------------------- reading a request
@@ -180,52 +188,52 @@ async def _collect(job: Job) -> tuple[list[Response], BaseException | None]:
             return out, error
 
 
-def _sse_response(job: Job, body: AsyncIterator[bytes]) -> HTTPResponse:
-    """A Server-Sent-Events response that stops the job when the client disconnects."""
-
-    class SSEResponse(StreamingResponse):
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            try:  # listen for the disconnect whatever ASGI spec version the server speaks
-                async with anyio.create_task_group() as tg:
-                    async def stream() -> None:
-                        with contextlib.suppress(OSError):
-                            await self.stream_response(send)
-                        tg.cancel_scope.cancel()
-
-                    tg.start_soon(stream)
-                    await self.listen_for_disconnect(receive)
-                    tg.cancel_scope.cancel()
-            finally:
-                job.cancel.set()  # a no-op once the generation has ended
-
-    return SSEResponse(body, media_type="text/event-stream",
-                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+def _event(body: BaseModel | str) -> ServerSentEvent:
+    """One `data:` event: a response model as JSON, or a bare string ("[DONE]")."""
+    return ServerSentEvent(body if isinstance(body, str) else body.model_dump_json(), sep="\n")
 
 
-async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterator[bytes]:
+def _sse_response(job: Job, events: AsyncIterator[ServerSentEvent]) -> HTTPResponse:
+    """A Server-Sent-Events response (sse-starlette) that stops the job when the client
+    disconnects: at once when the disconnect is seen, and when the event generator is closed. A
+    stream quiet for PING_SECONDS gets a comment line, which SSE clients (OpenAI's) skip. When
+    the server stops, the worker ends the generation after its current step and the stream
+    ends by itself, with its final chunks and [DONE], within STREAM_SHUTDOWN_GRACE seconds."""
+
+    async def client_left(message: Any) -> None:
+        job.cancel.set()
+
+    # with sse-starlette's X-Accel-Buffering: no (proxies pass each event on at once)
+    return EventSourceResponse(events, headers={"Cache-Control": "no-cache"}, sep="\n", ping=PING_SECONDS,
+                               ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
+                               client_close_handler_callable=client_left,
+                               shutdown_grace_period=STREAM_SHUTDOWN_GRACE)
+
+
+async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterator[ServerSentEvent]:
     try:
         if reply.chat:
-            yield sse(reply.chunk(None, role=True))
+            yield _event(reply.chunk(None, role=True))
         kind, value = first
         last: Response | None = None
         while kind != "end":
             if kind == "token":
                 last = value
                 if value.text:
-                    yield sse(reply.chunk(value.text))
+                    yield _event(reply.chunk(value.text))
                 if value.finish_reason:
                     for chunk in reply.final_chunks(value.finish_reason, value.stats):
-                        yield sse(chunk)
+                        yield _event(chunk)
             elif kind == "error":
                 log.warning("stream of %s ended by an error: %s", reply.id, value)
                 kind_name = "server_error" if status_of(value) >= 500 else "invalid_request_error"
-                yield sse(error_body(str(value), kind=kind_name))
+                yield _event(error_body(str(value), kind=kind_name))
                 return
             kind, value = await job.get()
         if last is not None and last.finish_reason is None:  # stopped early (the server shuts down)
             for chunk in reply.final_chunks("length", last.stats):
-                yield sse(chunk)
-        yield b"data: [DONE]\n\n"
+                yield _event(chunk)
+        yield _event("[DONE]")
     finally:
         job.cancel.set()
 
@@ -248,7 +256,7 @@ async def _respond_full(request: Request, job: Job, reply: Reply) -> HTTPRespons
     last = responses[-1]
     text = "".join(r.text for r in responses)
     # finish_reason None: the server is shutting down (or an error) ended the generation early
-    return JSONResponse(reply.full(text, last.finish_reason or "length", last.stats))
+    return json_response(reply.full(text, last.finish_reason or "length", last.stats))
 
 
 # ---------------------------------------------------------------- the app
@@ -261,22 +269,20 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
     worker = ModelWorker(target, draft, limits.max_queue)
     created = int(time.time())
 
-    def model_card() -> dict:
-        return {"id": model_id, "object": "model", "created": created, "owned_by": "localspec"}
+    card = ModelCard(id=model_id, created=created)
 
     async def list_models(request: Request) -> HTTPResponse:
-        return JSONResponse({"object": "list", "data": [model_card()]})
+        return json_response(ModelList(data=[card]))
 
     async def get_model(request: Request) -> HTTPResponse:
         name = request.path_params["name"]
         if name != model_id:
-            return JSONResponse(error_body(f"model {name!r} does not exist; this server serves {model_id!r}",
-                                           "model"), status_code=404)
-        return JSONResponse(model_card())
+            return json_response(error_body(f"model {name!r} does not exist; this server serves {model_id!r}",
+                                            "model"), 404)
+        return json_response(card)
 
     async def health(request: Request) -> HTTPResponse:
-        return JSONResponse({"status": "ok", "model": model_id, "queued": worker.pending(),
-                             "busy": worker.busy.locked()})
+        return json_response(Health(model=model_id, queued=worker.pending(), busy=worker.busy.locked()))
 
     async def generate(request: Request, chat: bool) -> HTTPResponse:
         req = schemas.parse(parse_json(await read_body(request, limits), limits, chat), chat)
@@ -316,13 +322,12 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
             message = f"method {method} is not allowed on {path}" + (f"; use {allow}" if allow else "")
         else:
             message = str(exc.detail)
-        return JSONResponse(error_body(message), status_code=exc.status_code, headers=exc.headers)
+        return json_response(error_body(message), exc.status_code, exc.headers)
 
     async def internal_error(request: Request, exc: Exception) -> HTTPResponse:
         log.error("internal error on %s %s", request.method, request.url.path,
                   exc_info=(type(exc), exc, exc.__traceback__))
-        return JSONResponse(error_body(f"internal server error: {type(exc).__name__}", kind="server_error"),
-                            status_code=500)
+        return json_response(error_body(f"internal server error: {type(exc).__name__}", kind="server_error"), 500)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -355,10 +360,10 @@ class _BearerAuth:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] != "/health" and not authorized(Request(scope), self.limits):
-            response = JSONResponse(error_body("a valid API key is required: send 'Authorization: Bearer <key>' "
-                                               "(the key given to localspec serve --api-key)",
-                                               code="invalid_api_key"),
-                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            response = json_response(error_body("a valid API key is required: send 'Authorization: Bearer <key>' "
+                                                "(the key given to localspec serve --api-key)",
+                                                code="invalid_api_key"),
+                                     401, {"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)

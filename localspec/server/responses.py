@@ -1,12 +1,22 @@
-"""The OpenAI response objects of one request (full responses, stream chunks, errors)."""
+"""The OpenAI response objects as pydantic models (the wire format, declared once), and
+:class:`Reply`, which builds those of one request (full responses, stream chunks).
+
+Every JSON body the server sends is one of these models: :class:`ChatCompletion`,
+:class:`TextCompletion`, their stream chunks, :class:`ModelList` / :class:`ModelCard`,
+:class:`Health` and :class:`ErrorBody`. A None value is sent as ``null`` (OpenAI's clients read
+``logprobs``, ``finish_reason``, ``param`` and ``code`` as present), except where a model says a
+field is left out when not given (a chunk's ``usage`` without ``include_usage``, a delta's
+unset role or content).
+"""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from localspec import __version__
 from localspec.config import GenerationConfig
@@ -15,25 +25,180 @@ from localspec.engine import GenerationStats
 FINGERPRINT = f"localspec-{__version__}"
 
 
-def speculative_info(config: GenerationConfig, stats: GenerationStats) -> dict:
-    """The settings used and the acceptance statistics (the `speculative` object)."""
-    options = config.options()
-    return {**{k: options[k] for k in ("verifier", "drafter", "plan", "num_draft_tokens", "paths", "tree")},
-            **stats.as_dict()}
+class _Wire(BaseModel):
+    """A JSON object the server sends. Fields named in `omit_unless_given` are left out when the
+    object was built without them (given as None, they are sent as null)."""
+
+    model_config = ConfigDict(extra="forbid")
+    omit_unless_given: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _omit(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for name in self.omit_unless_given - self.model_fields_set:
+            data.pop(name, None)
+        return data
 
 
-def usage(stats: GenerationStats) -> dict:
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
-            "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+# ---------------------------------------------------------------- parts
+
+
+class Speculative(_Wire):
+    """The settings a generation used and its acceptance statistics (the `speculative` object);
+    the statistics are those of GenerationStats.as_dict."""
+
+    verifier: str
+    drafter: str
+    plan: str
+    num_draft_tokens: int
+    paths: int
+    tree: list[int] | None
+    generated_tokens: int
+    tokens_per_second: float
+    elapsed_seconds: float
+    block_efficiency: float
+    acceptance_rate: float
+    target_passes: int
+    drafted_tokens: int
+    accepted_tokens: int
+    accept_histogram: list[int]
+    verifier_share: float
+
+    @classmethod
+    def of(cls, config: GenerationConfig, stats: GenerationStats) -> Speculative:
+        options = config.options()
+        settings = {k: options[k] for k in ("verifier", "drafter", "plan", "num_draft_tokens", "paths", "tree")}
+        return cls.model_validate({**settings, **stats.as_dict()})
+
+
+class Usage(_Wire):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, stats: GenerationStats) -> Usage:
+        return cls(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.generated_tokens,
+                   total_tokens=stats.prompt_tokens + stats.generated_tokens)
+
+
+class ChatMessage(_Wire):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(_Wire):
+    index: int = 0
+    message: ChatMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+class Delta(_Wire):
+    """What a chat chunk adds: the role (first chunk), text, or nothing (the last chunk: `{}`)."""
+
+    omit_unless_given = frozenset({"role", "content"})
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Wire):
+    index: int = 0
+    delta: Delta
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class TextChoice(_Wire):
+    """A text completion's choice, in a full response and in a chunk (finish_reason null until the end)."""
+
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class _Completion(_Wire):
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str = FINGERPRINT
+
+
+# ---------------------------------------------------------------- responses
+
+
+class ChatCompletion(_Completion):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+    speculative: Speculative
+
+
+class TextCompletion(_Completion):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[TextChoice]
+    usage: Usage
+    speculative: Speculative
+
+
+class ChatCompletionChunk(_Completion):
+    """One `chat.completion.chunk` event. `usage` is sent (null but in the last) only when the
+    client asked for it (stream_options.include_usage); `speculative` only in the final chunks."""
+
+    omit_unless_given = frozenset({"usage", "speculative"})
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    speculative: Speculative | None = None
+
+
+class TextCompletionChunk(_Completion):
+    """One `text_completion` event (the same rules as ChatCompletionChunk)."""
+
+    omit_unless_given = frozenset({"usage", "speculative"})
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[TextChoice]
+    usage: Usage | None = None
+    speculative: Speculative | None = None
+
+
+Chunk = Union[ChatCompletionChunk, TextCompletionChunk]
+
+
+class ModelCard(_Wire):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "localspec"
+
+
+class ModelList(_Wire):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(_Wire):
+    status: Literal["ok"] = "ok"
+    model: str
+    queued: int  # requests waiting for the model worker
+    busy: bool  # a generation holds the models
+
+
+class ErrorDetail(_Wire):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(_Wire):
+    error: ErrorDetail
 
 
 def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error",
-               code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def sse(obj: Any) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+               code: str | None = None) -> ErrorBody:
+    return ErrorBody(error=ErrorDetail(message=message, type=kind, param=param, code=code))
 
 
 @dataclass
@@ -50,35 +215,33 @@ class Reply:
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
 
-    def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id,
-                "system_fingerprint": FINGERPRINT}
+    def _head(self) -> dict[str, Any]:
+        return {"id": self.id, "created": self.created, "model": self.model_id}
 
-    def full(self, text: str, finish: str, stats: GenerationStats) -> dict:
+    def full(self, text: str, finish: str, stats: GenerationStats) -> ChatCompletion | TextCompletion:
+        usage, spec = Usage.of(stats), Speculative.of(self.config, stats)
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**self._head("chat.completion" if self.chat else "text_completion"),
-                "choices": [choice], "usage": usage(stats), "speculative": speculative_info(self.config, stats)}
+            return ChatCompletion(**self._head(), usage=usage, speculative=spec,
+                                  choices=[ChatChoice(message=ChatMessage(content=text), finish_reason=finish)])
+        return TextCompletion(**self._head(), usage=usage, speculative=spec,
+                              choices=[TextChoice(text=text, finish_reason=finish)])
 
-    def chunk(self, text: str | None, finish: str | None = None, *, role: bool = False) -> dict:
-        if self.chat:
-            delta: dict = {"role": "assistant", "content": ""} if role else (
-                {} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        out = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
+    def chunk(self, text: str | None, finish: str | None = None, *, role: bool = False,
+              **extra: Any) -> Chunk:
+        """A chunk adding `text` (role: the first chat chunk, the role and ""); `extra`: usage,
+        speculative. `usage` is null unless given, when the client asked for usage."""
         if self.include_usage:
-            out["usage"] = None
-        return out
+            extra.setdefault("usage", None)
+        if self.chat:
+            delta = Delta(role="assistant", content="") if role else Delta() if text is None else Delta(content=text)
+            return ChatCompletionChunk(**self._head(), **extra,
+                                       choices=[ChunkChoice(delta=delta, finish_reason=finish)])
+        return TextCompletionChunk(**self._head(), **extra, choices=[TextChoice(text=text or "", finish_reason=finish)])
 
-    def final_chunks(self, finish: str, stats: GenerationStats) -> list[dict]:
-        spec = speculative_info(self.config, stats)
-        last = {**self.chunk(None, finish), "speculative": spec}
+    def final_chunks(self, finish: str, stats: GenerationStats) -> list[Chunk]:
+        spec = Speculative.of(self.config, stats)
+        last = self.chunk(None, finish, speculative=spec)
         if not self.include_usage:
             return [last]
-        head = self._head("chat.completion.chunk" if self.chat else "text_completion")
-        return [last, {**head, "choices": [], "usage": usage(stats), "speculative": spec}]
+        cls = ChatCompletionChunk if self.chat else TextCompletionChunk
+        return [last, cls(**self._head(), choices=[], usage=Usage.of(stats), speculative=spec)]

@@ -6,14 +6,18 @@ Two details decide how the server behaves on a real network:
   turns Nagle's algorithm off (``TCP_NODELAY``); with protocol 0 it does not, and every
   keep-alive response waits for the client's delayed ACK (~40 ms on Linux);
 * uvicorn times out idle keep-alive connections but not a client that connects and sends
-  nothing, or sends its request head a byte at a time: :class:`TimedH11Protocol` closes a
-  connection whose request head is not complete within ``header_timeout`` seconds.
+  nothing, or sends its request head a byte at a time, and it has no setting for that:
+  :func:`timed_protocol` (uvicorn's h11 protocol inside a wrapper, not a subclass) with
+  :class:`HeadTimeoutApp` closes a connection whose request head is not complete within
+  ``header_timeout`` seconds. The body's time is bounded by the app (``body_timeout``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
+from contextvars import ContextVar
 from typing import Any
 
 import uvicorn
@@ -49,52 +53,114 @@ def base_url(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
-def timed_protocol(header_timeout: float) -> type:
-    """uvicorn's h11 protocol, closing connections whose request head takes longer than
-    `header_timeout` seconds (from connecting, or from the end of the previous response)."""
+_CONNECTION: ContextVar[_HeadDeadline | None] = ContextVar("localspec_connection", default=None)
 
-    class TimedH11Protocol(H11Protocol):
-        _deadline: Any = None
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(header_timeout, self._expire)
+class _HeadDeadline(asyncio.Protocol):
+    """One connection: uvicorn's own HTTP protocol inside (every asyncio.Protocol call is passed
+    on to it), and a timer that closes the connection when a request head is not complete within
+    `header_timeout` seconds of connecting or of the end of the previous response.
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+    :class:`HeadTimeoutApp` stops the timer when a request reaches the app (its head is complete)
+    and starts it again when the response is complete. It finds the connection through a context
+    variable: uvicorn starts a request's task inside data_received, where this connection is
+    current, and a task inherits the context it was created in (tests/test_server.py checks this
+    for the uvicorn installed). The bytes themselves are not inspected: a client could send blank
+    lines, which h11 skips, before a head it never finishes."""
 
-        def _expire(self) -> None:
-            self._deadline = None
-            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
-                log.info("closing a connection whose request head did not arrive within %g s", header_timeout)
-                self.transport.close()
+    header_timeout: float = 10.0
+    inner_protocol: type[asyncio.Protocol] = H11Protocol
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
+    def __init__(self, **kwargs: Any) -> None:  # what uvicorn passes its protocol class
+        self.inner = self.inner_protocol(**kwargs)
+        self.transport: asyncio.BaseTransport | None = None
+        self.running = 0  # requests whose response is not complete
+        self._timer: asyncio.TimerHandle | None = None
 
-        def handle_events(self) -> None:
-            cycle = self.cycle
-            super().handle_events()
-            if self.cycle is not cycle:  # a request head arrived
-                self._disarm()
+    def arm(self) -> None:
+        self.disarm()
+        if self.running == 0 and self.transport is not None and not self.transport.is_closing():
+            self._timer = asyncio.get_running_loop().call_later(self.header_timeout, self._expire)
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm()
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
+    def _expire(self) -> None:
+        self._timer = None
+        if self.running == 0 and self.transport is not None and not self.transport.is_closing():
+            log.info("closing a connection whose request head did not arrive within %g s", self.header_timeout)
+            self.transport.close()
 
-    return TimedH11Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.inner.connection_made(transport)
+        self.arm()
+
+    def data_received(self, data: bytes) -> None:
+        token = _CONNECTION.set(self)
+        try:
+            self.inner.data_received(data)  # type: ignore[attr-defined]
+        finally:
+            _CONNECTION.reset(token)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()  # type: ignore[attr-defined]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.disarm()
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+def timed_protocol(header_timeout: float) -> type[asyncio.Protocol]:
+    """The protocol class for uvicorn's `http` setting: its h11 protocol, in connections that
+    close when a request head takes longer than `header_timeout` seconds (with HeadTimeoutApp)."""
+    return type("HeadDeadlineH11", (_HeadDeadline,), {"header_timeout": header_timeout})
+
+
+class HeadTimeoutApp:
+    """ASGI middleware telling a connection's head timer (timed_protocol) that a request runs
+    (no timeout while it does) and when its response is complete (the timer starts again)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        connection = _CONNECTION.get()
+        if scope["type"] != "http" or connection is None:
+            await self.app(scope, receive, send)
+            return
+        connection.running += 1
+        connection.disarm()
+        done = False
+
+        def finish() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                connection.running -= 1
+                connection.arm()
+
+        async def sending(message: Any) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                finish()
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            finish()
 
 
 def uvicorn_config(app: Any, limits: ServerLimits, verbose: bool = False) -> uvicorn.Config:
-    return uvicorn.Config(app, http=timed_protocol(limits.header_timeout), lifespan="on",
+    return uvicorn.Config(HeadTimeoutApp(app), http=timed_protocol(limits.header_timeout), lifespan="on",
                           log_level="info" if verbose else "warning", access_log=verbose,
                           timeout_graceful_shutdown=3, timeout_keep_alive=5)
 
