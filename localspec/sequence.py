@@ -19,10 +19,26 @@ operation failed half-way) is marked untrusted and is cleared by the next :meth:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
-if TYPE_CHECKING:
-    from localspec.model import Model
+
+class CachedModel(Protocol):
+    """The llama.cpp operations a sequence uses (localspec.model.Model has them)."""
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int],
+               seq_ids: Sequence[Sequence[int]] | None = None, outputs: str = "all") -> int: ...
+
+    def prefill(self, tokens: Sequence[int], start: int) -> None: ...
+
+    def logits_array(self, n_rows: int) -> Any: ...
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None: ...
+
+    def seq_cp(self, src: int, dst: int) -> None: ...
+
+    def seq_keep(self, seq: int) -> None: ...
+
+    def clear_memory(self) -> None: ...
 
 
 class Follower(Protocol):
@@ -48,7 +64,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class KVSequence:
     """One model's committed tokens and its KV cache's sequence 0 (see the module docstring)."""
 
-    def __init__(self, model: "Model") -> None:
+    def __init__(self, model: CachedModel) -> None:
         self.model = model
         self.tokens: list[int] = []  # the committed context
         self.n_cached = 0  # tokens[:n_cached] are in the cache as sequence 0
