@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 from tqdm import tqdm
 
-from localspec import reference, verifier
+from localspec.verify import reference, verifier
 from localspec.config import DEFAULT_SAMPLING, SamplingParams
 
 log = logging.getLogger(__name__)

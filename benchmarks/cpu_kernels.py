@@ -39,9 +39,9 @@ def measure(path: Path, configs: Sequence[str], rounds: int, threads: int | None
     """Per configuration: load seconds, weight buffers and the median seconds of each pass size."""
     from localspec.config import ModelOptions
     from localspec.errors import ModelError
-    from localspec.model import Model
+    from localspec.llama.model import Model
 
-    from localspec import kernels
+    from localspec.llama import kernels
 
     crashing = kernels.crashing_buffer_types()
     models, out = {}, {}
@@ -94,7 +94,7 @@ def curve_table(results: dict[str, dict]) -> list[str]:
 
 def check_cost(path: Path, configs: Sequence[str]) -> list[str]:
     """What auto's first-run check of each configuration costs (a child process, measured)."""
-    from localspec import kernels
+    from localspec.llama import kernels
 
     types = kernels.checked_types(kernels.read_weights(path))
     lines = ["", f"First-run check of a configuration on {'/'.join(types)} weights (a child process; later runs "
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--configs takes {', '.join(CONFIGS)}")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
-    from localspec import registry
+    from localspec.llama import registry
 
     reg = registry.load_registry()
     path = registry.resolve(args.model or reg.pairs[reg.default_pair].target)

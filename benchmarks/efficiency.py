@@ -25,11 +25,11 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec import verifier
+from localspec.verify import verifier
 from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig, SamplingParams, Shape
-from localspec.engine import Engine
+from localspec.decoding.engine import Engine
 from localspec.errors import ConfigError
-from localspec.model import Model
+from localspec.llama.model import Model
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def paired_scores(target: Model, draft: Model, contexts: Sequence[Sequence[int]]
     """Per method label, its tokens per target pass at each context (one draft per group and context)."""
     from tqdm import tqdm
 
-    from localspec.drafters import make_drafters
+    from localspec.decoding.drafters import make_drafters
 
     scores: dict[str, list[float]] = {}
     bar = tqdm(total=len(groups) * len(contexts), file=sys.stderr, disable=not progress, unit="draft",

@@ -40,11 +40,11 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec import registry
+from localspec.llama import registry
 from localspec.api import load_model, stream_generate
 from localspec.prompt import prompt_tokens, render_chat
-from localspec.lookup import ContextLookup
-from localspec.planner import CostTable
+from localspec.decoding.lookup import ContextLookup
+from localspec.decoding.planner import CostTable
 
 from efficiency import default_groups, paired_ratio, paired_scores, target_contexts  # benchmarks/
 
@@ -110,8 +110,8 @@ def expected_tokens(alpha: float, depth: int) -> float:
 
 def host_header() -> list[str]:
     """The host every figure belongs to: CPU model, llama.cpp's feature line, its extra buffer types."""
-    from localspec import kernels
-    from localspec.profiles import machine
+    from localspec.llama import kernels
+    from localspec.llama.host import machine
 
     m = machine()
     extra = ", ".join(kernels.extra_buffer_types()) or "none"

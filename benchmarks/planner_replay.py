@@ -49,10 +49,10 @@ from head_to_head import (_run, add_prompts_option, check_prompts, cost_curve, g
 from whole_process import GROUNDED_PROMPTS, PROMPTS  # noqa: E402
 
 from localspec.config import GenerationConfig  # noqa: E402
-from localspec.drafters import NGramDrafter, ngram_kind  # noqa: E402
-from localspec.lookup import ContextLookup  # noqa: E402
-from localspec.planner import NO_LIMIT, Acceptance, CostTable, Planner  # noqa: E402
-from localspec.profiles import Profile  # noqa: E402
+from localspec.decoding.drafters import NGramDrafter, ngram_kind  # noqa: E402
+from localspec.decoding.lookup import ContextLookup  # noqa: E402
+from localspec.decoding.planner import NO_LIMIT, Acceptance, CostTable, Planner  # noqa: E402
+from localspec.decoding.profiles import Profile  # noqa: E402
 
 _CODE = ('def parse_config(path):\n    result = {}\n    with open(path) as handle:\n        for line in handle:\n'
          '            line = line.strip()\n            if not line or line.startswith("#"):\n                continue\n'
@@ -339,7 +339,7 @@ def parse_curve(p: argparse.ArgumentParser, spec: str) -> dict[int, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from localspec import registry
+    from localspec.llama import registry
     from localspec.api import load_model
 
     reg = registry.load_registry()

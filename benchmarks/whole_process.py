@@ -158,9 +158,9 @@ def ceiling_table(args: argparse.Namespace, alone_runs: dict[str, list[Run]]) ->
     proposal and first-token alternatives (an upper bound: it drafts only the branch that is right)."""
     from head_to_head import cost_curve, greedy_answer, ngram_ceiling
 
-    from localspec import registry
+    from localspec.llama import registry
     from localspec.api import load_model
-    from localspec.planner import CostTable
+    from localspec.decoding.planner import CostTable
 
     progress("n-gram ceiling: cost curve and target-alone outputs")
     reg = registry.load_registry()
@@ -198,7 +198,7 @@ LLAMA_NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")  # llama.cpp's 
 def llama_ngram(bindir: Path, prompt: str, spec_type: str, tokens: int, threads: int | None) -> tuple[float, float]:
     """(whole-process seconds, decode tokens/s) of one llama-speculative-simple run at T = 0 with
     one of llama.cpp's n-gram modes (up to 32 drafts; no draft model is loaded)."""
-    from localspec import registry
+    from localspec.llama import registry
 
     target = registry.resolve(registry.load_registry().pairs[registry.load_registry().default_pair].target)
     cmd = [str(bindir / "llama-speculative-simple"), "-m", str(target), "-p", prompt, "-n", str(tokens), "-c", "4096",
@@ -237,7 +237,7 @@ def llama_table(args: argparse.Namespace, root: Path, warm: dict[str, list[Run]]
 
 
 def default_target() -> Path:
-    from localspec import registry
+    from localspec.llama import registry
 
     reg = registry.load_registry()
     return Path(registry.resolve(reg.pairs[reg.default_pair].target))
@@ -245,7 +245,7 @@ def default_target() -> Path:
 
 def chat_text(prompt: str) -> str:
     """The text localspec decodes from for a prompt: the target's chat template, rendered."""
-    from localspec.model import Model
+    from localspec.llama.model import Model
     from localspec.prompt import render_chat
 
     vocab = Model.vocabulary(default_target())
@@ -259,7 +259,7 @@ def completion_flags() -> list[str]:
     """The llama-completion flags of this comparison: plain text in (the rendered chat prompt, no
     escapes, no conversation mode), greedy, and --no-repack where llama.cpp's own choice of CPU
     buffer types includes AMX (which crashes on some Xeons: the flag that makes it run there)."""
-    from localspec import kernels
+    from localspec.llama import kernels
 
     crashing = kernels.crashing_buffer_types()
     return ["-no-cnv", "--no-escape", "--temp", "0", "--seed", "1", "-c", "4096", *(["-nr"] if crashing else [])]
@@ -316,7 +316,7 @@ def completion_table(args: argparse.Namespace, root: Path) -> list[str]:
 def kernels_table(args: argparse.Namespace, root: Path) -> list[str]:
     """The target alone, whole process, under each CPU kernel configuration this build can load
     (alternated, T = 0): what the configuration auto picks is worth to a user, start-up included."""
-    from localspec import kernels
+    from localspec.llama import kernels
 
     configs = [c for c in ("llama", "repack", "plain")
                if c != "repack" or kernels.REPACK_BUFFER in kernels.extra_buffer_types()]

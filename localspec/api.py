@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from localspec.config import GenerationConfig
-from localspec.drafters import make_drafters
-from localspec.engine import Engine, GenerationStats
+from localspec.decoding.drafters import make_drafters
+from localspec.decoding.engine import Engine, GenerationStats
 from localspec.errors import PromptError
 from localspec.loading import load_model, load_pair
-from localspec.model import Model
-from localspec.profiles import Profiles
+from localspec.llama.model import Model
+from localspec.decoding.profiles import Profiles
 from localspec.prompt import Prompt, prompt_tokens
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class _StopFilter:
 
 
 class StopScanner:
-    """A follower of the target's sequence (localspec.sequence.Follower): the text of the tokens
+    """A follower of the target's sequence (localspec.llama.sequence.Follower): the text of the tokens
     generated since the prompt, cut at the first stop string. :meth:`take` hands out each token
     with its text once; tokens rolled back before they were taken are forgotten."""
 

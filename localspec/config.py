@@ -31,7 +31,7 @@ PLANS: tuple[str, ...] = ("auto", "fixed")
 CACHE_TYPES: tuple[str, ...] = ("f16", "f32", "q8_0")
 FLASH_ATTN: tuple[str, ...] = ("auto", "on", "off")
 LOAD_MODES: tuple[str, ...] = ("read", "mmap", "auto")
-CPU_KERNELS: tuple[str, ...] = ("auto", "llama", "repack", "plain")  # see localspec.kernels
+CPU_KERNELS: tuple[str, ...] = ("auto", "llama", "repack", "plain")  # see localspec.llama.kernels
 
 MAX_DRAFT_TOKENS = 64  # draft depth
 MAX_PATHS = 16
@@ -358,7 +358,7 @@ class ModelOptions:
     n_seq_max: int = 16  # sequences (tree branches) in flight
     load_mode: str = "read"  # read: copy the weights into memory (no mapped duplicate); mmap; auto
     rpc: tuple[str, ...] = ()  # RPC servers ("host:port") that take the model's layers
-    cpu_kernels: str = "auto"  # which llama.cpp weight buffer types (AMX, CPU_REPACK) to use: see localspec.kernels
+    cpu_kernels: str = "auto"  # which llama.cpp weight buffer types (AMX, CPU_REPACK) to use: see localspec.llama.kernels
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rpc", parse_endpoints(self.rpc))

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 from localspec.config import ModelOptions
 
 if TYPE_CHECKING:
-    from localspec.model import Model
+    from localspec.llama.model import Model
 
 
 def load_model(model: str | Path, **options: Any) -> Model:
     """Load a GGUF file, or a registry model by name (fetched and cached on first use).
     Options: ctx_size, batch_size, threads, n_gpu_layers, flash_attn, cache_type, n_seq_max,
     load_mode, cpu_kernels, rpc (see localspec.config.ModelOptions)."""
-    from localspec import registry
-    from localspec.model import Model
+    from localspec.llama import registry
+    from localspec.llama.model import Model
 
     model_options = ModelOptions.from_options(options)
     return Model(registry.resolve(str(model)), model_options)
@@ -63,8 +63,8 @@ def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int |
               **options: Any) -> Loaded:
     """Load the target and the draft the options name (options: those of localspec.load_model).
     lazy_draft: the draft is fetched if needed but loaded only when the planner wants it."""
-    from localspec import registry
-    from localspec.pairing import LazyModel
+    from localspec.llama import registry
+    from localspec.decoding.pairing import LazyModel
 
     ModelOptions.from_options(options)  # bad options are reported before anything loads
     reg = registry.load_registry()

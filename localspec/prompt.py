@@ -17,7 +17,7 @@ from typing import Sequence, Union
 import llama_cpp as lc
 
 from localspec.errors import ModelError, PromptError
-from localspec.model import Model
+from localspec.llama.model import Model
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
 ROLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,31}$")

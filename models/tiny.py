@@ -34,7 +34,7 @@ that follows a special token (``<|im_start|>user`` -> ``<|im_start|>``, ``▁``,
 Command line: ``python -m localspec.models.tiny OUT_DIR [--seed N] [--noise X]`` writes a
 target/draft pair and prints the two paths.
 
-Writing files needs the ``gguf`` package (a dependency of localspec: ``localspec.kernels`` writes
+Writing files needs the ``gguf`` package (a dependency of localspec: ``localspec.llama.kernels`` writes
 a tiny model to check llama.cpp's CPU kernels in a child process); it is imported when a file is
 written, so importing this module costs nothing.
 """

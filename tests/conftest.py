@@ -9,9 +9,9 @@ from typing import Iterator
 import pytest
 
 from localspec.config import ModelOptions
-from localspec.model import Model
+from localspec.llama.model import Model
 from localspec.models import tiny
-from localspec.profiles import PROFILE_ENV
+from localspec.llama.host import PROFILE_ENV
 
 # exact, deterministic logits: F32 KV cache, flash attention off, one thread
 EXACT = dict(cache_type="f32", flash_attn="off", threads=1)

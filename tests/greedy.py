@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from localspec.api import stream_generate
-from localspec.model import Model
+from localspec.llama.model import Model
 from localspec.prompt import prompt_tokens
 
 NEAR_TIE = 1e-3  # logits; batch-shape noise on the tiny F32 models is ~1e-5

@@ -88,7 +88,7 @@ def random_instance(rng: np.random.Generator, method: str, V: int | None = None)
     if rng.random() < 0.2:  # ties
         logits = np.round(logits).astype(np.float32)
     settings = random_settings(rng, V)
-    from localspec import verifier
+    from localspec.verify import verifier
 
     tp = verifier.probs(logits, sampling=settings)
     draft = np.stack([random_draft_row(rng, V, tp[r]) for r in range(n + 1)])

@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 
 from localspec.api import default_pair, stream_generate
-from localspec.model import Model
+from localspec.llama.model import Model
 from localspec.prompt import chat_tokens, render_chat
 
 from greedy import assert_greedy_equal

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from localspec import bench, check, prompt_sets, stats
+from localspec.cli import bench_runs as bench, check_runs as check, prompt_sets
+from localspec.verify import stats
 from localspec.cli import cli
 from localspec.config import SamplingParams, Shape
 from localspec.errors import ConfigError

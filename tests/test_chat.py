@@ -19,11 +19,10 @@ import pytest
 from click.testing import CliRunner
 
 from localspec.api import Response, generate
-from localspec.cli import cli
-from localspec.cli import chat as chat_module
+from localspec.cli import chat as chat_module, cli
 from localspec.config import GenerationConfig
-from localspec.engine import GenerationStats
-from localspec.model import Model
+from localspec.decoding.engine import GenerationStats
+from localspec.llama.model import Model
 from localspec.models import tiny
 
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from localspec.cli import cli
-from localspec.model import Model
+from localspec.llama.model import Model
 from localspec.models import tiny
 
 from greedy import assert_greedy_text

@@ -11,11 +11,11 @@ import pytest
 
 from localspec.api import stream_generate
 from localspec.config import GenerationConfig, SamplingParams, Shape
-from localspec.drafters import make_drafters
-from localspec.engine import Engine
+from localspec.decoding.drafters import make_drafters
+from localspec.decoding.engine import Engine
 from localspec.errors import ConfigError
-from localspec.model import Model
-from localspec.tree import DraftTree
+from localspec.llama.model import Model
+from localspec.decoding.tree import DraftTree
 
 from conftest import load
 from greedy import assert_greedy_equal

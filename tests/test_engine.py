@@ -17,8 +17,8 @@ from scipy import stats
 from localspec.api import generate, stream_generate
 from localspec.config import GenerationConfig
 from localspec.errors import ConfigError, ModelError
-from localspec.model import Model
-from localspec.pairing import check_pair
+from localspec.llama.model import Model
+from localspec.decoding.pairing import check_pair
 from localspec.models import tiny
 
 from conftest import load
@@ -405,7 +405,7 @@ def test_hybrid_without_draft_model(tiny_target: Model) -> None:
 
 
 def test_combine_sums_generations() -> None:
-    from localspec.engine import GenerationStats, combine
+    from localspec.decoding.engine import GenerationStats, combine
 
     a = GenerationStats(5, 10, 4, 12, 6, 0.1, 1.0, 0.2, 0.6, 0.05, (1, 0, 3))
     b = GenerationStats(7, 6, 6, 0, 0, 0.2, 0.5, 0.0, 0.4, 0.01, ())
@@ -421,7 +421,7 @@ def test_combine_sums_generations() -> None:
 
 def test_a_context_beyond_the_machines_memory_is_refused_before_allocating(tiny_paths: tuple[Path, Path],
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec import model as model_module
+    from localspec.llama import model as model_module
 
     with load(tiny_paths[0]) as m:
         per_cell = m.kv_bytes(1)

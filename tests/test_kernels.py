@@ -1,4 +1,4 @@
-"""CPU kernel configurations (localspec.kernels): what each one loads where, the rule auto follows,
+"""CPU kernel configurations (localspec.llama.kernels): what each one loads where, the rule auto follows,
 and the check in a child process that keeps a configuration whose process dies from ever being
 used on a machine again (a configuration made to die here: the negative control on a host where
 none crashes by itself)."""
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from localspec import kernel_check, kernels
+from localspec.llama import kernel_check, kernels
 from localspec.cli import cli
 from localspec.config import ModelOptions
 from localspec.errors import ConfigError, ModelError
-from localspec.model import Model
+from localspec.llama.model import Model
 
 from conftest import load
 
@@ -141,7 +141,7 @@ def test_auto_never_offers_a_buffer_type_known_to_crash(q4_0: Path, monkeypatch:
 def test_auto_checks_once_and_says_what_it_chose(q4_0: Path, fresh_checks: Path,
                                                  caplog: pytest.LogCaptureFixture,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    with caplog.at_level(logging.WARNING, logger="localspec.kernels"):
+    with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
         plan = kernels.resolve(q4_0, "auto")
     assert plan.config == "llama" or "AMX" in kernels.extra_buffer_types()
     notices = [r.getMessage() for r in caplog.records]
@@ -154,7 +154,7 @@ def test_auto_checks_once_and_says_what_it_chose(q4_0: Path, fresh_checks: Path,
         raise AssertionError("a recorded verdict must not be checked again")
 
     monkeypatch.setattr(kernels, "Check", no_child)
-    with caplog.at_level(logging.WARNING, logger="localspec.kernels"):
+    with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
         assert kernels.resolve(q4_0, "auto") == plan
     assert not caplog.records  # later runs: silent, no child
 
@@ -167,7 +167,7 @@ def test_a_configuration_whose_child_dies_is_never_used(q4_0: Path, fresh_checks
     and a later run never tries it again."""
     first = kernels.candidates(kernels.read_weights(q4_0))[0][0]
     monkeypatch.setenv(kernels.FAULT_ENV, first)
-    with caplog.at_level(logging.WARNING, logger="localspec.kernels"):
+    with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
         plan = kernels.resolve(q4_0, "auto")
     assert plan.config != first
     message = caplog.records[-1].getMessage()
@@ -228,7 +228,7 @@ def test_damaged_verdicts_are_ignored(q4_0: Path, fresh_checks: Path, caplog: py
     checks = kernels.Checks()
     checks.path.parent.mkdir(parents=True, exist_ok=True)
     checks.path.write_text('{"llama:Q4_0,Q6_K": {"ok": "maybe"}, "x": 3')
-    with caplog.at_level(logging.WARNING, logger="localspec.kernels"):
+    with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
         plan = kernels.resolve(q4_0, "auto")
     assert plan.config in ("llama", "repack", "plain")
     assert any("unreadable kernel checks" in r.getMessage() for r in caplog.records)

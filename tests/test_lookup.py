@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.lookup import ContextLookup, SuffixAutomaton
+from localspec.decoding.lookup import ContextLookup, SuffixAutomaton
 
 
 def brute_longest_repeat(seq: list[int]) -> tuple[int, int]:

@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from localspec import lossless, reference
+from localspec.verify import lossless, reference
 from localspec.config import SamplingParams, Shape
-from localspec.lossless import ToyModel
+from localspec.verify.lossless import ToyModel
 
 TOL = 1e-9
 V = 3

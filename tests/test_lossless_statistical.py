@@ -13,9 +13,9 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from localspec import lossless, reference
+from localspec.verify import lossless, reference
 from localspec.config import SamplingParams, Shape
-from localspec.lossless import ToyModel
+from localspec.verify.lossless import ToyModel
 
 ALPHA = 1e-4
 N = 20_000

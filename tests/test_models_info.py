@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from localspec import registry
-from localspec.cli import cli
-from localspec.cli import info as info_module
+from localspec.llama import registry
+from localspec.cli import cli, info as info_module
 from localspec.models import tiny
 
 
@@ -194,7 +193,7 @@ def test_info_json(cache: Path) -> None:
 
 def test_info_reports_a_broken_verifier(monkeypatch: pytest.MonkeyPatch) -> None:
     """The self-test can fail: a verifier that rejects everything is caught (exit status 1)."""
-    from localspec import verifier
+    from localspec.verify import verifier
 
     monkeypatch.setattr(verifier, "verify", lambda *a, **k: verifier.Verdict(path=(), token=0, n_accepted=0))
     assert info_module.verifier_self_test() is not None
@@ -217,7 +216,7 @@ def test_info_shows_where_a_models_weights_go(quantized_paths: dict[str, tuple[P
 
 
 def test_info_names_a_buffer_type_known_to_crash(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec import kernels
+    from localspec.llama import kernels
 
     real = kernels.extra_buffer_types()
     monkeypatch.setattr(kernels, "extra_buffer_types", lambda: {"AMX": 1, **real})

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 from localspec.config import Shape
-from localspec.model import Model
-from localspec.planner import FIRST_TRY, SAMPLED, Acceptance, CostTable, Planner
-from localspec.profiles import Profile, Profiles, identity, key_of
+from localspec.llama.model import Model
+from localspec.decoding.planner import FIRST_TRY, SAMPLED, Acceptance, CostTable, Planner
+from localspec.decoding.profiles import Profile, Profiles
+from localspec.llama.host import identity, key_of
 
 
 def test_cost_table_interpolates_a_line() -> None:
@@ -277,11 +278,12 @@ def test_sampled_and_greedy_acceptance_are_kept_apart(tiny_target) -> None:
 ])
 def test_a_profile_of_the_wrong_shape_is_ignored_with_a_warning(tmp_path: Path, body: str,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    from localspec.profiles import Profiles, key_of
+    from localspec.decoding.profiles import Profiles
+    from localspec.llama.host import key_of
 
     ident = {"file": "m.gguf"}
     (tmp_path / f"{key_of(ident)}.json").write_text(body)
-    with caplog.at_level("WARNING", logger="localspec.profiles"):
+    with caplog.at_level("WARNING", logger="localspec.decoding.profiles"):
         profile = Profiles(tmp_path).get(ident)
     assert profile.costs == {} and profile.acceptance == {}  # measured again
     assert any("ignoring the unreadable cost profile" in r.getMessage() for r in caplog.records)

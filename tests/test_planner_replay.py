@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import planner_replay as pr  # noqa: E402
 from head_to_head import ngram_runs, oracle_seconds  # noqa: E402
 
-from localspec.planner import FIRST_TRY, CostTable, Planner  # noqa: E402
+from localspec.decoding.planner import FIRST_TRY, CostTable, Planner  # noqa: E402
 
 CURVE = {1: 0.036, 2: 0.070, 4: 0.100, 8: 0.200, 16: 0.300, 32: 0.560}  # a CPU-like curve, increasing
 COST = CostTable(dict(CURVE))

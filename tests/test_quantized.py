@@ -14,10 +14,11 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from localspec import kernels, reference, verifier
+from localspec.llama import kernels
+from localspec.verify import reference, verifier
 from localspec.api import stream_generate
 from localspec.config import SamplingParams
-from localspec.model import Model
+from localspec.llama.model import Model
 from localspec.models import tiny
 
 from conftest import QUANTIZATIONS, load

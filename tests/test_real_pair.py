@@ -26,7 +26,7 @@ TIMEOUT = 1800  # seconds: the first run fetches 1.6 GB
 
 def kernel_configuration() -> str:
     """What the default target loads with here (the check runs in a child process of its own)."""
-    from localspec import kernels, registry
+    from localspec.llama import kernels, registry
 
     reg = registry.load_registry()
     config = os.environ.get("LOCALSPEC_CPU_KERNELS", "auto")

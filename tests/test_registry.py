@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec import registry
-from localspec.registry import FetchError, ModelNotFound, ModelSpec, Part
+from localspec.llama import registry
+from localspec.llama.registry import FetchError, ModelNotFound, ModelSpec, Part
 
 
 def _b64_sha256(data: bytes) -> str:

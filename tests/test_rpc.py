@@ -25,10 +25,10 @@ from typing import Callable, Iterator
 import pytest
 from click.testing import CliRunner
 
-from localspec import rpc
+from localspec.llama import rpc
 from localspec.cli import cli
 from localspec.errors import DependencyError
-from localspec.model import Model
+from localspec.llama.model import Model
 
 from greedy import assert_greedy_text
 

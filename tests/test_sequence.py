@@ -1,4 +1,4 @@
-"""KVSequence: the one owner of what a model's KV cache holds (localspec.sequence)."""
+"""KVSequence: the one owner of what a model's KV cache holds (localspec.llama.sequence)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from localspec.errors import ModelError
-from localspec.sequence import KVSequence, common_prefix
+from localspec.llama.sequence import KVSequence, common_prefix
 
 from conftest import load
 

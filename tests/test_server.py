@@ -26,7 +26,7 @@ from openai import OpenAI
 
 from localspec.cli import cli
 from localspec.config import GenerationConfig
-from localspec.model import Model
+from localspec.llama.model import Model
 from localspec.server import ServerLimits, schemas, worker
 from localspec.server.app import create_app
 from localspec.server.run import base_url, bind_socket, uvicorn_config
@@ -204,7 +204,7 @@ def test_sse_headers_and_keep_alive_pings(served: Served, tiny_target: Model,
     lines, which the openai client skips (the text is the same)."""
     from localspec.server import app as app_module
 
-    from localspec.engine import Engine
+    from localspec.decoding.engine import Engine
 
     step = Engine.step
 
@@ -229,7 +229,7 @@ def test_sse_headers_and_keep_alive_pings(served: Served, tiny_target: Model,
 
 
 def test_an_error_mid_stream_is_an_error_event(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec.engine import Engine
+    from localspec.decoding.engine import Engine
     from localspec.errors import ModelError
 
     real, calls = Engine.step, []
@@ -705,7 +705,7 @@ def test_a_lone_surrogate_is_the_clients_error(served: Served) -> None:
 def test_model_and_remote_failures_are_the_servers(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     """llama.cpp failing is a 500 that blames no request field; an RPC server failing is a 502
     (503 when unreachable): never a 400 naming `messages`."""
-    from localspec.engine import Engine
+    from localspec.decoding.engine import Engine
     from localspec.errors import ModelError, RemoteError
 
     for exc, status in ((ModelError("llama_decode failed with code -3"), 500),

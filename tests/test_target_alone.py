@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from localspec.api import stream_generate
 from localspec.cli import cli
 from localspec.config import GenerationConfig
-from localspec.drafters import NGramDrafter, make_drafters
-from localspec.model import Model
-from localspec.report import describe_speculation, format_stats
+from localspec.decoding.drafters import NGramDrafter, make_drafters
+from localspec.llama.model import Model
+from localspec.cli.report import describe_speculation, format_stats
 
 REPEATS = "def add(a, b): return a + b. def add(a, b): return a + b. def add(a, b): return"
 

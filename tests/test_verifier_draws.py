@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from instances import random_instance
-from localspec import reference, verifier
+from localspec.verify import reference, verifier
 from localspec.config import SamplingParams
 
 METHODS = verifier.METHODS

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec import verifier
+from localspec.verify import verifier
 from localspec.config import SamplingParams
 from localspec.errors import ConfigError
-from localspec.verifier import LogitsPointer, VerifierError
+from localspec.verify.verifier import LogitsPointer, VerifierError
 
 V = 6
 RNG = np.random.default_rng(0)

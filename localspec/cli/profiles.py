@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 def describe(profile: Any) -> list[str]:
     """A profile in a few lines: what it is for and what it measured."""
-    from localspec.planner import Acceptance
+    from localspec.decoding.planner import Acceptance
 
     ident = profile.identity
     costs = ", ".join(f"c({n})={s * 1e3:.1f}" for n, s in sorted(profile.costs.items())) or "none yet"
@@ -53,7 +53,7 @@ def profiles() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def list_profiles(as_json: bool) -> None:
     """The profiles on disk, newest first."""
-    from localspec.profiles import Profiles
+    from localspec.decoding.profiles import Profiles
 
     store = Profiles()
     found = store.on_disk()
@@ -69,7 +69,7 @@ def list_profiles(as_json: bool) -> None:
 @profiles.command("reset")
 def reset_profiles() -> None:
     """Delete every profile (the next run measures afresh)."""
-    from localspec.profiles import Profiles
+    from localspec.decoding.profiles import Profiles
 
     store = Profiles()
     click.echo(f"removed {store.reset()} profile(s) from {store.directory}")

@@ -39,7 +39,7 @@ def rpc_server(host: str, port: int, threads: int | None, cache_dir: str | None)
     localspec rpc-server --host 0.0.0.0 --port 50052 --cache ~/.cache/localspec/rpc
     localspec --rpc 192.168.1.20:50052 "Write a quicksort"  # on the client
     """
-    from localspec import rpc
+    from localspec.llama import rpc
 
     rpc.require()
     if host not in LOOPBACK:

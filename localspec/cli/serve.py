@@ -16,7 +16,7 @@ from localspec.cli.options import (
     user_errors,
 )
 from localspec.loading import draft_loading, is_none, load_pair
-from localspec.report import describe_speculation
+from localspec.cli.report import describe_speculation
 from localspec.server import ServerLimits
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,8 @@ LIMITS = ("max_body_bytes", "max_messages", "max_nesting", "max_queue", "header_
 
 def check_loaded_pair(loaded: Any) -> None:
     """ModelError when the draft (loaded, or lazily: its vocabulary alone) cannot draft for the target."""
-    from localspec.pairing import LazyModel, check_lazy_pair, check_pair
-    from localspec.profiles import Profiles
+    from localspec.decoding.pairing import LazyModel, check_lazy_pair, check_pair
+    from localspec.decoding.profiles import Profiles
 
     if isinstance(loaded.draft, LazyModel):
         profiles = Profiles()
@@ -96,8 +96,7 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     from localspec import server
 
     server.require_server_deps()
-    from localspec.server.run import base_url, bind_socket
-    from localspec.server.run import serve as run_server
+    from localspec.server.run import base_url, bind_socket, serve as run_server
 
     defaults = generation_config(options)
     limits = ServerLimits(api_key=api_key or None, **{k: options[k] for k in LIMITS})

@@ -38,7 +38,7 @@ from localspec.errors import (
     RequestError,
     VerifierError,
 )
-from localspec.model import Model
+from localspec.llama.model import Model
 from localspec.server import ServerLimits, schemas
 from localspec.server.responses import Health, ModelCard, ModelList, Reply, error_body
 from localspec.server.worker import Job, ModelWorker

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model
 
 from localspec import __version__
 from localspec.config import GenerationConfig
-from localspec.engine import GenerationStats
+from localspec.decoding.engine import GenerationStats
 
 FINGERPRINT = f"localspec-{__version__}"
 

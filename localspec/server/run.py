@@ -25,7 +25,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from localspec.config import DEFAULTS, GenerationConfig
 from localspec.errors import ConfigError
-from localspec.model import Model
+from localspec.llama.model import Model
 from localspec.server import ServerLimits
 from localspec.server.app import create_app
 from localspec.server.worker import ModelWorker

@@ -15,9 +15,9 @@ from typing import Any
 
 from localspec.api import Generation
 from localspec.config import GenerationConfig
-from localspec.profiles import Profiles
+from localspec.decoding.profiles import Profiles
 from localspec.errors import LocalspecError, RequestError
-from localspec.model import Model
+from localspec.llama.model import Model
 
 log = logging.getLogger(__name__)
 

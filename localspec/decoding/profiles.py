@@ -14,72 +14,27 @@ batch size, the llama.cpp build and the device). It holds
 
 The first run learns them from its own work (the prompt's prefill, every step); later runs start
 from them and keep refining. Files live in ``<cache root>/profiles`` (see
-``localspec.registry.cache_root``); ``localspec profiles`` shows and resets them.
+``localspec.llama.registry.cache_root``); ``localspec profiles`` shows and resets them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
-import platform
 import tempfile
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
-from localspec.config import ModelOptions
+from localspec.llama.host import key_of, profile_dir
 
 log = logging.getLogger(__name__)
 
 VERSION = 2
 MAX_WEIGHT = 100.0  # acceptance counts kept per level between runs (so a profile keeps adapting)
-PROFILE_ENV = "LOCALSPEC_PROFILE_DIR"  # overrides the directory
-
-
-def profile_dir() -> Path:
-    from localspec import registry
-
-    override = os.environ.get(PROFILE_ENV)
-    return Path(override).expanduser() if override else registry.cache_root() / "profiles"
-
-
-def cpuinfo(*keys: str) -> str | None:
-    """The value of the first /proc/cpuinfo line that starts with one of `keys` (None: none, or
-    not Linux)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(keys):
-                return line.split(":", 1)[1].strip()
-    return None
-
-
-@lru_cache(maxsize=1)
-def machine() -> dict[str, str]:
-    """The llama.cpp build and the CPU it runs on."""
-    import llama_cpp
-
-    cpu = cpuinfo("model name") or platform.processor() or platform.machine()
-    info = llama_cpp.llama_print_system_info()
-    return {"llama_cpp": str(getattr(llama_cpp, "__version__", "?")),
-            "build": info.decode("utf-8", "replace").strip() if isinstance(info, bytes) else str(info),
-            "cpu": cpu, "cores": str(os.cpu_count())}
-
-
-def identity(path: Path, options: ModelOptions, extra: dict | None = None) -> dict[str, Any]:
-    """What a model's speed depends on (without loading it)."""
-    st = path.stat()
-    return {"file": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "threads": options.threads or os.cpu_count(), "n_gpu_layers": options.n_gpu_layers,
-            "cache_type": options.cache_type, "flash_attn": options.flash_attn, "load_mode": options.load_mode,
-            "cpu_kernels": options.cpu_kernels, "batch_size": options.batch_size, "rpc": list(options.rpc),
-            **machine(), **(extra or {})}
-
-
 class Profiled(Protocol):
     """A model as the cost model sees it (loaded or not)."""
 
@@ -87,10 +42,6 @@ class Profiled(Protocol):
 
     @property
     def file_bytes(self) -> int: ...
-
-
-def key_of(ident: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
 
 @dataclass

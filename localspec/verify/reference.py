@@ -2,7 +2,7 @@
 
 Each function follows its paper literally (block verification computes every h_i, batch follows
 Alg. 4's loops, traversal keeps explicit per-node residual rows) and reads the same uniform slots
-as the C verifier (see :mod:`localspec.verifier`), so the two can be compared draw for draw.
+as the C verifier (see :mod:`localspec.verify.verifier`), so the two can be compared draw for draw.
 
 Randomness goes through a :class:`Randomness` object: :class:`Uniforms` replays caller-supplied
 uniforms; :func:`enumerate_outcomes` runs an algorithm over *every* branch of its randomness and

@@ -1,5 +1,5 @@
-"""The child process of a CPU kernel check (``localspec.kernels``): ``python -m
-localspec.kernel_check CONFIG TYPE...`` quantizes a tiny model to each weight type with llama.cpp's
+"""The child process of a CPU kernel check (``localspec.llama.kernels``): ``python -m
+localspec.llama.kernel_check CONFIG TYPE...`` quantizes a tiny model to each weight type with llama.cpp's
 own quantizer, decodes with the configuration and with the plain kernels, and compares the logits.
 It exits 0 when they agree; a configuration that crashes kills only this process."""
 
@@ -14,11 +14,11 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec import backend
+from localspec.llama import backend
 from localspec.config import ModelOptions
 from localspec.errors import ModelError
-from localspec.kernels import CHECK_FTYPES, CHECK_TOLERANCE, FAULT_ENV
-from localspec.model import Model
+from localspec.llama.kernels import CHECK_FTYPES, CHECK_TOLERANCE, FAULT_ENV
+from localspec.llama.model import Model
 from localspec.models import tiny
 
 
@@ -70,10 +70,10 @@ def check_in_child(config: str, types: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The check's child process: `python -m localspec.kernel_check CONFIG TYPE...`; 0 when it passes."""
+    """The check's child process: `python -m localspec.llama.kernel_check CONFIG TYPE...`; 0 when it passes."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or args[0] not in ("llama", "repack", "plain") or not set(args[1:]) <= set(CHECK_FTYPES):
-        print("usage: python -m localspec.kernel_check llama|repack|plain TYPE [TYPE...]  "
+        print("usage: python -m localspec.llama.kernel_check llama|repack|plain TYPE [TYPE...]  "
               f"(types: {', '.join(CHECK_FTYPES)})", file=sys.stderr)
         return 2
     print(check_in_child(args[0], args[1:]))

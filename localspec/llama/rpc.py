@@ -26,7 +26,7 @@ import sys
 import threading
 from typing import Callable, Sequence
 
-from localspec import ggml
+from localspec.llama import ggml
 from localspec.errors import DependencyError, RemoteError, exit_code
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ class DecodeWatch:
 
 def serve(host: str, port: int, threads: int, cache_dir: str | None) -> None:
     """Serve this machine's CPU to RPC clients (blocks until the process ends)."""
-    from localspec import backend
+    from localspec.llama import backend
 
     backend.init()
     require()

@@ -16,10 +16,11 @@ import time
 import weakref
 from pathlib import Path
 
-from localspec import profiles
+from localspec.decoding.profiles import Profiles
+from localspec.llama.host import identity, key_of
 from localspec.config import ModelOptions
 from localspec.errors import ModelError
-from localspec.model import Model, _check_gguf_file, claimed
+from localspec.llama.model import Model, _check_gguf_file, claimed
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +37,13 @@ class LazyModel:
         self.options = options or ModelOptions()
         self.paired = paired  # a registry pair: its vocabulary is known to match the target's
         _check_gguf_file(self.path)
-        self.identity = profiles.identity(self.path, self.options)
+        self.identity = identity(self.path, self.options)
         self._model: Model | None = None
         self._busy = threading.Lock()
         self.load_seconds: float | None = None  # set when it is loaded
 
     def in_use(self) -> contextlib.AbstractContextManager[None]:
-        """Claim the draft for one generation (localspec.model.claimed)."""
+        """Claim the draft for one generation (localspec.llama.model.claimed)."""
         return claimed(self._busy, self.path.name)
 
     @property
@@ -71,13 +72,13 @@ class LazyModel:
             self._model = None
 
 
-def check_lazy_pair(target: Model, draft: LazyModel, store: profiles.Profiles) -> None:
+def check_lazy_pair(target: Model, draft: LazyModel, store: Profiles) -> None:
     """check_pair for a draft that is not loaded: its vocabulary alone is read, once per machine
     when `store` is saved (the verdict is kept in the target's profile)."""
     if draft.paired:
         return
     profile = store.get(target.identity)
-    key = "pair:" + profiles.key_of(draft.identity)
+    key = "pair:" + key_of(draft.identity)
     verdict = profile.checks.get(key)
     if verdict is None:
         verdict = _vocabulary_verdict(target, draft.path)

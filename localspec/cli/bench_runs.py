@@ -4,16 +4,16 @@ Every row is measured in the same process, on the same prompts and seeds, side b
 target-only baseline row of the same prompt set and temperature, so the speedup column compares
 like with like (see docs/design.md, "Metrics")::
 
-    from localspec.bench import BenchSettings, run_bench, to_markdown
+    from localspec.cli.bench_runs import BenchSettings, run_bench, to_markdown
     from localspec.config import Shape
-    from localspec.prompt_sets import builtin_prompts
+    from localspec.cli.prompt_sets import builtin_prompts
 
     settings = BenchSettings(verifiers=("block",), shapes=(Shape.parse("k4"),), temperatures=(0.0,))
     results = run_bench(target, draft, builtin_prompts("code"), settings)
     print(to_markdown(results))
 
 No click here: the ``bench`` command (localspec/cli/bench.py) turns errors into messages.
-Prompt sets live in :mod:`localspec.prompt_sets`.
+Prompt sets live in :mod:`localspec.cli.prompt_sets`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from localspec.config import DEFAULT_SAMPLING, GenerationConfig, SamplingParams, Shape
-from localspec.engine import GenerationStats, combine
+from localspec.decoding.engine import GenerationStats, combine
 from localspec.errors import BenchError, ConfigError, DependencyError
 
 

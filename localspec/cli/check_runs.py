@@ -4,7 +4,7 @@
 
 * exact: for every lossless verifier, the one-step output distribution (drafting included,
   every random draw enumerated; numpy reference of the rule) continued by the target equals the
-  target's own joint distribution to 1e-9 (:func:`localspec.lossless.exact_error`);
+  target's own joint distribution to 1e-9 (:func:`localspec.verify.lossless.exact_error`);
 * Monte Carlo: the C verifier's one-step outputs over N seeded steps against that exact
   joint, Pearson chi-square at significance ``alpha`` (a correct verifier fails with probability
   ``alpha``);
@@ -14,9 +14,9 @@
 (b) The model pair: from a fixed prompt, N full speculative steps (draft + verify, plan fixed)
 each record their first token; a one-sample chi-square compares the counts with the target's
 exact next-token distribution after the same sampling transform (temperature, top-k, top-p,
-min-p; :func:`localspec.verifier.probs`, what the verifier and plain sampling use).
+min-p; :func:`localspec.verify.verifier.probs`, what the verifier and plain sampling use).
 
-The chi-square test comes from :mod:`localspec.stats` (no SciPy at run time).
+The chi-square test comes from :mod:`localspec.verify.stats` (no SciPy at run time).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from localspec import lossless, reference
+from localspec.verify import lossless, reference
 from localspec.config import (
     DEFAULT_SAMPLING,
     DEFAULTS,
@@ -39,8 +39,8 @@ from localspec.config import (
     SamplingParams,
     Shape,
 )
-from localspec.lossless import ToyModel
-from localspec.stats import pearson_pvalue
+from localspec.verify.lossless import ToyModel
+from localspec.verify.stats import pearson_pvalue
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def toy_suite(alpha: float, seed: int = 0, n: int = TOY_SAMPLES,
 
 def target_next_token_probs(target: Any, prompt_tokens: Sequence[int], sampling: Any) -> np.ndarray:
     """The target's exact next-token distribution after the prompt, after the sampling transform."""
-    from localspec import verifier
+    from localspec.verify import verifier
 
     target.clear()
     target.prefill(list(prompt_tokens), 0)
@@ -177,8 +177,8 @@ def speculative_first_tokens(target: Any, draft: Any, prompt_tokens: Sequence[in
 
     from tqdm import tqdm
 
-    from localspec.drafters import make_drafters
-    from localspec.engine import Engine
+    from localspec.decoding.drafters import make_drafters
+    from localspec.decoding.engine import Engine
 
     drafters = make_drafters(target, draft, replace(config, drafter="model"))
     counts: Counter = Counter()

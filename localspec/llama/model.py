@@ -22,11 +22,11 @@ from typing import Any, Iterator, Sequence
 import llama_cpp as lc
 import numpy as np
 
-from localspec import backend, kernels, profiles, rpc
+from localspec.llama import backend, host, kernels, rpc
 from localspec.config import ModelOptions
 from localspec.errors import ModelError, RemoteError
-from localspec.sequence import KVSequence
-from localspec.verifier import LogitsPointer
+from localspec.llama.sequence import KVSequence
+from localspec.verify.verifier import LogitsPointer
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +319,7 @@ class Model:
     def identity(self) -> dict:
         """What this model's speed depends on (the key of its cost profile)."""
         if self._identity is None:
-            self._identity = profiles.identity(self.path, self.options)
+            self._identity = host.identity(self.path, self.options)
         return self._identity
 
     @property

@@ -1,7 +1,7 @@
 """The speculative step loop.
 
 Invariant between steps: every committed token but the last (the "root") is in the target's KV
-cache as sequence 0; the target's :class:`~localspec.sequence.KVSequence` (``target.sequence``)
+cache as sequence 0; the target's :class:`~localspec.llama.sequence.KVSequence` (``target.sequence``)
 holds the committed tokens and says so. A step asks each drafter for a proposal, drafts a
 chain/paths/tree from the chosen one, runs ONE target decode over the root and all draft nodes
 (branches as KV sequences sharing the prefix), lets the C verifier accept a path and draw the
@@ -20,14 +20,14 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec import verifier
+from localspec.verify import verifier
 from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig
-from localspec.drafters import DraftProposal, Drafter, ModelDrafter
+from localspec.decoding.drafters import DraftProposal, Drafter, ModelDrafter
 from localspec.errors import PromptError
-from localspec.model import Model
-from localspec.planner import PREFILL_WARM_UP, Planner
-from localspec.profiles import Profiles
-from localspec.tree import DraftTree
+from localspec.llama.model import Model
+from localspec.decoding.planner import PREFILL_WARM_UP, Planner
+from localspec.decoding.profiles import Profiles
+from localspec.decoding.tree import DraftTree
 
 log = logging.getLogger(__name__)
 

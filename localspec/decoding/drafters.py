@@ -12,7 +12,7 @@ Each step the engine asks every drafter to :meth:`~Drafter.propose` (a :class:`D
 its acceptance kind, how many levels it offers, what it must decode first), the planner picks
 one, the engine passes that proposal back to its drafter's :meth:`~Drafter.draft`, and after
 verification calls :meth:`~Drafter.commit` with the accepted path and the committed tokens. A
-model drafter keeps its model's :class:`~localspec.sequence.KVSequence` in step with the target's
+model drafter keeps its model's :class:`~localspec.llama.sequence.KVSequence` in step with the target's
 context; the n-gram drafter holds no state between steps but its lookup.
 """
 
@@ -25,15 +25,16 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from localspec import verifier
+from localspec.verify import verifier
 from localspec.config import GenerationConfig, SamplingParams, Shape
 from localspec.errors import ConfigError
-from localspec.lookup import ContextLookup, Proposal
-from localspec.model import Model
-from localspec.pairing import LazyModel, check_lazy_pair, check_pair
-from localspec.profiles import Profiled, Profiles, key_of
-from localspec.sequence import KVSequence
-from localspec.tree import DraftTree, leaf_ranges
+from localspec.decoding.lookup import ContextLookup, Proposal
+from localspec.llama.model import Model
+from localspec.decoding.pairing import LazyModel, check_lazy_pair, check_pair
+from localspec.decoding.profiles import Profiled, Profiles
+from localspec.llama.host import key_of
+from localspec.llama.sequence import KVSequence
+from localspec.decoding.tree import DraftTree, leaf_ranges
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +219,7 @@ def ngram_kind(proposal: Proposal) -> str:
 
 
 class NGramDrafter:
-    """Prompt lookup over the whole context (localspec.lookup): the continuation of the longest
+    """Prompt lookup over the whole context (localspec.decoding.lookup): the continuation of the longest
     earlier match, re-aligned after the output replaced a source token. Chains only; one-hot
     rows (deterministic proposals). Its planning kind is the proposal's match-length bucket."""
 

@@ -37,8 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from localspec._verifier import ffi, lib
-from localspec.config import CHAIN_ONLY, SamplingParams
-from localspec.config import VERIFIERS as METHODS
+from localspec.config import CHAIN_ONLY, SamplingParams, VERIFIERS as METHODS
 from localspec.errors import VerifierError
 
 PLAIN = SamplingParams()  # the target's own distribution: temperature 1, nothing truncated

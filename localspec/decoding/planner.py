@@ -7,7 +7,7 @@ tokens it has not seen plus d levels) plus c_target(n(d) + 1); the target alone 
 per c_target(1). The planner picks the d that maximises E(d) / cost(d), and d = 0 unless that
 beats the target alone by a margin.
 
-* Costs come from the models' profiles (localspec.profiles, passed in by whoever set the
+* Costs come from the models' profiles (localspec.decoding.profiles, passed in by whoever set the
   generation up): measured on earlier runs, refined by every step, never by dummy batches; the
   planner works on its own copies and writes them back with :meth:`Planner.record`. A size never measured is first estimated optimistically
   (from c(1) and the prompt prefill's rate), so it gets tried once and measured.
@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from localspec.config import Shape
-from localspec.profiles import Profile, Profiled, Profiles
+from localspec.decoding.profiles import Profile, Profiled, Profiles
 
 if TYPE_CHECKING:
-    from localspec.drafters import Drafter, ModelDrafter
+    from localspec.decoding.drafters import Drafter, ModelDrafter
 
 log = logging.getLogger(__name__)
 

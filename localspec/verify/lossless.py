@@ -16,9 +16,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec import reference, verifier
+from localspec.verify import reference, verifier
 from localspec.config import WITHOUT_REPLACEMENT, SamplingParams, Shape
-from localspec.stats import pearson_pvalue
+from localspec.verify.stats import pearson_pvalue
 
 Context = tuple[int, ...]
 
@@ -259,7 +259,7 @@ def monte_carlo_counts(method: str, target: ToyModel, draft: ToyModel, shape: Sh
 
 def chi_square_pvalue(counts: dict, expected: dict, n: int, min_expected: float = 5.0) -> float:
     """Pearson goodness of fit of `counts` (n samples) against the probabilities `expected`;
-    categories with expected count < min_expected are pooled (localspec.stats.pearson_pvalue)."""
+    categories with expected count < min_expected are pooled (localspec.verify.stats.pearson_pvalue)."""
     if sum(counts.values()) != n:
         raise ValueError(f"counts hold {sum(counts.values())} samples, not n = {n}")
     return pearson_pvalue(counts, expected, min_expected)[2]

@@ -23,7 +23,7 @@ from typing import Any, Protocol, Sequence
 
 
 class CachedModel(Protocol):
-    """The llama.cpp operations a sequence uses (localspec.model.Model has them)."""
+    """The llama.cpp operations a sequence uses (localspec.llama.model.Model has them)."""
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int],
                seq_ids: Sequence[Sequence[int]] | None = None, outputs: str = "all") -> int: ...

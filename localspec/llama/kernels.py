@@ -23,7 +23,7 @@ CPU, its flags or the llama.cpp build change): a child process quantizes a tiny 
 weight types of the model being loaded, decodes with that configuration and compares the logits
 with the plain kernels'. A configuration whose child dies (or computes something else) is never
 used on that machine again; the verdicts live in ``<profile dir>/kernel-checks``. The child is
-``localspec.kernel_check``.
+``localspec.llama.kernel_check``.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def cpu_features() -> frozenset[str]:
 @lru_cache(maxsize=1)
 def extra_buffer_types() -> dict[str, int]:
     """The CPU backend's extra buffer types, in llama.cpp's order of preference: name -> handle."""
-    from localspec import backend, ggml
+    from localspec.llama import backend, ggml
 
     backend.init()
     lib = ggml.lib()
@@ -124,7 +124,7 @@ class Weight:
 
 def read_weights(path: Path) -> tuple[Weight, ...]:
     """The tensors of a GGUF file, from its header (llama.cpp's gguf reader; milliseconds)."""
-    from localspec import ggml
+    from localspec.llama import ggml
 
     found = ggml.tensors(str(path))
     if found is None:
@@ -269,7 +269,7 @@ def candidates(weights: Sequence[Weight], gpu_layers: int = 0) -> list[tuple[str
 def host_key() -> str:
     """What a check's verdict depends on besides the configuration: the CPU, its flags and the
     llama.cpp build."""
-    from localspec.profiles import cpuinfo, machine
+    from localspec.llama.host import cpuinfo, machine
 
     ident = {**machine(), "flags": cpuinfo("flags", "Features") or "", "extra": sorted(extra_buffer_types())}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
@@ -287,7 +287,7 @@ class Checks:
     kept in memory too, so a directory that cannot be written never repeats a check)."""
 
     def __init__(self, directory: Path | None = None) -> None:
-        from localspec.profiles import profile_dir
+        from localspec.llama.host import profile_dir
 
         self.path = (directory or profile_dir() / "kernel-checks") / f"{host_key()}.json"
         self._memory: dict[str, Verdict] = {}
@@ -354,7 +354,7 @@ class Check:
         self.config, self.types = config, tuple(types)
         env = {k: v for k, v in os.environ.items() if k != "LOCALSPEC_LLAMA_LOG"}
         self.started = time.perf_counter()
-        self.process = subprocess.Popen([sys.executable, "-m", "localspec.kernel_check", config, *types],
+        self.process = subprocess.Popen([sys.executable, "-m", "localspec.llama.kernel_check", config, *types],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, env=env)
 
