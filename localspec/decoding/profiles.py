@@ -179,6 +179,6 @@ class Profiles:
         self._loaded.clear()
         return removed
 
-    def one_token_seconds(self, model: Any) -> float:
+    def one_token_seconds(self, model: Profiled) -> float:
         """A model's measured cost of decoding one token (0: not measured yet)."""
         return self.get(model.identity).costs.get(1, 0.0)
