@@ -57,7 +57,8 @@ def prompt_tokens(target: Model, prompt: Prompt) -> list[int]:
     if all(_is_token_id(t) for t in items):
         for i, t in enumerate(items):
             if not 0 <= t < target.n_vocab:
-                raise PromptError(f"token id {t} at index {i} of the prompt is not in the vocabulary [0, {target.n_vocab})")
+                raise PromptError(f"token id {t} at index {i} of the prompt is not in the vocabulary (token ids in "
+                                  f"[0, {target.n_vocab}))")
         return [int(t) for t in items]
     bad = next((i, t) for i, t in enumerate(items) if not _is_token_id(t))
     raise PromptError(f"the prompt must be {_PROMPT_KINDS}; item {bad[0]} is a {type(bad[1]).__name__}")
