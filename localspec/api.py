@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from localspec.config import GenerationConfig
 from localspec.decoding.drafters import make_drafters
 from localspec.decoding.engine import Engine, GenerationStats
-from localspec.errors import PromptError
+from localspec.errors import ConfigError, PromptError
 from localspec.loading import load_model, load_pair
 from localspec.llama.model import Model
 from localspec.decoding.profiles import Profiles
@@ -138,6 +139,27 @@ class StopScanner:
         return "" if self.stopped else self._filter.push(self._detok.flush()) + self._filter.flush()
 
 
+def _check_arguments(target: Any, draft: Any, config: Any, profiles: Any) -> None:
+    """ConfigError naming the argument that is not what a generation takes (a path where a loaded
+    model belongs, the target as its own draft, ...), before anything runs."""
+    from localspec.decoding.pairing import LazyModel
+
+    if not isinstance(target, Model):
+        raise ConfigError(f"target must be a loaded model, got {type(target).__name__}; load it with "
+                          "localspec.load_model(path)", "target")
+    if draft is not None and not isinstance(draft, (Model, LazyModel)):
+        raise ConfigError(f"draft must be a loaded model or None, got {type(draft).__name__}; load it with "
+                          "localspec.load_model(path)", "draft")
+    if draft is target:
+        raise ConfigError("the draft is the target itself: a model cannot draft for itself in one generation "
+                          "(its KV cache is one state); pass draft=None, or load the file twice", "draft")
+    if not isinstance(config, GenerationConfig):
+        raise ConfigError(f"config must be a GenerationConfig, got {type(config).__name__}", "config")
+    if profiles is not None and not isinstance(profiles, Profiles):
+        raise ConfigError(f"profiles must be a localspec.decoding.profiles.Profiles (or None), got {type(profiles).__name__}",
+                          "profiles")
+
+
 class Generation:
     """One generation, set up eagerly: settings validated, prompt tokenized, engine built.
     Iterate over it (once) for one :class:`Response` per token; the last carries the finish reason.
@@ -148,6 +170,7 @@ class Generation:
 
     def __init__(self, target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig,
                  profiles: Profiles | None = None) -> None:
+        _check_arguments(target, draft, config, profiles)
         self.target = target
         self.config = applied_config(config, draft is not None)
         self._owns_profiles = profiles is None
@@ -172,7 +195,8 @@ class Generation:
             try:
                 yield from self._responses()
             except GeneratorExit:  # the caller stopped between steps: the caches are consistent
-                self._finish()
+                if not sys.is_finalizing():  # a generator left open at exit: nothing to save then
+                    self._finish()
                 raise
             self._finish()
 

@@ -15,7 +15,9 @@ Keyword names equal the CLI flags (``num_draft_tokens`` is ``--num-draft-tokens`
 
 from __future__ import annotations
 
+import difflib
 import math
+import numbers
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
@@ -52,23 +54,61 @@ def parse_endpoints(value: str | Sequence[str] | None, param: str = "rpc") -> tu
     """RPC servers as "host:port[,host:port...]" (or a list of them); ConfigError names a bad one."""
     if value is None or value == "" or value == ():
         return ()
+    _require(isinstance(value, (str, list, tuple)), param,
+             f"{param} must be \"HOST:PORT[,HOST:PORT...]\" or a list of such strings, got {_show(value)}")
     items = value.split(",") if isinstance(value, str) else list(value)
     out = []
     for item in (str(i).strip() for i in items):
-        m = _ENDPOINT.match(item)
+        m = _ENDPOINT.match(item) if len(item) <= 300 else None
         _require(m is not None and 1 <= int(m.group(2)) <= 65535, param,
-                 f"{item!r} is not an RPC server address; use HOST:PORT, e.g. 192.168.1.20:{RPC_PORT} "
+                 f"{_show(item)} is not an RPC server address; use HOST:PORT, e.g. 192.168.1.20:{RPC_PORT} "
                  "(several: comma-separated)")
         out.append(item)
     return tuple(dict.fromkeys(out))
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A real number (int, float, numpy's scalars, Fraction; never a bool) that a float can hold:
+    10**400 is no temperature."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or type(value).__name__ == "bool_":
+        return False
+    try:
+        float(value)
+    except (OverflowError, ValueError, TypeError):
+        return False
+    return True
 
 
 def _is_int(value: Any) -> bool:
+    """An integral number: an int (numpy's included) or a float with no fractional part."""
+    if isinstance(value, numbers.Integral):
+        return not isinstance(value, bool) and type(value).__name__ != "bool_"
     return _is_number(value) and float(value).is_integer()
+
+
+def _as_int(value: Any) -> Any:
+    """An integral setting as a Python int (3.0 and numpy.int64(3) are 3); other values as they
+    are, for the range check to refuse."""
+    return int(value) if _is_int(value) else value
+
+
+def _as_float(value: Any) -> Any:
+    return float(value) if _is_number(value) else value
+
+
+def unknown_names(names: Any, known: Sequence[str], what: str) -> str:
+    """The message for unknown keyword names, suggesting the closest known name of each."""
+    parts = []
+    for name in sorted(map(str, names)):
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        parts.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    return f"unknown {what}: {', '.join(parts)}; known: {', '.join(sorted(known))}"
+
+
+def _show(value: Any) -> str:
+    """A value as an error message shows it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _require(ok: bool, param: str, message: str) -> None:
@@ -78,7 +118,7 @@ def _require(ok: bool, param: str, message: str) -> None:
 
 def _choice(value: Any, param: str, choices: Sequence[str]) -> None:
     _require(isinstance(value, str) and value in choices, param,
-             f"{param} must be one of {', '.join(choices)}, got {value!r}")
+             f"{param} must be one of {', '.join(choices)}, got {_show(value)}")
 
 
 # ---------------------------------------------------------------- sampling
@@ -95,19 +135,19 @@ class SamplingParams:
     min_p: float = 0.0  # 0: off
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "temperature", _as_float(self.temperature))
+        object.__setattr__(self, "top_k", _as_int(self.top_k))
+        object.__setattr__(self, "top_p", _as_float(self.top_p))
+        object.__setattr__(self, "min_p", _as_float(self.min_p))
         t = self.temperature
         _require(_is_number(t) and math.isfinite(t) and (t == 0 or MIN_TEMPERATURE <= t <= 1e6), "temperature",
-                 f"temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE:g}, 1e6], got {t!r}")
+                 f"temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE:g}, 1e6], got {_show(t)}")
         _require(_is_int(self.top_k) and 0 <= self.top_k <= INT32_MAX, "top_k",
-                 f"top_k must be an integer in [0, {INT32_MAX}] (0: off), got {self.top_k!r}")
+                 f"top_k must be an integer in [0, {INT32_MAX}] (0: off), got {_show(self.top_k)}")
         _require(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p",
-                 f"top_p must lie in (0, 1] (1: off), got {self.top_p!r}")
+                 f"top_p must lie in (0, 1] (1: off), got {_show(self.top_p)}")
         _require(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p",
-                 f"min_p must lie in [0, 1] (0: off), got {self.min_p!r}")
-        object.__setattr__(self, "temperature", float(t))
-        object.__setattr__(self, "top_k", int(self.top_k))
-        object.__setattr__(self, "top_p", float(self.top_p))
-        object.__setattr__(self, "min_p", float(self.min_p))
+                 f"min_p must lie in [0, 1] (0: off), got {_show(self.min_p)}")
 
     @property
     def greedy(self) -> bool:
@@ -121,7 +161,16 @@ DEFAULT_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0
 
 SHAPE_SYNTAX = ("kN (a chain of N draft tokens), pKkN (K paths of N tokens), "
                 "AxBx.. or tAxBx.. (a tree: A children at depth 1, B at depth 2, ...)")
-_SHAPE_RE = re.compile(r"^(?:k(\d+)|p(\d+)k(\d+)|t?(\d+(?:[x,]\d+)*))$")
+# ASCII digits only (\d takes other scripts' digits too)
+_SHAPE_RE = re.compile(r"^(?:k([0-9]+)|p([0-9]+)k([0-9]+)|t?([0-9]+(?:[x,][0-9]+)*))$")
+_MAX_SHAPE_CHARS = 1024
+
+
+def _shape_int(digits: str, param: str) -> int:
+    """A number of a shape's spelling; never a parse of a huge string (Python refuses an int of
+    over 4300 digits), and no number past what the limits hold."""
+    _require(len(digits) <= 9, param, f"{digits:.20}{'...' if len(digits) > 20 else ''} is too large for {param}")
+    return int(digits)
 
 
 @dataclass(frozen=True)
@@ -133,17 +182,21 @@ class Shape:
     branching: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "depth", _as_int(self.depth))
+        object.__setattr__(self, "paths", _as_int(self.paths))
         if self.branching is not None:
-            b = tuple(self.branching)
+            b = tuple(_as_int(x) for x in self.branching)
             _require(all(_is_int(x) and 1 <= x <= MAX_BRANCHING for x in b) and bool(b), "tree",
-                     f"tree branching factors must be integers in [1, {MAX_BRANCHING}], got {list(b)}")
+                     f"tree branching factors must be integers in [1, {MAX_BRANCHING}], got {_show(list(b))}")
+            _require(len(b) <= MAX_DRAFT_TOKENS, "tree",
+                     f"a draft tree has at most {MAX_DRAFT_TOKENS} levels, got {len(b)}")
             _require(self.paths == 1, "tree", "use either paths or tree, not both")
-            object.__setattr__(self, "branching", tuple(int(x) for x in b))
+            object.__setattr__(self, "branching", b)
             object.__setattr__(self, "depth", len(b))
         _require(_is_int(self.depth) and 0 <= self.depth <= MAX_DRAFT_TOKENS, "num_draft_tokens",
-                 f"num_draft_tokens must be an integer in [0, {MAX_DRAFT_TOKENS}], got {self.depth!r}")
+                 f"num_draft_tokens must be an integer in [0, {MAX_DRAFT_TOKENS}], got {_show(self.depth)}")
         _require(_is_int(self.paths) and 1 <= self.paths <= MAX_PATHS, "paths",
-                 f"paths must be an integer in [1, {MAX_PATHS}], got {self.paths!r}")
+                 f"paths must be an integer in [1, {MAX_PATHS}], got {_show(self.paths)}")
         _require(self.n_leaves <= MAX_BRANCHES, "tree",
                  f"the draft {self.describe()} has {self.n_leaves} branches; at most {MAX_BRANCHES} fit")
 
@@ -163,19 +216,27 @@ class Shape:
     def parse(cls, value: str | Sequence[int]) -> "Shape":
         """Every spelling: "k4" (chain), "p3k4" (3 paths of 4), "t3x2x1", "3x2x1", "3,2,1" or
         [3, 2, 1] (a tree)."""
+        if isinstance(value, (bytes, bytearray)):
+            value = value.decode("ascii", "replace")
         if not isinstance(value, str):
-            items = list(value)
-            _require(bool(items) and all(_is_int(b) for b in items), "tree",
-                     f"a draft tree is a list of branching factors such as [3, 2, 1], got {value!r}")
+            items = list(value) if isinstance(value, (list, tuple)) else None
+            _require(bool(items) and all(_is_int(b) for b in items), "tree",  # type: ignore[union-attr]
+                     f"a draft tree is a list of branching factors such as [3, 2, 1], got {_show(value)}")
+            assert items is not None
+            _require(len(items) <= MAX_DRAFT_TOKENS, "tree",
+                     f"a draft tree has at most {MAX_DRAFT_TOKENS} levels, got {len(items)}")
             return cls.tree(tuple(int(b) for b in items))
-        m = _SHAPE_RE.match(value.strip().lower())
-        _require(m is not None, "tree", f"{value!r} is not a draft shape; use {SHAPE_SYNTAX}")
+        m = _SHAPE_RE.match(value.strip().lower()) if len(value) <= _MAX_SHAPE_CHARS else None
+        _require(m is not None, "tree", f"{_show(value)} is not a draft shape; use {SHAPE_SYNTAX}")
         assert m is not None
         if m.group(1) is not None:
-            return cls.chain(int(m.group(1)))
+            return cls.chain(_shape_int(m.group(1), "num_draft_tokens"))
         if m.group(2) is not None:
-            return cls.k_paths(int(m.group(2)), int(m.group(3)))
-        return cls.tree(tuple(int(b) for b in re.split(r"[x,]", m.group(4))))
+            return cls.k_paths(_shape_int(m.group(2), "paths"), _shape_int(m.group(3), "num_draft_tokens"))
+        levels = re.split(r"[x,]", m.group(4))
+        _require(len(levels) <= MAX_DRAFT_TOKENS, "tree",
+                 f"a draft tree has at most {MAX_DRAFT_TOKENS} levels, got {len(levels)}")
+        return cls.tree(tuple(_shape_int(b, "tree") for b in levels))
 
     @property
     def n_nodes(self) -> int:
@@ -221,6 +282,28 @@ class Shape:
 
 # ---------------------------------------------------------------- one generation
 
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    """Stop strings as a tuple: none (None), one string, or a list/tuple of strings; each valid
+    Unicode text (a lone surrogate could never match) and bounded in number and length (every
+    token is scanned for every stop string)."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    _require(isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop), "stop",
+             f"stop must be a string or a list of strings, got {_show(stop)}")
+    _require(len(stop) <= MAX_STOP_STRINGS and all(len(s) <= MAX_STOP_CHARS for s in stop), "stop",
+             f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters each")
+    for s in stop:
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"stop string {_show(s)} is not valid Unicode text: a lone surrogate "
+                              f"U+{ord(s[exc.start]):04X} at character {exc.start}", "stop") from None
+    return tuple(stop)
+
+
 _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
 _SHAPE_KEYS = ("num_draft_tokens", "paths", "tree")
 
@@ -240,20 +323,22 @@ class GenerationConfig:
     stop: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "max_tokens", _as_int(self.max_tokens))
+        object.__setattr__(self, "seed", _as_int(self.seed))
+        object.__setattr__(self, "lenience", _as_float(self.lenience))
         _require(_is_int(self.max_tokens) and 1 <= self.max_tokens <= INT32_MAX, "max_tokens",
-                 f"max_tokens must be an integer in [1, {INT32_MAX}], got {self.max_tokens!r}")
+                 f"max_tokens must be an integer in [1, {INT32_MAX}], got {_show(self.max_tokens)}")
         _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT), "seed",
-                 f"seed must be an integer in [0, 2**64) (or none for a random seed), got {self.seed!r}")
+                 f"seed must be an integer in [0, 2**64) (or none for a random seed), got {_show(self.seed)}")
+        _require(isinstance(self.sampling, SamplingParams), "sampling",
+                 f"sampling must be a SamplingParams, got {type(self.sampling).__name__}")
+        _require(isinstance(self.shape, Shape), "shape", f"shape must be a Shape, got {type(self.shape).__name__}")
         _choice(self.verifier, "verifier", VERIFIERS)
         _choice(self.drafter, "drafter", DRAFTERS)
         _choice(self.plan, "plan", PLANS)
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        _require(all(isinstance(s, str) for s in stop), "stop", f"stop must hold strings, got {self.stop!r}")
-        _require(len(stop) <= MAX_STOP_STRINGS and all(len(s) <= MAX_STOP_CHARS for s in stop), "stop",
-                 f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters each")
-        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
         _require(_is_number(self.lenience) and math.isfinite(self.lenience) and self.lenience >= 0, "lenience",
-                 f"lenience must be a finite number >= 0, got {self.lenience!r}")
+                 f"lenience must be a finite number >= 0, got {_show(self.lenience)}")
         _require(self.lenience == 0 or self.verifier == "token", "lenience",
                  "lenience (lossy over-acceptance) needs verifier 'token'")
         self._check_shape()
@@ -276,11 +361,16 @@ class GenerationConfig:
         max_tokens, temperature, top_k, top_p, min_p, seed, verifier, num_draft_tokens, paths,
         tree, drafter, plan, lenience, stop. What is left out (or None, for the sampling and
         shape keys) comes from `base` (default: the project's defaults)."""
-        base = base or DEFAULTS
+        base = DEFAULTS if base is None else base
+        _require(isinstance(base, GenerationConfig), "config",
+                 f"config must be a GenerationConfig (or None), got {type(base).__name__}; pass settings as "
+                 "keywords instead, e.g. max_tokens=64")
         own = {f.name for f in fields(cls)} - {"sampling", "shape"}
         unknown = set(options) - own - set(_SAMPLING_KEYS) - set(_SHAPE_KEYS)
         _require(not unknown, sorted(unknown)[0] if unknown else "",
-                 f"unknown setting(s): {', '.join(sorted(unknown))}")
+                 unknown_names(unknown, SETTING_KEYS, "setting(s)")
+                 + ("; ctx_size, threads and the other model options belong to load_model"
+                    if unknown & {f.name for f in fields(ModelOptions)} else ""))
         sampling = {k: options.pop(k) for k in _SAMPLING_KEYS if options.get(k) is not None}
         shape = {k: options.pop(k) for k in _SHAPE_KEYS if k in options}
         changes = dict(options)
@@ -319,7 +409,9 @@ class GenerationConfig:
         a maximum); a tree that does not fit is an error."""
         s = self.shape
         _require(s.n_leaves <= n_seq_max, "tree",
-                 f"the draft has {s.n_leaves} branches but the target context holds {n_seq_max} sequences")
+                 f"the draft {s.describe()} has {s.n_leaves} branches but the target context holds {n_seq_max} "
+                 f"sequences; use a tree of at most {n_seq_max} branches (or load the target with n_seq_max "
+                 f">= {s.n_leaves})")
         if s.n_nodes + 1 <= n_batch:
             return self
         _require(s.branching is None and n_batch - 1 >= s.paths, "num_draft_tokens",
@@ -329,10 +421,12 @@ class GenerationConfig:
 
 def _shape_from_options(base: Shape, num_draft_tokens: int | None = None, paths: int | None = None,
                         tree: Any = None) -> Shape:
-    if tree not in (None, "", []):
+    _require(not (isinstance(tree, (str, list, tuple)) and not (tree.strip() if isinstance(tree, str) else tree)),
+             "tree", "tree is empty; leave it out for a chain, or give branching factors such as 3x2x1")
+    if tree is not None:
         _require(paths in (None, 1), "paths", "use either paths or tree, not both")
         shape = Shape.parse(tree)
-        _require(shape.branching is not None, "tree", f"tree {tree!r} is not a tree; use e.g. 3x2x1")
+        _require(shape.branching is not None, "tree", f"tree {_show(tree)} is not a tree; use e.g. 3x2x1")
         return shape
     depth = base.depth if num_draft_tokens is None else num_draft_tokens
     return Shape(depth=depth, paths=(base.paths if base.branching is None else 1) if paths is None else paths)
@@ -361,17 +455,19 @@ class ModelOptions:
     cpu_kernels: str = "auto"  # which llama.cpp weight buffer types (AMX, CPU_REPACK) to use: see localspec.llama.kernels
 
     def __post_init__(self) -> None:
+        for name in ("ctx_size", "batch_size", "threads", "n_gpu_layers", "n_seq_max"):
+            object.__setattr__(self, name, _as_int(getattr(self, name)))
         object.__setattr__(self, "rpc", parse_endpoints(self.rpc))
         _require(_is_int(self.ctx_size) and self.ctx_size >= 16, "ctx_size",
-                 f"ctx_size must be at least 16 tokens, got {self.ctx_size!r}")
-        _require(self.ctx_size <= INT32_MAX, "ctx_size", f"ctx_size must be at most {INT32_MAX}, got {self.ctx_size!r}")
+                 f"ctx_size must be at least 16 tokens, got {_show(self.ctx_size)}")
+        _require(self.ctx_size <= INT32_MAX, "ctx_size", f"ctx_size must be at most {INT32_MAX}, got {_show(self.ctx_size)}")
         _require(_is_int(self.batch_size) and self.batch_size >= 1, "batch_size",
-                 f"batch_size must be a positive integer, got {self.batch_size!r}")
+                 f"batch_size must be a positive integer, got {_show(self.batch_size)}")
         _require(self.batch_size <= INT32_MAX, "batch_size", f"batch_size must be at most {INT32_MAX}")
         _require(self.threads is None or (_is_int(self.threads) and 1 <= self.threads <= MAX_THREADS), "threads",
-                 f"threads must be an integer in [1, {MAX_THREADS}], got {self.threads!r}")
+                 f"threads must be an integer in [1, {MAX_THREADS}], got {_show(self.threads)}")
         _require(_is_int(self.n_gpu_layers) and -1 <= self.n_gpu_layers <= INT32_MAX, "n_gpu_layers",
-                 f"n_gpu_layers must be an integer in [-1, {INT32_MAX}] (-1: all), got {self.n_gpu_layers!r}")
+                 f"n_gpu_layers must be an integer in [-1, {INT32_MAX}] (-1: all), got {_show(self.n_gpu_layers)}")
         _choice(self.flash_attn, "flash_attn", FLASH_ATTN)
         _choice(self.cache_type, "cache_type", CACHE_TYPES)
         _choice(self.load_mode, "load_mode", LOAD_MODES)
@@ -380,15 +476,14 @@ class ModelOptions:
                  "cache_type q8_0 (a quantized KV cache) needs flash attention: use flash_attn 'auto' or 'on', "
                  "or cache_type f16")
         _require(_is_int(self.n_seq_max) and 1 <= self.n_seq_max <= 256, "n_seq_max",
-                 f"n_seq_max must lie in [1, 256], got {self.n_seq_max!r}")
+                 f"n_seq_max must lie in [1, 256], got {_show(self.n_seq_max)}")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "ModelOptions":
         """Options from keywords; unknown names are a ConfigError naming them."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
-        _require(not unknown, unknown[0] if unknown else "",
-                 f"unknown model option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        _require(not unknown, unknown[0] if unknown else "", unknown_names(unknown, sorted(known), "model option(s)"))
         return cls(**{k: v for k, v in options.items() if v is not None or k == "threads"})
 
 

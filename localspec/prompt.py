@@ -11,8 +11,9 @@ markers the tokens equal those of tokenizing the whole rendered prompt.
 from __future__ import annotations
 
 import ctypes
+import numbers
 import re
-from typing import Sequence, Union
+from typing import Iterable, Sequence, Union
 
 import llama_cpp as lc
 
@@ -20,10 +21,20 @@ from localspec.errors import ModelError, PromptError
 from localspec.llama.model import Model
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
+# OpenAI message fields that would change the prompt but that localspec's templates do not render:
+# refused rather than dropped (an app's own keys, such as the chat command's "interrupted", are kept)
+UNUSED_MESSAGE_KEYS = ("name", "tool_calls", "tool_call_id", "function_call", "audio")
 ROLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,31}$")
 _SPECIAL_ATTRS = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_UNKNOWN  # read only where parse_special is on
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters around a placeholder's number
 _PLACEHOLDER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
+
+
+_PROMPT_KINDS = "a string, a non-empty list of chat messages ({'role': ..., 'content': ...}) or a non-empty list of token ids"
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
 
 
 def prompt_tokens(target: Model, prompt: Prompt) -> list[int]:
@@ -31,13 +42,26 @@ def prompt_tokens(target: Model, prompt: Prompt) -> list[int]:
     if isinstance(prompt, str):
         check_text(prompt, "the prompt")
         return target.tokenize(prompt, add_special=True, parse_special=False)
+    if isinstance(prompt, (bytes, bytearray, memoryview)):
+        raise PromptError("the prompt is bytes, not text; decode it first (e.g. data.decode('utf-8'))")
+    if isinstance(prompt, dict):
+        raise PromptError("the prompt is one chat message (a dict); pass a list of messages, e.g. "
+                          "[{'role': 'user', 'content': 'Hi'}]")
+    if not isinstance(prompt, Iterable):
+        raise PromptError(f"the prompt must be {_PROMPT_KINDS}, got {type(prompt).__name__}")
     items = list(prompt)
-    if items and all(isinstance(m, dict) for m in items):
+    if not items:
+        raise PromptError(f"the prompt is empty; it must be {_PROMPT_KINDS}")
+    if any(isinstance(m, dict) for m in items):
         return chat_tokens(target, items)
-    if items and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < target.n_vocab for t in items):
-        return items
-    raise PromptError("prompt must be a string, a non-empty list of chat messages ({'role', 'content'}) "
-                     f"or a non-empty list of token ids in [0, {target.n_vocab})")
+    if all(_is_token_id(t) for t in items):
+        for i, t in enumerate(items):
+            if not 0 <= t < target.n_vocab:
+                raise PromptError(f"token id {t} at index {i} of the prompt is not in the vocabulary (token ids in "
+                                  f"[0, {target.n_vocab}))")
+        return [int(t) for t in items]
+    bad = next((i, t) for i, t in enumerate(items) if not _is_token_id(t))
+    raise PromptError(f"the prompt must be {_PROMPT_KINDS}; item {bad[0]} is a {type(bad[1]).__name__}")
 
 
 def check_text(text: str, what: str) -> None:
@@ -53,8 +77,15 @@ def check_text(text: str, what: str) -> None:
 def check_messages(messages: Sequence[dict]) -> None:
     """Each message needs a role (a short name: user, system, assistant, ...) and text content."""
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-            raise PromptError(f"chat message {i} needs a string 'role' and a string 'content'")
+        if not isinstance(m, dict):
+            raise PromptError(f"chat message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
+        if not isinstance(m.get("content"), str):
+            got = "no 'content'" if "content" not in m else f"'content' of type {type(m['content']).__name__}"
+            raise PromptError(f"chat message {i} needs a string 'content' (text), got {got}")
+        unused = [k for k in UNUSED_MESSAGE_KEYS if m.get(k) not in (None, "", [])]
+        if unused:
+            raise PromptError(f"chat message {i} has {', '.join(map(repr, unused))}, which localspec cannot use "
+                              "(the chat template sees only 'role' and 'content'); leave it out")
         role = m.get("role")
         if not isinstance(role, str) or not ROLE_RE.match(role):
             raise PromptError(f"chat message {i} has role {role!r}; a role is a short name such as user, "

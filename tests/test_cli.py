@@ -146,6 +146,29 @@ def test_seeded_sampling_repeats(pair_args: list[str]) -> None:
     (["-n", "0"], "Invalid value for --max-tokens"),
     (["--ctx-size", "8"], "Invalid value for --ctx-size: ctx_size must be at least 16"),
     (["--threads", "0"], "Invalid value for --threads"),
+    # values past what the code underneath represents (issue 24): refused where parsed, naming the option
+    (["--ctx-size", str(2**31)], "Invalid value for --ctx-size"),
+    (["--ctx-size", "9" * 5000], "Invalid value for '--ctx-size'"),
+    (["--threads", str(2**40)], "Invalid value for --threads"),
+    (["--n-gpu-layers", str(2**40)], "Invalid value for --n-gpu-layers"),
+    (["--n-gpu-layers", "-5"], "Invalid value for --n-gpu-layers"),
+    (["--paths", str(2**70), "--verifier", "gbv"], "Invalid value for --paths"),
+    (["-k", str(2**70)], "Invalid value for --num-draft-tokens"),
+    (["-n", str(2**70)], "Invalid value for --max-tokens"),
+    (["--seed", str(2**64)], "Invalid value for --seed"),
+    (["--top-k", str(2**40)], "Invalid value for --top-k"),
+    (["-t", "1e308"], "Invalid value for --temperature"),
+    (["-t", "nan"], "Invalid value for --temperature"),
+    (["--top-p", "inf"], "Invalid value for --top-p"),
+    (["--min-p", "-inf"], "Invalid value for --min-p"),
+    (["--tree", "9" * 5000, "--verifier", "traversal"], "Invalid value for --tree"),
+    (["--tree", "x".join(["1"] * 100), "--verifier", "traversal"], "Invalid value for --tree: a draft tree has at most 64 levels"),
+    (["--tree", "", "--verifier", "traversal"], "Invalid value for --tree: tree is empty"),
+    (["--tree", "2x2x2x2x2x2", "--verifier", "traversal"], "use a tree of at most 16 branches"),
+    (["--rpc", "h:99999"], "Invalid value for --rpc"),
+    (["--rpc", ",,,"], "Invalid value for --rpc"),
+    (["--stop", "x" * 1000], "Invalid value for --stop"),
+    (["--raw", "-s", "be brief"], "Invalid value for --system"),
 ])
 def test_bad_settings_are_clean_errors(pair_args: list[str], args: list[str], message: str) -> None:
     result = run(*pair_args, *args, PROMPT)
@@ -226,3 +249,27 @@ def test_sigterm_keeps_what_was_generated(tiny_paths: tuple[Path, Path], as_json
         assert data["usage"]["completion_tokens"] > 0 and data["text"]
     else:
         assert len(out.strip()) > 0
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_stop_before_the_first_token_still_prints_the_json(tiny_paths: tuple[Path, Path], signum: str) -> None:
+    """Stopped in the prefill of a long prompt (no token yet), --json still prints its one object."""
+    import signal
+    import subprocess
+    import time
+
+    cmd = [sys.executable, "-m", "localspec", "-m", str(tiny_paths[0]), "-d", "none", "-k", "0", "--raw",
+           "--ctx-size", "60000", "--threads", "1", "-n", "10", "-t", "0", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(("word " * 30000).encode())  # a prefill of ~30000 tokens: seconds on one thread
+    proc.stdin.close()
+    proc.stdin = None
+    time.sleep(1.0)  # loaded (the tiny model loads in well under a second), prefilling
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(getattr(signal, signum))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == (143 if signum == "SIGTERM" else 130), err.decode()[-2000:]
+    assert b"Traceback" not in err
+    data = json.loads(out)
+    assert data["text"] == "" and data["finish_reason"] is None and data["usage"]["completion_tokens"] == 0

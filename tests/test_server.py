@@ -333,6 +333,14 @@ def test_unknown_route_and_method(served: Served) -> None:
     r = served.http.get("/chat/completions")
     assert r.status_code == 405 and "use POST" in r.json()["error"]["message"]
     assert served.http.get("/models/other").status_code == 404
+    r = served.http.post("/chat/completions/", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404  # a trailing slash is another route, not a redirect to follow
+
+
+def test_a_field_named_twice_is_refused(served: Served) -> None:
+    body = b'{"prompt": "hi", "max_tokens": 2, "max_tokens": 3}'
+    r = served.http.post("/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
 
 
 def test_internal_errors_are_json_500(served: Served, monkeypatch: pytest.MonkeyPatch,
@@ -465,6 +473,12 @@ def test_serve_port_taken() -> None:
         assert "Traceback" not in r.output
     finally:
         sock.close()
+
+
+def test_serve_host_that_does_not_resolve() -> None:
+    r = CliRunner().invoke(cli, ["serve", "-m", "/nonexistent.gguf", "--host", "not a host", "--port", "0"])
+    assert r.exit_code == 2 and "--host" in r.output and "--port" not in r.output.split("Error")[-1]
+    assert "Traceback" not in r.output
 
 
 def test_serve_command_runs_and_stops(tiny_paths: tuple[Path, Path]) -> None:
@@ -769,3 +783,107 @@ def test_a_client_that_hangs_up_mid_body_is_no_internal_error(served: Served, ca
         time.sleep(0.5)
     assert not any(r.exc_info for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert served.http.get("/models").status_code == 200
+
+
+# ---------------------------------------------------------------- no field silently ignored (issue 24)
+
+# every OpenAI chat/completions field that would change the text, llama.cpp's and other servers'
+# samplers, misspellings and unknown fields: a 400 naming the field unless sent as null or a no-op
+NOT_HONOURED = [
+    ("presence_penalty", 0.5), ("frequency_penalty", -1), ("logit_bias", {"50": 10}), ("logprobs", True),
+    ("top_logprobs", 2), ("best_of", 3), ("tools", [{"type": "function"}]), ("tool_choice", "required"),
+    ("functions", [{}]), ("function_call", {"name": "f"}), ("modalities", ["audio"]), ("audio", {"voice": "x"}),
+    ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "high"), ("verbosity", "low"),
+    ("web_search_options", {}), ("min_tokens", 5), ("lenience", 0.5), ("n_predict", 5), ("samplers", ["top_k"]),
+    ("xtc_threshold", 0.5), ("dry_base", 2), ("mirostat_tau", 3), ("typical", 0.5), ("max_token", 3),
+    ("temprature", 0.5), ("foo", 1), ("prompt", "x"),
+]
+
+
+@pytest.mark.parametrize("field,value", NOT_HONOURED, ids=[f for f, _ in NOT_HONOURED])
+def test_fields_the_server_cannot_honour_are_refused_by_name(served: Served, field: str, value) -> None:
+    r = served.http.post("/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, field: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field and field in r.json()["error"]["message"]
+
+
+def test_misspelt_fields_name_the_right_one(served: Served) -> None:
+    for wrong, right in (("max_token", "max_tokens"), ("n_predict", "max_tokens"), ("temprature", "temperature"),
+                         ("typical", "typical_p")):
+        r = served.http.post("/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, wrong: 1})
+        assert f"'{right}'" in r.json()["error"]["message"], (wrong, r.text)
+    r = served.http.post("/completions", json={"prompt": PROMPT, "max_tokens": 2, "messages": MESSAGES})
+    assert r.status_code == 400 and "/v1/chat/completions" in r.json()["error"]["message"]
+
+
+NO_OPS = [("foo", None), ("n", 1), ("logit_bias", {}), ("presence_penalty", 0), ("tool_choice", "none"),
+          ("tool_choice", "auto"), ("modalities", ["text"]), ("user", "bob"), ("store", False),
+          ("metadata", {"a": "b"}), ("service_tier", "auto"), ("prompt_cache_key", "k"), ("cache_prompt", True),
+          ("parallel_tool_calls", True), ("stream_options", {"include_usage": True})]
+
+
+@pytest.mark.parametrize("field,value", NO_OPS, ids=[f"{f}={v!r}" for f, v in NO_OPS])
+def test_fields_that_do_not_change_the_text_are_accepted(served: Served, field: str, value) -> None:
+    r = served.http.post("/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, field: value})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("message", [{"name": "bob"}, {"tool_calls": [{}]}, {"tool_call_id": "x"}, {"audio": {"id": "a"}}],
+                         ids=lambda m: next(iter(m)))
+def test_message_fields_the_template_cannot_render_are_refused(served: Served, message: dict) -> None:
+    body = {"messages": [{"role": "user", "content": "hi", **message}], "max_tokens": 2}
+    r = served.http.post("/chat/completions", json=body)
+    field = next(iter(message))
+    assert r.status_code == 400 and r.json()["error"]["param"] == f"messages[0].{field}", r.text
+    ok = {"messages": [{"role": "user", "content": "hi", field: None}], "max_tokens": 2}
+    assert served.http.post("/chat/completions", json=ok).status_code == 200
+
+
+# values a lower layer cannot represent, JSON numbers JSON cannot carry, wrong types: 400 naming the field
+OUT_OF_RANGE = [
+    ({"max_tokens": 2**31}, "max_tokens"), ({"max_tokens": 10**30}, "max_tokens"), ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 2.0}, "max_tokens"), ({"max_tokens": True}, "max_tokens"),
+    ({"max_completion_tokens": -1}, "max_completion_tokens"), ({"max_completion_tokens": 2**40}, "max_completion_tokens"),
+    ({"max_tokens": 5, "max_completion_tokens": 3}, "max_completion_tokens"),
+    ({"seed": 2**64}, "seed"), ({"seed": 10**40}, "seed"), ({"seed": 1e3}, "seed"), ({"temperature": 10**400}, "temperature"),
+    ({"top_p": 10**400}, "top_p"), ({"top_k": 10**30}, "top_k"), ({"num_draft_tokens": 2**40}, "num_draft_tokens"),
+    ({"paths": 10**30}, "paths"), ({"tree": "9" * 5000}, "tree"), ({"tree": [10**30]}, "tree"), ({"tree": []}, "tree"),
+    ({"tree": ""}, "tree"), ({"tree": "x".join(["1"] * 200)}, "tree"), ({"tree": [1] * 5000}, "tree"),
+    ({"tree": [2] * 6, "verifier": "traversal"}, "tree"), ({"stop": [str(i) for i in range(17)]}, "stop"),
+    ({"stop": "x" * 300}, "stop"), ({"stop": [5]}, "stop"), ({"model": 5}, "model"), ({"user": 5}, "user"),
+    ({"stream": None}, "stream"), ({"stream": 1}, "stream"), ({"n": 0}, "n"),
+]
+
+
+@pytest.mark.parametrize("fields,param", OUT_OF_RANGE, ids=[f"{i}-{p}" for i, (_, p) in enumerate(OUT_OF_RANGE)])
+def test_values_out_of_range_are_400_naming_the_field(served: Served, fields: dict, param: str) -> None:
+    r = served.http.post("/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, **fields})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.json()
+    assert len(r.json()["error"]["message"]) < 600
+
+
+@pytest.mark.parametrize("raw,param", [
+    (b'"temperature": NaN', "temperature"), (b'"top_p": Infinity', "top_p"), (b'"temperature": -Infinity', "temperature"),
+    (b'"temperature": 1e400', "temperature"), (b'"foo": NaN', "foo"), (b'"stop": "\\ud800"', "stop"),
+    (b'"max_tokens": ' + b"9" * 5000, None),
+], ids=["nan", "inf", "-inf", "1e400", "nan-unknown", "surrogate-stop", "5000-digits"])
+def test_json_the_request_cannot_use_is_400(served: Served, raw: bytes, param: str | None) -> None:
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, ' + raw + b"}"
+    r = served.http.post("/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_decode_json_refuses_duplicate_keys_and_nan() -> None:
+    """For app.parse_json (which uses json.loads for now): a field given twice and NaN/Infinity
+    literals are errors, not "the last one wins"."""
+    from localspec.errors import RequestError
+
+    assert schemas.decode_json(b'{"a": 1, "b": [1.5, {"c": null}]}') == {"a": 1, "b": [1.5, {"c": None}]}
+    with pytest.raises(RequestError, match="names 'max_tokens' twice") as info:
+        schemas.decode_json(b'{"max_tokens": 2, "max_tokens": 3}')
+    assert info.value.param == "max_tokens"
+    for literal in (b"NaN", b"Infinity", b"-Infinity"):
+        with pytest.raises(RequestError, match="not a JSON number"):
+            schemas.decode_json(b'{"t": ' + literal + b"}")

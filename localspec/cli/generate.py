@@ -141,9 +141,19 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
 
     entered = time.time()
     config = generation_config(options)
+    if system is not None and not chat_template:
+        raise click.BadParameter("a system message needs the chat template: drop --raw, or put the text "
+                                 "in the prompt", param_hint="--system")
     text = read_prompt(prompt)
-    loaded = load_for(config, model, draft, options)
     try:
+        with sigterm_stops_generation():
+            loaded = load_for(config, model, draft, options)
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM while loading: nothing generated, said so
+        _stopped_before_output(stop, as_json, model or "", config, prompt_tokens=0)
+    try:
+        if system is not None and not loaded.target.chat_template:
+            raise click.BadParameter(f"{loaded.target_name} has no chat template, so a system message cannot "
+                                     "be given; put the text in the prompt", param_hint="--system")
         message: Any = text
         if chat_template and loaded.target.chat_template:
             message = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
@@ -160,6 +170,23 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
         loaded.close()
     if interrupted is not None:
         sys.exit(EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED)
+
+
+def _empty_json(model: str, config: GenerationConfig, prompt_tokens: int) -> dict:
+    """The --json object of a run stopped before it generated anything."""
+    return {"model": model, "text": "", "finish_reason": None, "settings": config.options(),
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0}, "stats": {}, "timings": {}}
+
+
+def _stopped_before_output(stop: KeyboardInterrupt, as_json: bool, model: str, config: GenerationConfig,
+                           prompt_tokens: int) -> None:
+    """Ctrl-C or SIGTERM before any output: say so (with --json, the empty JSON object) and exit
+    with the signal's status, as a stop while generating does."""
+    terminated = isinstance(stop, Terminated)
+    click.echo("terminated" if terminated else "interrupted", err=True)
+    if as_json:
+        click.echo(json.dumps(_empty_json(model, config, prompt_tokens)))
+    sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
 
 def _remote_failed(parts: list[str], as_json: bool, loaded: Loaded, config: GenerationConfig, error: str) -> None:
@@ -197,7 +224,9 @@ def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loa
     config, profiles = generation.config, generation.profiles
     if not as_json and parts:
         click.echo("")
-    if last is None:
+    if last is None:  # stopped before the first token (in the prefill): the JSON object all the same
+        if as_json:
+            click.echo(json.dumps(_empty_json(loaded.target_name, config, len(generation.prompt))))
         return
     if as_json:
         click.echo(json.dumps(response_json("".join(parts), last.finish_reason, last.stats,

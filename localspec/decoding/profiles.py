@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from localspec.llama.host import key_of, profile_dir
+from localspec.llama.host import key_of, profile_dir, read_state_file
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,59 @@ class Profiled(Protocol):
 
     @property
     def file_bytes(self) -> int: ...
+
+
+MAX_PASS = 1 << 20  # the largest pass size a profile may record a cost for
+MAX_LEVELS = 1024  # acceptance levels per kind of draft
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where!r} must be a finite number, got {value!r:.40}")
+    return float(value)
+
+
+def _seconds(value: Any, where: str) -> float | None:
+    """A measured time; None where nothing was measured (null, or 0 as older versions wrote)."""
+    if value is None:
+        return None
+    seconds = _number(value, where)
+    if seconds < 0:
+        raise ValueError(f"{where!r} must be a number of seconds >= 0, got {value!r:.40}")
+    return seconds or None
+
+
+def _pass_size(key: Any) -> int:
+    if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 7 and 1 <= int(key) <= MAX_PASS):
+        raise ValueError(f"'costs' keys must be pass sizes in [1, {MAX_PASS}], got {key!r:.40}")
+    return int(key)
+
+
+def _mapping(data: dict, name: str) -> dict:
+    value = data.get(name, {})
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{name!r} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{where!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _counts(value: Any, where: str) -> list[list[float]]:
+    """[at_risk, rejected]: two lists of equal length of finite counts >= 0, rejected <= at_risk."""
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, list) for v in value)
+            and len(value[0]) == len(value[1]) <= MAX_LEVELS):
+        raise ValueError(f"{where!r} must be two lists of equal length (at most {MAX_LEVELS}) of counts")
+    at_risk = [_number(x, where) for x in value[0]]
+    rejected = [_number(x, where) for x in value[1]]
+    if any(x < 0 for x in at_risk + rejected) or any(r > a * (1 + 1e-9) + 1e-9 for a, r in zip(at_risk, rejected)):
+        raise ValueError(f"{where!r} must hold counts >= 0, rejected at most at risk")
+    return [at_risk, rejected]
 
 
 @dataclass
@@ -63,17 +117,24 @@ class Profile:
 
     @classmethod
     def from_json(cls, data: dict) -> "Profile":
+        """A profile from its JSON; ValueError saying which field has the wrong shape or value
+        (a file edited by hand, or written by another program, is never trusted)."""
         if not isinstance(data, dict) or data.get("version") != VERSION:
             raise ValueError(f"profile version {data.get('version') if isinstance(data, dict) else data!r}")
         if not isinstance(data.get("identity"), dict) or not isinstance(data.get("key"), str):
             raise ValueError("a profile needs a 'key' string and an 'identity' object")
-        return cls(key=str(data["key"]), identity=dict(data["identity"]),
-                   costs={int(n): float(s) for n, s in data.get("costs", {}).items() if float(s) > 0},
-                   prefill=data.get("prefill"), load=data.get("load"),
-                   acceptance={k: [[float(x) for x in at_risk], [float(x) for x in rejected]]
-                               for k, (at_risk, rejected) in data.get("acceptance", {}).items()},
-                   checks={str(k): str(v) for k, v in data.get("checks", {}).items()},
-                   updated=float(data.get("updated", 0.0)))
+        if not isinstance(data["identity"].get("file", ""), str):
+            raise ValueError("'identity.file' must be a string")
+        costs = _mapping(data, "costs")
+        acceptance = _mapping(data, "acceptance")
+        checks = _mapping(data, "checks")
+        return cls(key=data["key"], identity=dict(data["identity"]),
+                   costs={_pass_size(n): c for n, c in ((n, _seconds(s, f"costs.{n}")) for n, s in costs.items()) if c},
+                   prefill=_seconds(data.get("prefill"), "prefill"),
+                   load=_seconds(data.get("load"), "load"),
+                   acceptance={str(k): _counts(v, f"acceptance.{k}") for k, v in acceptance.items()},
+                   checks={str(k): _text(v, f"checks.{k}") for k, v in checks.items()},
+                   updated=_number(data.get("updated", 0.0), "updated"))
 
     @property
     def name(self) -> str:
@@ -123,14 +184,14 @@ class Profiles:
         path = self.directory / f"{key}.json"
         t0 = time.perf_counter()
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_state_file(path))
             if isinstance(data, dict) and data.get("version") != VERSION:
                 log.info("the cost profile %s is from another localspec version: measured again", path)
                 return None
             return Profile.from_json(data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # any shape a file may have
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # any shape a file may have
             log.warning("ignoring the unreadable cost profile %s (%s); it will be measured again", path, exc)
             return None
         finally:

@@ -59,3 +59,20 @@ def identity(path: Path, options: ModelOptions, extra: dict | None = None) -> di
 
 def key_of(ident: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+
+
+MAX_STATE_BYTES = 16 << 20  # a profile or record larger than this is no file localspec wrote
+
+
+def read_state_file(path: Path) -> str:
+    """The text of a small state file localspec wrote (a profile, a record of kernel checks):
+    FileNotFoundError when absent; ValueError (UnicodeDecodeError included) when it is no regular
+    file, is too large or is not UTF-8, so that a FIFO, a device or a huge file is neither read
+    forever nor into memory."""
+    if not path.exists():
+        raise FileNotFoundError(path)
+    if not path.is_file():
+        raise ValueError("not a regular file")
+    if path.stat().st_size > MAX_STATE_BYTES:
+        raise ValueError(f"larger than {MAX_STATE_BYTES >> 20} MiB")
+    return path.read_text(encoding="utf-8")

@@ -293,11 +293,13 @@ class Checks:
         self._memory: dict[str, Verdict] = {}
 
     def _read(self) -> dict[str, Any]:
+        from localspec.llama.host import read_state_file
+
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(read_state_file(self.path))
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             log.warning("ignoring the unreadable kernel checks %s (%s); they will run again", self.path, exc)
             return {}
         return data if isinstance(data, dict) else {}
@@ -306,10 +308,14 @@ class Checks:
         if key in self._memory:
             return self._memory[key]
         entry = self._read().get(key)
-        try:
-            return Verdict(bool(entry["ok"]), str(entry["detail"]), float(entry["seconds"]))
-        except (TypeError, KeyError, ValueError):
+        if entry is None:
             return None
+        ok, detail, seconds = (entry.get(k) for k in ("ok", "detail", "seconds")) if isinstance(entry, dict) else (None,) * 3
+        if not (isinstance(ok, bool) and isinstance(detail, str) and isinstance(seconds, (int, float))
+                and not isinstance(seconds, bool)):  # "ok": "false" must not pass for a verdict of ok
+            log.warning("ignoring the malformed kernel check %r in %s; it will run again", key, self.path)
+            return None
+        return Verdict(ok, detail, float(seconds))
 
     def put(self, key: str, verdict: Verdict) -> None:
         self._memory[key] = verdict

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -140,9 +141,8 @@ def cached_path(model: str | ModelSpec) -> Path | None:
     path = cache_dir() / spec.filename
     if not path.is_file() or path.stat().st_size != spec.size:
         return None
-    with contextlib.suppress(OSError):
-        if _sidecar(path).read_text().split()[0].lower() == spec.sha256:
-            return path
+    if _recorded_sha256(path) == spec.sha256:
+        return path
     log.info("verifying cached %s", path)
     if _hash_file(path) != spec.sha256:
         log.warning("cached %s does not match its sha256; it will be fetched again", path)
@@ -150,6 +150,24 @@ def cached_path(model: str | ModelSpec) -> Path | None:
     with contextlib.suppress(OSError):
         _write_sidecar(path, spec.sha256)
     return path
+
+
+def _recorded_sha256(path: Path) -> str | None:
+    """The sha256 the sidecar of `path` records ("<hex>  <name>", as sha256sum writes), None when
+    there is no sidecar or it has another shape (then a warning: the file is hashed again)."""
+    sidecar = _sidecar(path)
+    try:
+        if sidecar.stat().st_size > 4096 or not sidecar.is_file():
+            raise ValueError("not a small regular file")
+        words = sidecar.read_text(encoding="utf-8").split()
+        if not words or not re.fullmatch(r"[0-9a-fA-F]{64}", words[0]):
+            raise ValueError("no sha256 hex digest first")
+        return words[0].lower()
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError included
+        log.warning("ignoring the malformed checksum file %s (%s); the model is verified again", sidecar, exc)
+        return None
 
 
 def _hash_file(path: Path) -> str:
@@ -161,7 +179,12 @@ def _hash_file(path: Path) -> str:
 
 
 def _write_sidecar(path: Path, sha256: str) -> None:
-    _sidecar(path).write_text(f"{sha256}  {path.name}\n")
+    """Record a verification (a failure only costs hashing the file again next time)."""
+    try:
+        _sidecar(path).write_text(f"{sha256}  {path.name}\n")
+    except OSError as exc:
+        log.warning("cannot write the checksum file %s (%s); the model is verified again next time",
+                    _sidecar(path), exc)
 
 
 def fetch(model: str | ModelSpec, *, progress: bool = True,
@@ -211,7 +234,12 @@ def _writable_cache_dir(spec: ModelSpec) -> Path:
 @contextlib.contextmanager
 def _locked(lock_path: Path) -> Iterator[None]:
     """Hold an exclusive flock on ``lock_path`` (serializes concurrent fetches)."""
-    with lock_path.open("a") as handle:
+    try:
+        handle = lock_path.open("a")
+    except OSError as exc:
+        raise FetchError(f"cannot open the lock file {lock_path} ({exc.strerror or exc}); remove it (it is "
+                         "recreated) or set " + CACHE_ENV + " to another directory") from None
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
@@ -124,7 +123,7 @@ def nesting(value: Any) -> int:
 def parse_json(data: bytes, limits: ServerLimits, chat: bool) -> Any:
     too_deep = f"the request body nests deeper than {limits.max_nesting} levels (--max-nesting)"
     try:
-        body = json.loads(data)
+        body = schemas.decode_json(data)  # duplicate keys, NaN and Infinity refused
     except RecursionError:
         raise RequestError(too_deep) from None
     except ValueError as exc:  # also bytes that are not UTF-8
@@ -345,6 +344,7 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
         exception_handlers={HTTPException: http_error, Exception: internal_error},
         lifespan=lifespan,
     )
+    app.router.redirect_slashes = False  # /v1/models/ is a 404, not a redirect to follow
     app.add_middleware(_BearerAuth, limits=limits)
     app.state.worker = worker
     app.state.model_id = model_id

@@ -41,6 +41,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
+    except socket.gaierror as exc:  # the name does not resolve: the host is at fault, not the port
+        sock.close()
+        raise ConfigError(f"cannot listen on {host!r}: {exc.strerror or exc}; give an address of this machine "
+                          "(127.0.0.1, 0.0.0.0, ::1) or a name that resolves to one", "host") from None
     except OSError as exc:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port or --host",

@@ -8,11 +8,13 @@ naming the field.
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from localspec.config import SETTING_KEYS, GenerationConfig
+from localspec.config import SETTING_KEYS, GenerationConfig, unknown_names
 from localspec.errors import ConfigError, RequestError
 from localspec.prompt import ROLE_RE
 
@@ -28,9 +30,28 @@ UNSUPPORTED: dict[str, Any] = {
     "dry_multiplier": (None, 0), "xtc_probability": (None, 0), "top_n_sigma": (None, -1),
     "dynatemp_range": (None, 0), "min_keep": (None, 0), "n_probs": (None, 0), "ignore_eos": (None, False),
     "grammar": (None, ""), "json_schema": (None, {}),
+    # OpenAI's, whose other values would change the text or its form
+    "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"), "modalities": (None, ["text"]),
+    "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "verbosity": (None,),
+    "web_search_options": (None,), "min_tokens": (None, 0), "lenience": (None, 0),  # lenience: the Python API's
 }
+# fields an unknown name is not refused for when null; a misspelt setting gets its suggestion
+_HINTS = {"n_predict": "max_tokens", "max_new_tokens": "max_tokens", "max_length": "max_tokens",
+          "stop_sequences": "stop", "num_predict": "max_tokens", "random_seed": "seed"}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class _Open(_Strict):
+    """A JSON object whose unknown fields are kept, to be refused by name (never dropped)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    def unknown(self) -> dict[str, Any]:
+        """The fields this model does not declare that carry a value (null is no value)."""
+        return {k: v for k, v in (self.model_extra or {}).items() if v is not None}
 
 
 class TextPart(_Strict):
@@ -38,7 +59,7 @@ class TextPart(_Strict):
     text: str
 
 
-class Message(_Strict):
+class Message(_Open):
     role: str = Field(pattern=ROLE_RE.pattern)
     content: Union[str, list[TextPart]]
 
@@ -55,8 +76,9 @@ class ResponseFormat(_Strict):
     type: Literal["text"]
 
 
-class _Request(_Strict):
-    """Fields both endpoints share: the OpenAI ones and localspec's speculative extensions."""
+class _Request(_Open):
+    """Fields both endpoints share: the OpenAI ones and localspec's speculative extensions. A
+    field not declared here is refused by name unless it is null."""
 
     model: str | None = None
     max_tokens: int | None = None
@@ -103,11 +125,44 @@ class _Request(_Strict):
     ignore_eos: Any = None
     grammar: Any = None
     json_schema: Any = None
+    tool_choice: Any = None
+    function_call: Any = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    min_tokens: Any = None
+    lenience: Any = None
+    # accepted and without effect on the text: bookkeeping of OpenAI's and llama.cpp's servers
+    user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    cache_prompt: bool | None = None  # llama.cpp's: localspec keeps no prompt cache between requests
+    parallel_tool_calls: bool | None = None  # only with tools, which are refused
 
     def check_supported(self) -> None:
         for name, no_ops in UNSUPPORTED.items():
             if getattr(self, name) not in no_ops:
-                raise RequestError(f"'{name}' is not supported by localspec's server", name)
+                raise RequestError(f"'{name}' is not supported by localspec's server"
+                                   + (" (a setting of the Python API only)" if name == "lenience" else ""), name)
+        for name in self.unknown():
+            hint = _HINTS.get(name)
+            if name in ("messages", "prompt"):
+                raise RequestError(f"'{name}' belongs to POST /v1/{'chat/' if name == 'messages' else ''}completions; "
+                                   f"this endpoint takes '{'prompt' if name == 'messages' else 'messages'}'", name)
+            message = (f"unknown field {name!r}; use {hint!r}" if hint else
+                       unknown_names([name], sorted(type(self).model_fields), "field").split("; known:")[0])
+            raise RequestError(f"{message}; localspec's server refuses the fields it cannot honour rather than "
+                               "ignore them (leave it out, or send null)", name)
+        if self.max_tokens is not None and self.max_completion_tokens is not None \
+                and self.max_tokens != self.max_completion_tokens:
+            raise RequestError(f"max_tokens ({self.max_tokens}) and max_completion_tokens "
+                               f"({self.max_completion_tokens}) differ; give one of them", "max_completion_tokens")
 
     def config(self, defaults: GenerationConfig) -> GenerationConfig:
         """The request's settings over the server's defaults (ConfigError -> RequestError)."""
@@ -120,7 +175,10 @@ class _Request(_Strict):
         try:
             return GenerationConfig.from_options(defaults, **options)
         except ConfigError as exc:
-            raise RequestError(str(exc), exc.param) from None
+            param = exc.param
+            if param == "max_tokens" and self.max_completion_tokens is not None:
+                param = "max_completion_tokens"  # the field the client sent
+            raise RequestError(str(exc).replace("max_tokens", param or "max_tokens"), param) from None
 
     @property
     def include_usage(self) -> bool:
@@ -134,6 +192,14 @@ SETTINGS = tuple(k for k in SETTING_KEYS if k in _Request.model_fields and k != 
 
 class ChatRequest(_Request):
     messages: list[Message] = Field(min_length=1)
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        for i, message in enumerate(self.messages):
+            for name in message.unknown():
+                raise RequestError(f"'messages[{i}].{name}' is not supported by localspec's server: the chat "
+                                   "template sees only 'role' and 'content' (leave it out, or send null)",
+                                   f"messages[{i}].{name}")
 
     def prompt(self) -> list[dict]:
         return [m.as_dict() for m in self.messages]
@@ -163,10 +229,49 @@ def _location(loc: tuple) -> str:
     return out
 
 
+def _non_finite(value: Any, where: str = "") -> str | None:
+    """The path of the first number JSON cannot carry (NaN, Infinity, or 1e400, which Python's
+    json module reads as infinity), None when there is none."""
+    stack = [(value, where)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return at
+        if isinstance(item, dict):
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(item))
+    return None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise RequestError(f"the request body names {key!r} twice; give each field once", key)
+        seen[key] = value
+    return seen
+
+
+def _no_constant(name: str) -> None:
+    raise RequestError(f"the request body is not valid JSON: {name} is not a JSON number")
+
+
+def decode_json(data: bytes) -> Any:
+    """A request body as JSON, refusing what RFC 8259 leaves undefined or out and Python's json
+    module takes: a field named twice (which value would win?), NaN and Infinity. (For
+    localspec.server.app.parse_json; RecursionError and ValueError as json.loads raises them.)"""
+    return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+
+
 def parse(body: Any, chat: bool) -> ChatRequest | CompletionRequest:
     """The validated request, or a RequestError naming the first field at fault."""
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    where = _non_finite(body)
+    if where is not None:
+        raise RequestError(f"'{where}' is not a finite number (JSON has no NaN or Infinity, and 1e400 is "
+                           "too large)", where.split(".")[0].split("[")[0] or None)
     model = ChatRequest if chat else CompletionRequest
     try:
         request = model.model_validate(body)
