@@ -247,7 +247,8 @@ def test_malformed_profiles_are_ignored_with_a_warning(tmp_path: Path, case: str
     from click.testing import CliRunner
 
     from localspec.cli import cli
-    from localspec.decoding.profiles import PROFILE_ENV, Profiles
+    from localspec.decoding.profiles import Profiles
+    from localspec.llama.host import PROFILE_ENV
 
     path, data = _profile(tmp_path)
     if case in BAD_PROFILES:

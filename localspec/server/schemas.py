@@ -253,15 +253,12 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def _no_constant(name: str) -> None:
-    raise RequestError(f"the request body is not valid JSON: {name} is not a JSON number")
-
-
 def decode_json(data: bytes) -> Any:
-    """A request body as JSON, refusing what RFC 8259 leaves undefined or out and Python's json
-    module takes: a field named twice (which value would win?), NaN and Infinity. (For
-    localspec.server.app.parse_json; RecursionError and ValueError as json.loads raises them.)"""
-    return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    """A request body as JSON (localspec.server.app.parse_json), refusing a field named twice
+    (which value would win?); RecursionError and ValueError as json.loads raises them. NaN and
+    Infinity literals, which RFC 8259 leaves out, decode as floats here so that :func:`parse`
+    refuses them naming the field."""
+    return json.loads(data, object_pairs_hook=_no_duplicates)
 
 
 def parse(body: Any, chat: bool) -> ChatRequest | CompletionRequest:
