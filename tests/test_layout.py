@@ -105,9 +105,8 @@ def test_every_cli_module_adds_its_command() -> None:
         if path.stem in ("__init__", "options"):
             continue
         module = importlib.import_module(f"localspec.cli.{path.stem}")
-        commands = [value for value in vars(module).values()
-                    if isinstance(value, click.Command) and getattr(value, "__module__", module.__name__) != "click"]
-        commands = [c for c in commands if c.callback is None or c.callback.__module__ == module.__name__]
+        commands = [value for value in vars(module).values() if isinstance(value, click.Command)
+                    and (value.callback is None or value.callback.__module__ == module.__name__)]
         if commands:
             with_commands.append(path.stem)
             assert any(id(command) in registered for command in commands), f"{path.name} adds no command to the root"

@@ -114,6 +114,7 @@ class ModelDrafter:
         self.n_vocab = target.n_vocab  # rows are padded or cut to the target's vocabulary
         self.buf = RowBuffer(max_nodes + 1, self.n_vocab)
         self._depth = 0  # the last draft's depth: nodes above it were decoded, leaves at it were not
+        self.acceptance_kind = f"{self.kind}:{key_of(source.identity)[:8]}"  # acceptance is per pair
         self.timing = DraftTiming()
 
     @property
@@ -134,7 +135,7 @@ class ModelDrafter:
     def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
         """Any depth (acceptance is tracked per pair), after catching up on what it has not seen."""
         lag = len(context) - self._sequence().n_cached if self.loaded else len(context)
-        return DraftProposal(self, f"{self.kind}:{key_of(self.source.identity)[:8]}", max_depth, lag)
+        return DraftProposal(self, self.acceptance_kind, max_depth, lag)
 
     def start(self, prompt: Sequence[int]) -> None:
         if self.loaded:  # a lazy draft loaded later starts from an empty cache
