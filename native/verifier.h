@@ -81,7 +81,8 @@ typedef struct ls_problem {
     const float *draft_probs;   /* n_nodes+1 rows; may be NULL when n_nodes == 0 */
     int64_t draft_stride;
     ls_sampling sampling;
-    double lenience;            /* Yin et al. Thm 4 over-acceptance epsilon (token only); 0 = lossless */
+    double lenience;            /* Yin et al. Thm 4 over-acceptance epsilon (token only); 0 = lossless;
+                                 * never applied to a token the row's mask forbids */
     const double *uniforms;     /* n_nodes+1 values in [0,1), or NULL to draw them from seed */
     uint64_t seed;
     /* Optional token masks (NULL = unconstrained), n_nodes+1 rows with the row ids of

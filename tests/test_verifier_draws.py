@@ -89,6 +89,17 @@ def test_lenience_zero_is_token_and_positive_matches_reference():
         assert (c.path, c.token) == run_reference(inst, lenience=eps)
 
 
+def test_lenience_with_masks_matches_reference_and_never_admits_a_forbidden_token():
+    rng = np.random.default_rng(8)
+    for _ in range(300):
+        inst = random_instance(rng, "token", masked=True)
+        eps = float(rng.choice([0.1, 0.5, 5.0]))
+        c = run_c(inst, lenience=eps)
+        assert (c.path, c.token) == run_reference(inst, lenience=eps)
+        allowed = verifier.unpack_mask(inst.masks, inst.logits.shape[1])
+        assert all(allowed[inst.parents[j] + 1, inst.tokens[j]] for j in c.path)
+
+
 # one chain / one path: several methods must coincide draw for draw
 EQUIVALENT = [
     ("gbv", "block"),  # K = 1: q^Gamma = q

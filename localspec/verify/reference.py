@@ -240,14 +240,17 @@ def _chain(tree: Tree) -> list[int]:
     return chains[0] if chains else []
 
 
-def token(tp, dp, tree: Tree, rng: Randomness, lenience: float = 0.0) -> Outcome:
-    """Block paper Alg. 1; lenience: Yin et al. b(x) = min{1, (target+eps)/draft}, residual Thm 4."""
+def token(tp, dp, tree: Tree, rng: Randomness, lenience: float = 0.0, allowed: np.ndarray | None = None
+          ) -> Outcome:
+    """Block paper Alg. 1; lenience: Yin et al. b(x) = min{1, (target+eps)/draft}, residual Thm 4
+    (never for a token the mask forbids: `allowed` [rows, V] booleans, None = no mask)."""
     rows = [0] + _chain(tree)
     n = tree.n
     for i in range(1, len(rows)):
         prev, x = rows[i - 1], tree.token(rows[i])
         t, d = tp[prev, x], dp[prev, x]
-        h = min(1.0, (t + lenience) / d) if d > 0 else 0.0
+        ok = allowed is None or bool(allowed[prev, x])
+        h = min(1.0, (t + lenience) / d) if d > 0 and ok else 0.0
         if not rng.bernoulli(h, rows[i] - 1):
             return tree.path(prev), _sample_residual(tp[prev], dp[prev], 1.0, rng, n)
     return tree.path(rows[-1]), _sample_target(tp, rows[-1], rng, n)
@@ -474,11 +477,12 @@ def verify(method: str, target_probs: np.ndarray, draft_probs: np.ndarray, token
     tree = Tree.of(tokens, parents)
     tp = np.asarray(target_probs, dtype=np.float64)
     dp = np.asarray(draft_probs, dtype=np.float64)
+    allowed = None
     if masks is not None:
         allowed = bool_masks(masks, tp.shape[0], tp.shape[1])
         bad = np.argwhere((tp > 0) & ~allowed)
         if bad.size:
             raise ValueError(f"target_probs row {int(bad[0][0])} has mass on disallowed token {int(bad[0][1])}")
     if method == "token":
-        return token(tp, dp, tree, rng, lenience)
+        return token(tp, dp, tree, rng, lenience, allowed)
     return METHODS[method](tp, dp, tree, rng)
