@@ -219,7 +219,20 @@ LS_INLINE void exp_block(const ls_row *row, int32_t lo, int32_t len, float *e)
     const int32_t tid = row->thr_id;
     if (row->mask) { /* masked row: a disallowed logit is replaced by max before any arithmetic */
         const uint32_t *m = row->mask;
-        for (int32_t i = 0; i < len; i++) {
+        int32_t i = 0;
+        if ((lo & 31) == 0) /* whole mask words: one word per 32 lanes (vectorizes) */
+            for (; i + 32 <= len; i += 32) {
+                const uint32_t w = m[(lo + i) >> 5];
+                for (int32_t b = 0; b < 32; b++) {
+                    const int32_t x = lo + i + b;
+                    const int al = (int)((w >> b) & 1u);
+                    const float v = al ? l[i + b] : mx;
+                    const int keep = ((v > thr) | ((v == thr) & (x <= tid))) & (v >= low) & al;
+                    const float ex = ls_expf((v - mx) * it);
+                    e[i + b] = keep ? ex : 0.0f;
+                }
+            }
+        for (; i < len; i++) {
             const int32_t x = lo + i;
             const int al = (int)((m[x >> 5] >> (x & 31)) & 1u);
             const float v = al ? l[i] : mx;

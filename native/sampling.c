@@ -54,6 +54,31 @@ static LS_HOT int scan_row(const float *l, int32_t V, float *mx, int32_t *argmax
     return 0;
 }
 
+/* max order-preserving key of the allowed logits among n <= 32 (0 when none), mask word w;
+ * *bad |= an allowed logit is NaN or infinite */
+static const uint32_t ls_bit[32] = {
+    1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
+    1u << 8,  1u << 9,  1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15,
+    1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23,
+    1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
+
+LS_INLINE uint32_t masked_key_max(const float *l, uint32_t w, int32_t n, uint32_t *bad)
+{
+    uint32_t cm = 0u, b = 0u;
+    for (int32_t i = 0; i < n; i++) {
+        const uint32_t al = (uint32_t)((w & ls_bit[i]) != 0u); /* a table, not a variable shift: vectorizes */
+        uint32_t u;
+        memcpy(&u, l + i, sizeof u);
+        u = u == 0x80000000u ? 0u : u; /* -0 ranks as +0 */
+        uint32_t key = u ^ (((uint32_t)0 - (u >> 31)) | 0x80000000u);
+        key &= (uint32_t)0 - al; /* an AND, not a select: the max reduction vectorizes */
+        cm = key > cm ? key : cm;
+        b |= al & (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    *bad |= b;
+    return cm;
+}
+
 /* Masked scan_row: max and lowest argmax over the allowed tokens only (a disallowed logit is
  * never used: its key is forced to 0, below every finite float's). -1 when an allowed logit is
  * NaN or infinite, -2 when no token is allowed. */
@@ -61,19 +86,19 @@ static LS_HOT int scan_row_masked(const float *l, const uint32_t *m, int32_t V, 
 {
     uint32_t best = 0u, bad = 0u;
     int32_t best_lo = -1;
-    for (int32_t lo = 0; lo < V; lo += 64) {
+    for (int32_t lo = 0; lo < V; lo += 64) { /* 64 logits = mask words lo/32 and lo/32 + 1 */
         const int32_t len = V - lo < 64 ? V - lo : 64;
-        uint32_t cm = 0u;
-        for (int32_t i = 0; i < len; i++) {
-            const int32_t x = lo + i;
-            const uint32_t al = (m[x >> 5] >> (x & 31)) & 1u;
-            uint32_t u;
-            memcpy(&u, l + x, sizeof u);
-            u = u == 0x80000000u ? 0u : u; /* -0 ranks as +0 */
-            uint32_t key = u ^ (((uint32_t)0 - (u >> 31)) | 0x80000000u);
-            key = al ? key : 0u;
-            cm = key > cm ? key : cm;
-            bad |= al & (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        uint32_t cm;
+        if (len == 64) {
+            const uint32_t a = masked_key_max(l + lo, m[lo >> 5], 32, &bad);
+            const uint32_t b = masked_key_max(l + lo + 32, m[(lo >> 5) + 1], 32, &bad);
+            cm = a > b ? a : b;
+        } else {
+            cm = masked_key_max(l + lo, m[lo >> 5], len < 32 ? len : 32, &bad);
+            if (len > 32) {
+                const uint32_t b = masked_key_max(l + lo + 32, m[(lo >> 5) + 1], len - 32, &bad);
+                cm = b > cm ? b : cm;
+            }
         }
         if (cm > best) {
             best = cm;
