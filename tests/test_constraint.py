@@ -245,7 +245,7 @@ def test_rollback_restores_masks(tiny_target: Model) -> None:
     f = follower(Constraint.json_schema(PERSON), tiny_target)
     f.commit(f.forced())
     before, forced_before = allowed(f), f.forced()
-    path = [int(t) for t in tiny_target.tokenize("Bob", add_special=False)] + []
+    path = [int(t) for t in tiny_target.tokenize("Bob", add_special=False)]
     f.commit(path)
     f.commit([int(np.flatnonzero(allowed(f))[0])])
     f.rollback(len(path) + 1)
@@ -253,11 +253,7 @@ def test_rollback_restores_masks(tiny_target: Model) -> None:
     with pytest.raises(ConstraintError, match="since the prompt"):
         f.rollback(f.n_consumed + 1)  # never into the prompt
     f.reset([])
-    assert f.n_consumed == 0 and tok_text(f, tiny_target) == '{"name": "'
-
-
-def tok_text(f: GrammarFollower, model: Model) -> str:
-    return text_of(model, f.forced())
+    assert f.n_consumed == 0 and text_of(tiny_target, f.forced()) == '{"name": "'
 
 
 def test_forbidden_tokens_raise_never_finish(tiny_target: Model) -> None:

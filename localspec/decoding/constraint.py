@@ -496,6 +496,10 @@ class TokenizerFuture:
     def done(self) -> bool:
         return self._future.done()
 
+    def failed(self) -> bool:
+        """Whether the build ended with an error (a later start_tokenizer tries again)."""
+        return self._future.done() and self._future.exception() is not None
+
     def result(self, timeout: float | None = None) -> llguidance.LLTokenizer:
         """The tokenizer, waiting for it; the build's error (ModelError, ...) is raised here."""
         return self._future.result(timeout)
@@ -525,7 +529,7 @@ def start_tokenizer(model: VocabModel) -> TokenizerFuture:
     model.vocab_pointer  # a closed model: ModelError now, not a crash in the thread
     with _TOKENIZERS_LOCK:
         future = _TOKENIZERS.get(model)
-        if future is None or (future.done() and future._future.exception() is not None):
+        if future is None or future.failed():
             future = _TOKENIZERS[model] = TokenizerFuture(model)
         return future
 
