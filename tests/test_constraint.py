@@ -256,6 +256,23 @@ def test_rollback_restores_masks(tiny_target: Model) -> None:
     assert f.n_consumed == 0 and text_of(tiny_target, f.forced()) == '{"name": "'
 
 
+def test_follows_the_sequence_it_is_attached_to(tiny_target: Model) -> None:
+    f = GrammarFollower.for_model(Constraint.json_schema(PERSON), tiny_target)
+    seq = tiny_target.sequence
+    seq.followers.append(f)
+    try:
+        seq.start(tiny_target.tokenize(PROMPT))
+        forced = f.forced()
+        seq.commit(forced)
+        assert f.n_consumed == len(forced) and f.forced() == []
+        seq.rollback(3)
+        assert f.n_consumed == len(forced) - 3 and f.forced() == forced[-3:]
+        seq.start(tiny_target.tokenize(PROMPT + " again"))  # a new prompt: the grammar starts over
+        assert f.n_consumed == 0 and f.forced() == forced
+    finally:
+        seq.followers.remove(f)
+
+
 def test_forbidden_tokens_raise_never_finish(tiny_target: Model) -> None:
     f = follower(Constraint.json_schema(PERSON), tiny_target)
     with pytest.raises(ConstraintError, match="an end token"):

@@ -33,6 +33,11 @@ Token bitmasks are rows of uint32 words: bit ``t % 32`` of word ``t // 32`` set 
 is allowed; a row has :func:`mask_words` ``(n_vocab)`` words for the model's ``n_vocab`` (the
 width of its logits); bits past ``n_vocab`` are always clear.
 
+Masks follow llguidance's canonical tokenization: where text is forced, only the tokens
+llguidance would spell it with are allowed, and a byte token that spells the same text as
+another token is refused, although the matcher would consume either. So validity is decided by
+the mask (:meth:`GrammarFollower.masks_along`), never by what the matcher would consume.
+
 llguidance's matcher never raises: a forbidden token puts it in an error state whose mask allows
 only the end tokens. A follower checks for that state after every consume and rollback and
 raises :class:`~localspec.errors.ConstraintError` — an error, never a finished answer.
