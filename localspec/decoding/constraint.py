@@ -55,164 +55,20 @@ import re
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping, Protocol, Sequence, get_args
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import llama_cpp as lc
 import llguidance
 import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
+from localspec.config import JSON_LAYOUT, Constraint, grammar_from_file
 from localspec.errors import ConfigError, ConstraintError, ModelError
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["json_schema", "json_object", "regex", "lark", "gbnf"]
-KINDS: tuple[str, ...] = get_args(Kind)
-DEFAULT_PARAMS: dict[str, str] = {  # the setting a constraint comes from, unless it says otherwise
-    "json_schema": "json_schema", "json_object": "response_format", "regex": "regex",
-    "lark": "grammar", "gbnf": "grammar",
-}
-JSON_LAYOUT: dict[str, Any] = {  # llguidance's JSON options (overrides): see the module docstring
-    "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": False,
-}
-ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
-LARK_MARKER = "%llguidance"
-LARK_SUFFIXES = (".lark",)
-MAX_GRAMMAR_CHARS = 1 << 20  # a grammar file or schema larger than this is refused, not compiled
-
-
-# ---------------------------------------------------------------- constraint specs
-
-@dataclass(frozen=True)
-class Constraint:
-    """What a generation's output must match. ``source`` is the schema as JSON text
-    (``json_schema``), the regex, or the grammar text; empty for ``json_object`` (any JSON
-    object). ``name`` is the schema's name (response_format's ``json_schema.name``), if any.
-    ``param`` is the setting it came from, named by the errors it causes (not part of equality)."""
-
-    kind: Kind
-    source: str = ""
-    name: str | None = None
-    param: str | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ConfigError(f"unknown constraint kind {self.kind!r}; use one of {', '.join(KINDS)}",
-                              param=self.param)
-        if self.param is None:
-            object.__setattr__(self, "param", DEFAULT_PARAMS[self.kind])
-        if not isinstance(self.source, str):
-            raise ConfigError(f"{self.describe()}: expected text, got {type(self.source).__name__}", self.param)
-        if len(self.source) > MAX_GRAMMAR_CHARS:
-            raise ConfigError(f"{self.describe()} has {len(self.source)} characters; at most "
-                              f"{MAX_GRAMMAR_CHARS} are accepted", self.param)
-        if self.kind != "json_object" and not self.source.strip():
-            raise ConfigError(f"{self.describe()} is empty", self.param)
-
-    # ------------------------------------------------------------ constructors
-
-    @classmethod
-    def json_schema(cls, schema: Mapping[str, Any] | bool | str, name: str | None = None,
-                    param: str = "json_schema") -> "Constraint":
-        """A JSON schema (a mapping, or its JSON text)."""
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"the JSON schema is not valid JSON: {exc}", param) from None
-        if not isinstance(schema, (Mapping, bool)):
-            raise ConfigError(f"a JSON schema is an object (or true/false), not {_json_type(schema)}", param)
-        return cls("json_schema", json.dumps(schema, ensure_ascii=False), name, param)
-
-    @classmethod
-    def json_object(cls, param: str = "response_format") -> "Constraint":
-        """Any JSON object (OpenAI's ``{"type": "json_object"}``)."""
-        return cls("json_object", "", None, param)
-
-    @classmethod
-    def regex(cls, pattern: str, param: str = "regex") -> "Constraint":
-        """The whole output matches a regular expression (Rust regex syntax, no look-around)."""
-        return cls("regex", pattern, None, param)
-
-    @classmethod
-    def grammar(cls, text: str, *, lark: bool | None = None, param: str = "grammar") -> "Constraint":
-        """A grammar: GBNF (llama.cpp's, as llama-server's ``grammar``), or Lark (llguidance's
-        syntax) when ``lark`` says so or, by default, when the text starts with ``%llguidance``."""
-        if lark is None:
-            lark = isinstance(text, str) and text.lstrip().startswith(LARK_MARKER)
-        return cls("lark" if lark else "gbnf", text, None, param)
-
-    @classmethod
-    def from_response_format(cls, value: Mapping[str, Any] | None,
-                             param: str = "response_format") -> "Constraint | None":
-        """OpenAI's ``response_format``: ``{"type": "text"}`` (or None) → None, ``{"type":
-        "json_object"}`` → any JSON object, ``{"type": "json_schema", "json_schema": {"name":
-        ..., "schema": {...}, "strict": true}}`` → that schema (always enforced, whatever
-        ``strict`` says; no ``schema`` → any JSON object). llama-server's ``{"type":
-        "json_object", "schema": {...}}`` is read as that schema."""
-        if value is None:
-            return None
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"response_format must be an object, not {_json_type(value)}", param)
-        kind = value.get("type")
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            schema = value.get("schema")
-            return cls.json_object(param) if schema is None else cls.json_schema(schema, None, param)
-        if kind == "json_schema":
-            spec = value.get("json_schema")
-            if not isinstance(spec, Mapping):
-                raise ConfigError('response_format of type "json_schema" needs a "json_schema" object '
-                                  '({"name": ..., "schema": {...}})', param)
-            name = spec.get("name")
-            if name is not None and not isinstance(name, str):
-                raise ConfigError(f"response_format.json_schema.name must be a string, not {_json_type(name)}", param)
-            schema = spec.get("schema")
-            return cls.json_object(param) if schema is None else cls.json_schema(schema, name, param)
-        raise ConfigError(f"response_format.type {kind!r} is not supported; use \"text\", \"json_object\" "
-                          "or \"json_schema\"", param)
-
-    # ------------------------------------------------------------ views
-
-    def schema(self) -> Any:
-        """The JSON schema this constraint enforces (json kinds), None otherwise."""
-        if self.kind == "json_object":
-            return dict(ANY_OBJECT_SCHEMA)
-        return json.loads(self.source) if self.kind == "json_schema" else None
-
-    def describe(self) -> str:
-        """How errors name it: "the JSON schema 'person'", "the regex", ..."""
-        what = {"json_schema": "the JSON schema", "json_object": "the JSON object format", "regex": "the regex",
-                "lark": "the Lark grammar", "gbnf": "the GBNF grammar"}[self.kind]
-        return f"{what} {self.name!r}" if self.name else what
-
-
-def grammar_from_file(path: str | os.PathLike, param: str = "grammar") -> Constraint:
-    """A grammar file: Lark when it ends in ``.lark`` or its text starts with ``%llguidance``,
-    GBNF otherwise (llama.cpp's ``.gbnf`` files)."""
-    file = Path(path).expanduser()
-    try:
-        if file.stat().st_size > MAX_GRAMMAR_CHARS * 4:
-            raise ConfigError(f"grammar file {file} is larger than {MAX_GRAMMAR_CHARS * 4} bytes", param)
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"grammar file not found: {file}", param) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"grammar file {file} is not UTF-8 text ({exc.reason} at byte {exc.start})", param) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read grammar file {file}: {exc.strerror or exc}", param) from None
-    lark = file.suffix.lower() in LARK_SUFFIXES or text.lstrip().startswith(LARK_MARKER)
-    return Constraint.grammar(text, lark=lark, param=param)
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
-             float: "a number", type(None): "null"}
-    return next((n for t, n in names.items() if isinstance(value, t)), type(value).__name__)
-
+__all__ = ["Constraint", "GrammarFollower", "compile_constraint", "grammar_from_file", "start_tokenizer",
+           "tokenizer_for"]  # Constraint and grammar_from_file live in localspec.config (settings), re-exported
 
 # ---------------------------------------------------------------- compile and validate
 
@@ -597,6 +453,7 @@ class GrammarFollower:
         self._tokenizer = tokenizer
         self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         self.n_consumed = 0  # tokens consumed since the prompt
+        self._draft: list[int] = []  # draft tokens consumed past the committed ones (mask_after)
         if self._matcher.is_error():  # a grammar valid in itself that this vocabulary cannot follow
             param = self.constraint.param if self.constraint else None
             raise ConfigError(f"{self.constraint.describe() if self.constraint else 'the grammar'} cannot be "
@@ -614,10 +471,12 @@ class GrammarFollower:
         """A new context: `tokens` is the prompt; the grammar starts after it."""
         self._matcher.reset()
         self.n_consumed = 0
+        self._draft.clear()
         self._check("a reset")
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Consume committed tokens; one the grammar forbids raises ConstraintError."""
+        self.end_draft()
         for token in tokens:
             self._matcher.consume_token(int(token))
             self._check(f"token {int(token)} ({self._token_repr(int(token))})")
@@ -625,6 +484,7 @@ class GrammarFollower:
 
     def rollback(self, n: int) -> None:
         """Withdraw the last `n` consumed tokens (never past the prompt)."""
+        self.end_draft()
         if n <= 0:
             return
         if n > self.n_consumed:
@@ -639,7 +499,8 @@ class GrammarFollower:
     # ------------------------------------------------------------ what may come next
 
     def mask(self, out_row: np.ndarray) -> np.ndarray:
-        """Fill `out_row` (uint32, shape (words,)) with the tokens allowed next; returns it."""
+        """Fill `out_row` (uint32, shape (words,)) with the tokens allowed next (after the committed
+        tokens, or after the draft :meth:`mask_after` moved to); returns it."""
         if out_row.dtype not in (np.uint32, np.int32) or out_row.shape != (self.words,) \
                 or not out_row.flags["C_CONTIGUOUS"]:
             raise ValueError(f"a mask row is a contiguous uint32 array of shape ({self.words},), not "
@@ -663,17 +524,20 @@ class GrammarFollower:
     def forced(self) -> list[int]:
         """The tokens the grammar forces now (llguidance's fast-forward tokens): whatever is
         sampled, these come next; empty when there is a choice."""
+        self.end_draft()
         tokens = self._matcher.compute_ff_tokens()
         self._check("computing forced tokens")
         return [int(t) for t in tokens]
 
     def accepts_end(self) -> bool:
         """Whether an end token may come now: the output so far is a complete answer."""
+        self.end_draft()
         return bool(self._matcher.is_accepting())
 
     def must_end(self) -> bool:
         """Whether the grammar is complete and only an end token may follow (also true once an
         end token has been consumed)."""
+        self.end_draft()
         return bool(self._matcher.is_stopped())
 
     def masks_along(self, path: Sequence[int], out: np.ndarray) -> int:
@@ -682,11 +546,14 @@ class GrammarFollower:
         path are allowed (``k``: rows 0..k are filled; k == len(path) when all are)."""
         if out.ndim != 2 or out.shape[0] < len(path) + 1:
             raise ValueError(f"masks_along needs at least {len(path) + 1} rows, got shape {out.shape}")
+        self.end_draft()
         consumed = 0
         try:
             for i, token in enumerate(path):
                 if not is_allowed(self.mask(out[i]), int(token)):
                     return i
+                if self._matcher.is_stopped():
+                    continue  # an end token after an end token: the matcher takes no step (nothing to roll back)
                 self._matcher.consume_token(int(token))
                 self._check(f"draft token {int(token)} ({self._token_repr(int(token))})")
                 consumed += 1
@@ -696,6 +563,38 @@ class GrammarFollower:
             if consumed:
                 self._matcher.rollback(consumed)
                 self._check(f"rolling back {consumed} draft tokens")
+
+    def mask_after(self, path: Sequence[int], out_row: np.ndarray) -> np.ndarray:
+        """Fill `out_row` with the mask after the draft `path` (not committed; each of its tokens
+        allowed by the mask before it: the caller checks, see :meth:`masks_along`); returns it.
+        The matcher stays at the end of `path` until the next call, which moves it along the
+        shared prefix only (a chain drafted level by level costs one consume per token), or
+        until :meth:`end_draft`, which every other method calls first."""
+        shared = 0  # path's tokens past an end token are never consumed: _draft may be shorter than a path
+        limit = min(len(self._draft), len(path))
+        while shared < limit and self._draft[shared] == path[shared]:
+            shared += 1
+        if len(self._draft) > shared:
+            self._withdraw_draft(len(self._draft) - shared)
+        for token in path[shared:]:
+            if self._matcher.is_stopped():
+                break  # past an end token only end tokens follow, and consuming them is no step to roll back
+            self._matcher.consume_token(int(token))
+            self._draft.append(int(token))
+            self._check(f"draft token {int(token)} ({self._token_repr(int(token))})")
+        return self.mask(out_row)
+
+    def end_draft(self) -> None:
+        """Withdraw the draft tokens :meth:`mask_after` consumed: back at the committed tokens."""
+        if self._draft:
+            self._withdraw_draft(len(self._draft))
+
+    def _withdraw_draft(self, n: int) -> None:
+        ok = self._matcher.rollback(n)
+        del self._draft[len(self._draft) - n:]
+        self._check(f"rolling back {n} draft tokens")
+        if not ok:
+            raise ConstraintError(f"llguidance could not roll back {n} draft tokens")
 
     # ------------------------------------------------------------ errors
 
