@@ -45,6 +45,9 @@ class Response:
     token: int | None
     finish_reason: str | None  # None while generating; "stop" (EOS or a stop string) or "length"
     stats: GenerationStats
+    # with a constraint, on the last response: whether the text is a complete answer of it ("stop"
+    # always is; "length" is truncated unless the text happened to be complete); None otherwise
+    constraint_satisfied: bool | None = None
 
 
 def default_pair(*, draft_n_gpu_layers: int | None = None, draft_rpc: str | None = None,
@@ -191,6 +194,7 @@ class Generation:
             followers = self.target.sequence.followers
             followers.append(self.scanner)  # follows the committed tokens from the prompt on
             held.callback(followers.remove, self.scanner)
+            held.callback(self.engine.close)  # a constraint's grammar stops following the target
             self.engine.start(self.prompt)
             try:
                 yield from self._responses()
@@ -210,7 +214,7 @@ class Generation:
         while True:
             new = engine.step()
             if not new:  # the context is full
-                yield Response(scanner.flush(), None, "length", engine.stats())
+                yield Response(scanner.flush(), None, "length", engine.stats(), engine.constraint_satisfied)
                 return
             pieces = scanner.take()  # what the step committed, cut after a stop string
             for i, (tok, text) in enumerate(pieces):
@@ -218,7 +222,7 @@ class Generation:
                 finish = "stop" if last and scanner.stopped else engine.finish_reason if i == len(new) - 1 else None
                 if finish and not scanner.stopped:
                     text += scanner.flush()
-                yield Response(text, tok, finish, engine.stats())
+                yield Response(text, tok, finish, engine.stats(), engine.constraint_satisfied if finish else None)
                 if finish:
                     return
 
@@ -230,6 +234,11 @@ def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: 
     Settings come from `config` and/or the flat keywords of the CLI flags (max_tokens,
     temperature, top_k, top_p, min_p, seed, verifier, num_draft_tokens, paths, tree, drafter, plan,
     lenience, stop); they are checked here, before the first token (ConfigError; PromptError for the prompt).
+    Structured output: at most one of response_format (OpenAI's: {"type": "json_object"} or
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}), json_schema (a schema),
+    regex, grammar (GBNF, or Lark when it starts with %llguidance); a schema or grammar that cannot
+    be enforced is a ConfigError here, naming the setting. The last Response's
+    constraint_satisfied says whether the text is complete (finish_reason "length": truncated).
     plan="auto" (default) drafts at most num_draft_tokens levels and picks each step's depth, or
     no speculation at all, from measured step costs and acceptance; plan="fixed" always drafts
     the full shape. `profiles`: the cost profiles to plan with (see Generation)."""

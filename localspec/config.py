@@ -7,6 +7,8 @@ import it:
   users get; the field defaults are the neutral "off" values);
 * :class:`Shape`: what to draft per step (a chain, K paths, a tree), parsed from every spelling
   by :meth:`Shape.parse`;
+* :class:`Constraint`: what the output must match (a JSON schema, any JSON object, a regex, a Lark
+  or GBNF grammar), as asked; :mod:`localspec.decoding.constraint` compiles and enforces it;
 * :class:`GenerationConfig`: everything one generation needs besides the models and prompt;
 * :class:`ModelOptions`: how to load a model and size its context.
 
@@ -16,11 +18,14 @@ Keyword names equal the CLI flags (``num_draft_tokens`` is ``--num-draft-tokens`
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import numbers
+import os
 import re
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence, get_args
 
 from localspec.errors import ConfigError
 
@@ -280,6 +285,153 @@ class Shape:
         return f"{self.paths}x{self.depth} paths" if self.paths > 1 else f"chain {self.depth}"
 
 
+# ---------------------------------------------------------------- structured output (what is asked; compiled by
+# localspec.decoding.constraint, which needs llguidance)
+
+Kind = Literal["json_schema", "json_object", "regex", "lark", "gbnf"]
+KINDS: tuple[str, ...] = get_args(Kind)
+DEFAULT_PARAMS: dict[str, str] = {  # the setting a constraint comes from, unless it says otherwise
+    "json_schema": "json_schema", "json_object": "response_format", "regex": "regex",
+    "lark": "grammar", "gbnf": "grammar",
+}
+JSON_LAYOUT: dict[str, Any] = {  # llguidance's JSON options (overrides): see the module docstring
+    "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": False,
+}
+ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+LARK_MARKER = "%llguidance"
+LARK_SUFFIXES = (".lark",)
+MAX_GRAMMAR_CHARS = 1 << 20  # a grammar file or schema larger than this is refused, not compiled
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a generation's output must match. ``source`` is the schema as JSON text
+    (``json_schema``), the regex, or the grammar text; empty for ``json_object`` (any JSON
+    object). ``name`` is the schema's name (response_format's ``json_schema.name``), if any.
+    ``param`` is the setting it came from, named by the errors it causes (not part of equality)."""
+
+    kind: Kind
+    source: str = ""
+    name: str | None = None
+    param: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"unknown constraint kind {self.kind!r}; use one of {', '.join(KINDS)}",
+                              param=self.param)
+        if self.param is None:
+            object.__setattr__(self, "param", DEFAULT_PARAMS[self.kind])
+        if not isinstance(self.source, str):
+            raise ConfigError(f"{self.describe()}: expected text, got {type(self.source).__name__}", self.param)
+        if len(self.source) > MAX_GRAMMAR_CHARS:
+            raise ConfigError(f"{self.describe()} has {len(self.source)} characters; at most "
+                              f"{MAX_GRAMMAR_CHARS} are accepted", self.param)
+        if self.kind != "json_object" and not self.source.strip():
+            raise ConfigError(f"{self.describe()} is empty", self.param)
+
+    # ------------------------------------------------------------ constructors
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any] | bool | str, name: str | None = None,
+                    param: str = "json_schema") -> "Constraint":
+        """A JSON schema (a mapping, or its JSON text)."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"the JSON schema is not valid JSON: {exc}", param) from None
+        if not isinstance(schema, (Mapping, bool)):
+            raise ConfigError(f"a JSON schema is an object (or true/false), not {json_type(schema)}", param)
+        return cls("json_schema", json.dumps(schema, ensure_ascii=False), name, param)
+
+    @classmethod
+    def json_object(cls, param: str = "response_format") -> "Constraint":
+        """Any JSON object (OpenAI's ``{"type": "json_object"}``)."""
+        return cls("json_object", "", None, param)
+
+    @classmethod
+    def regex(cls, pattern: str, param: str = "regex") -> "Constraint":
+        """The whole output matches a regular expression (Rust regex syntax, no look-around)."""
+        return cls("regex", pattern, None, param)
+
+    @classmethod
+    def grammar(cls, text: str, *, lark: bool | None = None, param: str = "grammar") -> "Constraint":
+        """A grammar: GBNF (llama.cpp's, as llama-server's ``grammar``), or Lark (llguidance's
+        syntax) when ``lark`` says so or, by default, when the text starts with ``%llguidance``."""
+        if lark is None:
+            lark = isinstance(text, str) and text.lstrip().startswith(LARK_MARKER)
+        return cls("lark" if lark else "gbnf", text, None, param)
+
+    @classmethod
+    def from_response_format(cls, value: Mapping[str, Any] | None,
+                             param: str = "response_format") -> "Constraint | None":
+        """OpenAI's ``response_format``: ``{"type": "text"}`` (or None) → None, ``{"type":
+        "json_object"}`` → any JSON object, ``{"type": "json_schema", "json_schema": {"name":
+        ..., "schema": {...}, "strict": true}}`` → that schema (always enforced, whatever
+        ``strict`` says; no ``schema`` → any JSON object). llama-server's ``{"type":
+        "json_object", "schema": {...}}`` is read as that schema."""
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"response_format must be an object, not {json_type(value)}", param)
+        kind = value.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            schema = value.get("schema")
+            return cls.json_object(param) if schema is None else cls.json_schema(schema, None, param)
+        if kind == "json_schema":
+            spec = value.get("json_schema")
+            if not isinstance(spec, Mapping):
+                raise ConfigError('response_format of type "json_schema" needs a "json_schema" object '
+                                  '({"name": ..., "schema": {...}})', param)
+            name = spec.get("name")
+            if name is not None and not isinstance(name, str):
+                raise ConfigError(f"response_format.json_schema.name must be a string, not {json_type(name)}", param)
+            schema = spec.get("schema")
+            return cls.json_object(param) if schema is None else cls.json_schema(schema, name, param)
+        raise ConfigError(f"response_format.type {kind!r} is not supported; use \"text\", \"json_object\" "
+                          "or \"json_schema\"", param)
+
+    # ------------------------------------------------------------ views
+
+    def schema(self) -> Any:
+        """The JSON schema this constraint enforces (json kinds), None otherwise."""
+        if self.kind == "json_object":
+            return dict(ANY_OBJECT_SCHEMA)
+        return json.loads(self.source) if self.kind == "json_schema" else None
+
+    def describe(self) -> str:
+        """How errors name it: "the JSON schema 'person'", "the regex", ..."""
+        what = {"json_schema": "the JSON schema", "json_object": "the JSON object format", "regex": "the regex",
+                "lark": "the Lark grammar", "gbnf": "the GBNF grammar"}[self.kind]
+        return f"{what} {self.name!r}" if self.name else what
+
+
+def grammar_from_file(path: str | os.PathLike, param: str = "grammar") -> Constraint:
+    """A grammar file: Lark when it ends in ``.lark`` or its text starts with ``%llguidance``,
+    GBNF otherwise (llama.cpp's ``.gbnf`` files)."""
+    file = Path(path).expanduser()
+    try:
+        if file.stat().st_size > MAX_GRAMMAR_CHARS * 4:
+            raise ConfigError(f"grammar file {file} is larger than {MAX_GRAMMAR_CHARS * 4} bytes", param)
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"grammar file not found: {file}", param) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"grammar file {file} is not UTF-8 text ({exc.reason} at byte {exc.start})", param) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read grammar file {file}: {exc.strerror or exc}", param) from None
+    lark = file.suffix.lower() in LARK_SUFFIXES or text.lstrip().startswith(LARK_MARKER)
+    return Constraint.grammar(text, lark=lark, param=param)
+
+
+def json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return next((n for t, n in names.items() if isinstance(value, t)), type(value).__name__)
+
+
 # ---------------------------------------------------------------- one generation
 
 
@@ -321,6 +473,7 @@ class GenerationConfig:
     plan: str = "auto"  # auto: choose each step's depth (or none) from measured costs; fixed
     lenience: float = 0.0  # > 0: the LOSSY over-acceptance of Yin et al. (verifier token only)
     stop: tuple[str, ...] = field(default=())
+    constraint: Constraint | None = None  # structured output: what the text must match (None: free text)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_tokens", _as_int(self.max_tokens))
@@ -341,6 +494,11 @@ class GenerationConfig:
                  f"lenience must be a finite number >= 0, got {_show(self.lenience)}")
         _require(self.lenience == 0 or self.verifier == "token", "lenience",
                  "lenience (lossy over-acceptance) needs verifier 'token'")
+        _require(self.constraint is None or isinstance(self.constraint, Constraint), "constraint",
+                 f"constraint must be a localspec.config.Constraint (or None), got {type(self.constraint).__name__}")
+        _require(not (self.constraint is not None and self.stop), "stop",
+                 "stop strings cannot be combined with a constraint: the grammar decides where the output "
+                 "ends, and text cut at a stop string would no longer match it")
         self._check_shape()
 
     def _check_shape(self) -> None:
@@ -359,18 +517,23 @@ class GenerationConfig:
     def from_options(cls, base: "GenerationConfig | None" = None, **options: Any) -> "GenerationConfig":
         """A config from flat keyword names (those of the CLI flags and the request fields):
         max_tokens, temperature, top_k, top_p, min_p, seed, verifier, num_draft_tokens, paths,
-        tree, drafter, plan, lenience, stop. What is left out (or None, for the sampling and
+        tree, drafter, plan, lenience, stop, and at most one constraint: response_format (OpenAI's),
+        json_schema (a schema, llama-server's), regex, grammar (GBNF or Lark text) or constraint
+        (a Constraint). What is left out (or None, for the sampling and
         shape keys) comes from `base` (default: the project's defaults)."""
         base = DEFAULTS if base is None else base
         _require(isinstance(base, GenerationConfig), "config",
                  f"config must be a GenerationConfig (or None), got {type(base).__name__}; pass settings as "
                  "keywords instead, e.g. max_tokens=64")
         own = {f.name for f in fields(cls)} - {"sampling", "shape"}
-        unknown = set(options) - own - set(_SAMPLING_KEYS) - set(_SHAPE_KEYS)
+        unknown = set(options) - own - set(_SAMPLING_KEYS) - set(_SHAPE_KEYS) - set(CONSTRAINT_KEYS)
         _require(not unknown, sorted(unknown)[0] if unknown else "",
                  unknown_names(unknown, SETTING_KEYS, "setting(s)")
                  + ("; ctx_size, threads and the other model options belong to load_model"
                     if unknown & {f.name for f in fields(ModelOptions)} else ""))
+        constraint = _constraint_from_options(options)
+        if constraint is not False:
+            options["constraint"] = constraint
         sampling = {k: options.pop(k) for k in _SAMPLING_KEYS if options.get(k) is not None}
         shape = {k: options.pop(k) for k in _SHAPE_KEYS if k in options}
         changes = dict(options)
@@ -387,7 +550,8 @@ class GenerationConfig:
                 "top_k": self.sampling.top_k, "top_p": self.sampling.top_p, "min_p": self.sampling.min_p,
                 "seed": self.seed, "verifier": self.verifier, "num_draft_tokens": s.depth, "paths": s.paths,
                 "tree": list(s.branching) if s.branching else None, "drafter": self.drafter,
-                "plan": self.plan, "lenience": self.lenience, "stop": list(self.stop)}
+                "plan": self.plan, "lenience": self.lenience, "stop": list(self.stop),
+                **constraint_options(self.constraint)}
 
     @property
     def speculative(self) -> bool:
@@ -417,6 +581,49 @@ class GenerationConfig:
         _require(s.branching is None and n_batch - 1 >= s.paths, "num_draft_tokens",
                  f"the draft {s.describe()} has {s.n_nodes} nodes; at most n_batch - 1 = {n_batch - 1} fit")
         return replace(self, shape=s.truncated((n_batch - 1) // s.paths))
+
+
+CONSTRAINT_KEYS: tuple[str, ...] = ("response_format", "json_schema", "regex", "grammar")
+
+
+def _constraint_from_options(options: dict[str, Any]) -> "Constraint | None | bool":
+    """The constraint the keywords ask for (popped from `options`): a Constraint, None (a
+    keyword says "no constraint", e.g. response_format {"type": "text"}) or False (no constraint
+    keyword given: the base's stays). More than one constraint is a ConfigError."""
+    given = [k for k in ("constraint", *CONSTRAINT_KEYS) if options.get(k) is not None]
+    _require(len(given) <= 1, given[-1] if given else "",
+             f"give one constraint, not {' and '.join(given)}")
+    present = [k for k in ("constraint", *CONSTRAINT_KEYS) if k in options]
+    values = {k: options.pop(k) for k in present}
+    if not given:
+        return None if present else False
+    name, value = given[0], values[given[0]]
+    if name == "constraint":
+        return value
+    if name == "response_format":
+        return Constraint.from_response_format(value)
+    if name == "json_schema":
+        return Constraint.json_schema(value)
+    _require(isinstance(value, str), name, f"{name} must be text, got {type(value).__name__}")
+    return Constraint.regex(value) if name == "regex" else Constraint.grammar(value)
+
+
+def constraint_options(c: Constraint | None) -> dict[str, Any]:
+    """A constraint as the keywords of from_options (JSON values; all None without one)."""
+    out: dict[str, Any] = {k: None for k in ("response_format", "regex", "grammar")}
+    if c is None:
+        return out
+    if c.kind == "json_object":
+        out["response_format"] = {"type": "json_object"}
+    elif c.kind == "json_schema":
+        spec = {"schema": json.loads(c.source), **({"name": c.name} if c.name else {})}
+        out["response_format"] = {"type": "json_schema", "json_schema": spec}
+    elif c.kind == "regex":
+        out["regex"] = c.source
+    else:  # a Lark grammar is marked as one, so that Constraint.grammar reads it back as Lark
+        lark = c.kind == "lark" and not c.source.lstrip().startswith(LARK_MARKER)
+        out["grammar"] = (LARK_MARKER + " {}\n" if lark else "") + c.source
+    return out
 
 
 def _shape_from_options(base: Shape, num_draft_tokens: int | None = None, paths: int | None = None,

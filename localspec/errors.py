@@ -32,6 +32,13 @@ class PromptError(ModelError):
     not the model (HTTP 400 naming the field)."""
 
 
+class ConstraintError(ModelError):
+    """The grammar matcher of a constrained generation and the tokens committed disagree (a
+    token the grammar forbids was committed, a rollback past the grammar's start) or llguidance
+    itself failed: a fault of localspec, never of the caller's grammar, which is checked before
+    any decoding (bad grammars are :class:`ConfigError`)."""
+
+
 class RemoteError(ModelError):
     """A llama.cpp RPC server is unreachable or stopped answering (HTTP 503 and 502: the server's
     upstream failed, not the client)."""

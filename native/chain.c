@@ -80,7 +80,8 @@ static int child_probs(ls_ctx *c, int32_t r, int32_t x, double *t, double *d)
 
 /* Token verification, block paper Alg. 1 (residual Eq. 3). With lenience eps > 0 the acceptance
  * is Yin et al.'s b(x) = min{1, (target + eps) / draft}; their Thm 4 optimal residual
- * P* = [A]_+, A ∝ max(target - draft, -eps), is again norm(max(target - draft, 0)). */
+ * P* = [A]_+, A ∝ max(target - draft, -eps), is again norm(max(target - draft, 0)). With masks,
+ * a token its row's mask forbids gets b(x) = 0: the lossy mode never breaks the constraint. */
 int ls_token(ls_ctx *c, ls_verdict *out)
 {
     const int st = ls_require_chain_below_root(c);
@@ -99,7 +100,7 @@ int ls_token(ls_ctx *c, ls_verdict *out)
         if (s2 != LS_OK)
             return s2;
         double h = 0.0;
-        if (d > 0.0) {
+        if (d > 0.0 && ls_allowed(c->rows[r].mask, ls_token_of(c, node))) { /* lenience never admits a masked token */
             const double ratio = (t + eps) / d;
             h = ratio < 1.0 ? ratio : 1.0;
         }

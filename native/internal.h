@@ -27,11 +27,14 @@
 #define LS_SPARSE_MAX 1024 /* largest kept set handled token by token instead of densely */
 
 /* The plain sampler's distribution of one target row, kept implicit:
- *   keep(x) = (l > thr || (l == thr && x <= thr_id)) && l >= lo
+ *   keep(x) = allowed(x) && (l > thr || (l == thr && x <= thr_id)) && l >= lo
  *   t(x)    = keep(x) ? exp((l - max) * inv_temp) * inv_z : 0
+ * allowed(x) is the row's mask bit (always 1 without a mask); max, argmax and the filter
+ * boundaries are taken over the allowed tokens only, whose logits alone are ever used.
  * Temperature 0 keeps only the argmax with inv_temp = 0, inv_z = 1. */
 typedef struct ls_row {
     const float *logits;
+    const uint32_t *mask; /* NULL: every token allowed */
     float max;
     float inv_temp;
     float thr;
@@ -203,11 +206,42 @@ LS_INLINE int ls_chunk_any(const float *l, float floor, int inclusive)
     return any;
 }
 
+/* is token x allowed by mask m (NULL: always)? bit x % 32 of word x / 32 */
+static inline int ls_allowed(const uint32_t *m, int32_t x)
+{
+    return !m || ((m[x >> 5] >> (x & 31)) & 1u);
+}
+
 LS_INLINE void exp_block(const ls_row *row, int32_t lo, int32_t len, float *e)
 {
     const float *l = row->logits + lo;
     const float mx = row->max, it = row->inv_temp, thr = row->thr, low = row->lo;
     const int32_t tid = row->thr_id;
+    if (row->mask) { /* masked row: a disallowed logit is replaced by max before any arithmetic */
+        const uint32_t *m = row->mask;
+        int32_t i = 0;
+        if ((lo & 31) == 0) /* whole mask words: one word per 32 lanes (vectorizes) */
+            for (; i + 32 <= len; i += 32) {
+                const uint32_t w = m[(lo + i) >> 5];
+                for (int32_t b = 0; b < 32; b++) {
+                    const int32_t x = lo + i + b;
+                    const int al = (int)((w >> b) & 1u);
+                    const float v = al ? l[i + b] : mx;
+                    const int keep = ((v > thr) | ((v == thr) & (x <= tid))) & (v >= low) & al;
+                    const float ex = ls_expf((v - mx) * it);
+                    e[i + b] = keep ? ex : 0.0f;
+                }
+            }
+        for (; i < len; i++) {
+            const int32_t x = lo + i;
+            const int al = (int)((m[x >> 5] >> (x & 31)) & 1u);
+            const float v = al ? l[i] : mx;
+            const int keep = ((v > thr) | ((v == thr) & (x <= tid))) & (v >= low) & al;
+            const float ex = ls_expf((v - mx) * it);
+            e[i] = keep ? ex : 0.0f;
+        }
+        return;
+    }
     for (int32_t i = 0; i < len; i++) {
         const float v = l[i];
         const int32_t x = lo + i;
@@ -228,8 +262,9 @@ LS_INLINE void target_block(const ls_row *row, int32_t lo, int32_t len, double *
 
 
 /* ---- sampling.c: rows, kernels, random numbers ---- */
-int ls_row_init(ls_row *row, const float *logits, int32_t V, const ls_sampling *s, uint64_t *keys,
-                int32_t *kept);
+int ls_row_init(ls_row *row, const float *logits, const uint32_t *mask, int32_t V, const ls_sampling *s,
+                uint64_t *keys, int32_t *kept);
+int ls_mask_any(const uint32_t *mask, int32_t V);
 int ls_row_prepare(ls_ctx *c, int32_t r);
 int32_t ls_row_argmax(ls_ctx *c, int32_t r, int *status);
 double ls_row_value(const ls_row *row, int32_t x);

@@ -54,6 +54,80 @@ static LS_HOT int scan_row(const float *l, int32_t V, float *mx, int32_t *argmax
     return 0;
 }
 
+/* max order-preserving key of the allowed logits among n <= 32 (0 when none), mask word w;
+ * *bad |= an allowed logit is NaN or infinite */
+static const uint32_t ls_bit[32] = {
+    1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
+    1u << 8,  1u << 9,  1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15,
+    1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23,
+    1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
+
+LS_INLINE uint32_t masked_key_max(const float *l, uint32_t w, int32_t n, uint32_t *bad)
+{
+    uint32_t cm = 0u, b = 0u;
+    for (int32_t i = 0; i < n; i++) {
+        const uint32_t al = (uint32_t)((w & ls_bit[i]) != 0u); /* a table, not a variable shift: vectorizes */
+        uint32_t u;
+        memcpy(&u, l + i, sizeof u);
+        u = u == 0x80000000u ? 0u : u; /* -0 ranks as +0 */
+        uint32_t key = u ^ (((uint32_t)0 - (u >> 31)) | 0x80000000u);
+        key &= (uint32_t)0 - al; /* an AND, not a select: the max reduction vectorizes */
+        cm = key > cm ? key : cm;
+        b |= al & (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    *bad |= b;
+    return cm;
+}
+
+/* Masked scan_row: max and lowest argmax over the allowed tokens only (a disallowed logit is
+ * never used: its key is forced to 0, below every finite float's). -1 when an allowed logit is
+ * NaN or infinite, -2 when no token is allowed. */
+static LS_HOT int scan_row_masked(const float *l, const uint32_t *m, int32_t V, float *mx, int32_t *argmax)
+{
+    uint32_t best = 0u, bad = 0u;
+    int32_t best_lo = -1;
+    for (int32_t lo = 0; lo < V; lo += 64) { /* 64 logits = mask words lo/32 and lo/32 + 1 */
+        const int32_t len = V - lo < 64 ? V - lo : 64;
+        uint32_t cm;
+        if (len == 64) {
+            const uint32_t a = masked_key_max(l + lo, m[lo >> 5], 32, &bad);
+            const uint32_t b = masked_key_max(l + lo + 32, m[(lo >> 5) + 1], 32, &bad);
+            cm = a > b ? a : b;
+        } else {
+            cm = masked_key_max(l + lo, m[lo >> 5], len < 32 ? len : 32, &bad);
+            if (len > 32) {
+                const uint32_t b = masked_key_max(l + lo + 32, m[(lo >> 5) + 1], len - 32, &bad);
+                cm = b > cm ? b : cm;
+            }
+        }
+        if (cm > best) {
+            best = cm;
+            best_lo = lo;
+        }
+    }
+    if (bad)
+        return -1;
+    if (best_lo < 0)
+        return -2;
+    *mx = unsortable_f32(best);
+    int32_t at = best_lo;
+    while (!(ls_allowed(m, at) && l[at] == *mx))
+        at++;
+    *argmax = at;
+    return 0;
+}
+
+int ls_mask_any(const uint32_t *mask, int32_t V)
+{
+    const int32_t full = V / 32, rem = V % 32;
+    uint32_t any = 0u;
+    for (int32_t w = 0; w < full; w++)
+        any |= mask[w];
+    if (rem)
+        any |= mask[full] & ((1u << rem) - 1u);
+    return any != 0u;
+}
+
 /* sum over the kept set of exp((l - max) * inv_temp) */
 static LS_HOT double row_partition(const ls_row *row, int32_t V)
 {
@@ -166,9 +240,44 @@ static LS_HOT int top_k_scan(ls_row *row, int32_t V, int32_t k, uint64_t *keys, 
     return 0;
 }
 
-/* ids of the logits >= floor, ascending, into out[0..return), at most cap of them (cap + 1 is
- * returned when there are more) */
-static LS_HOT int32_t collect_at_least(const float *l, int32_t V, float floor, int32_t *out, int32_t cap)
+/* Masked top-k: the (at most) k largest keys of the allowed tokens into keys[0..return), as a
+ * min-heap when k of them were found (keys[0] is then the k-th largest); fewer than k allowed
+ * tokens: all of them, and top-k keeps them all. The row must be scanned (ready >= 1). */
+static LS_HOT int32_t top_k_masked(const ls_row *row, int32_t V, int32_t k, uint64_t *keys)
+{
+    const float *l = row->logits;
+    const uint32_t *m = row->mask;
+    int32_t n = 0, x = 0;
+    for (; x < V && n < k; x++)
+        if (ls_allowed(m, x))
+            keys[n++] = logit_key(l[x], x);
+    if (n < k)
+        return n;
+    for (int32_t i = k / 2 - 1; i >= 0; i--)
+        heap_sift_down(keys, k, i);
+    float floor_logit = unsortable_f32((uint32_t)(keys[0] >> 32));
+    for (int32_t lo = x; lo < V; lo += 64) {
+        const int32_t hi = V - lo < 64 ? V : lo + 64;
+        if (hi - lo == 64 && !ls_chunk_any(l + lo, floor_logit, 0)) /* raw logits: conservative */
+            continue;
+        for (int32_t i = lo; i < hi; i++) {
+            if (!(l[i] > floor_logit) || !ls_allowed(m, i))
+                continue;
+            const uint64_t key = logit_key(l[i], i);
+            if (key > keys[0]) {
+                keys[0] = key;
+                heap_sift_down(keys, k, 0);
+                floor_logit = unsortable_f32((uint32_t)(keys[0] >> 32));
+            }
+        }
+    }
+    return k;
+}
+
+/* ids of the allowed logits >= floor, ascending, into out[0..return), at most cap of them
+ * (cap + 1 is returned when there are more) */
+static LS_HOT int32_t collect_at_least(const float *l, const uint32_t *m, int32_t V, float floor, int32_t *out,
+                                       int32_t cap)
 {
     int32_t n = 0;
     for (int32_t lo = 0; lo < V; lo += 64) {
@@ -176,7 +285,7 @@ static LS_HOT int32_t collect_at_least(const float *l, int32_t V, float floor, i
         if (hi - lo == 64 && !ls_chunk_any(l + lo, floor, 1))
             continue;
         for (int32_t i = lo; i < hi; i++)
-            if (l[i] >= floor) {
+            if (l[i] >= floor && ls_allowed(m, i)) {
                 if (n == cap)
                     return cap + 1;
                 out[n++] = i;
@@ -238,7 +347,7 @@ static LS_HOT int32_t apply_top_p(ls_row *row, int32_t V, int32_t k_kept, float 
             if (hi - lo == 64 && !ls_chunk_any(l + lo, floor, 1))
                 continue;
             for (int32_t x = lo; x < hi; x++)
-                if (l[x] >= floor) {
+                if (l[x] >= floor && ls_allowed(row->mask, x)) {
                     keys[m++] = logit_key(l[x], x);
                     mass += (double)ls_expf(l[x] - mx);
                 }
@@ -268,7 +377,7 @@ static int32_t list_kept(const ls_row *row, int32_t V, int32_t m, uint64_t *keys
             }
         }
     } else {
-        n = collect_at_least(l, V, row->lo, kept, LS_SPARSE_MAX);
+        n = collect_at_least(l, row->mask, V, row->lo, kept, LS_SPARSE_MAX);
         return n > LS_SPARSE_MAX ? -1 : n; /* already ascending */
     }
     for (int32_t i = 0; i < n; i++)
@@ -279,15 +388,18 @@ static int32_t list_kept(const ls_row *row, int32_t V, int32_t m, uint64_t *keys
     return n;
 }
 
-/* stage 1: max and argmax (all greedy needs); ready = 1 */
-static int row_scan(ls_row *row, const float *logits, int32_t V)
+/* stage 1: max and argmax (all greedy needs), over the allowed tokens; ready = 1 */
+static int row_scan(ls_row *row, const float *logits, const uint32_t *mask, int32_t V)
 {
     row->logits = logits;
+    row->mask = mask;
     row->ready = 0;
     row->kept = NULL;
     row->n_kept = -1;
-    if (scan_row(logits, V, &row->max, &row->argmax) != 0)
-        return LS_ERR_LOGITS;
+    const int st = mask ? scan_row_masked(logits, mask, V, &row->max, &row->argmax)
+                        : scan_row(logits, V, &row->max, &row->argmax);
+    if (st != 0)
+        return st == -2 ? LS_ERR_MASK : LS_ERR_LOGITS;
     row->ready = 1;
     return LS_OK;
 }
@@ -320,7 +432,11 @@ static int row_transform(ls_row *row, int32_t V, const ls_sampling *s, uint64_t 
     row->thr = -INFINITY;
     row->thr_id = V;
     int32_t m = -1; /* keys[0..m) hold the kept candidates; -1: not listed */
-    if (topk_active(s, V)) {
+    if (topk_active(s, V) && row->mask) { /* mask first, then top-k among the allowed tokens */
+        m = top_k_masked(row, V, s->top_k, keys);
+        if (m == s->top_k)
+            set_boundary(row, keys[0]);
+    } else if (topk_active(s, V)) {
         uint64_t kth;
         if (top_k_scan(row, V, s->top_k, keys, &kth) != 0)
             return LS_ERR_LOGITS;
@@ -352,13 +468,17 @@ static int row_transform(ls_row *row, int32_t V, const ls_sampling *s, uint64_t 
     return LS_OK;
 }
 
-int ls_row_init(ls_row *row, const float *logits, int32_t V, const ls_sampling *s, uint64_t *keys,
-                int32_t *kept)
+int ls_row_init(ls_row *row, const float *logits, const uint32_t *mask, int32_t V, const ls_sampling *s,
+                uint64_t *keys, int32_t *kept)
 {
     row->logits = logits;
+    row->mask = mask;
     row->ready = 0;
-    if (!topk_active(s, V) && row_scan(row, logits, V) != LS_OK) /* top-k scans by itself */
-        return LS_ERR_LOGITS;
+    if (mask || !topk_active(s, V)) { /* unmasked top-k scans by itself */
+        const int st = row_scan(row, logits, mask, V);
+        if (st != LS_OK)
+            return st;
+    }
     return row_transform(row, V, s, keys, kept);
 }
 
@@ -369,11 +489,13 @@ static int row_stage(ls_ctx *c, int32_t r, int32_t stage)
         return LS_OK;
     const ls_problem *p = c->p;
     const float *logits = p->target_logits + (int64_t)r * p->target_stride;
+    const uint32_t *mask = p->masks ? p->masks + (int64_t)r * p->mask_stride : NULL;
     int st = LS_OK;
     if (row->ready < 1) {
         row->logits = logits;
-        if (!(stage >= 2 && topk_active(&p->sampling, c->V))) /* top-k scans by itself */
-            st = row_scan(row, logits, c->V);
+        row->mask = mask;
+        if (mask || !(stage >= 2 && topk_active(&p->sampling, c->V))) /* unmasked top-k scans by itself */
+            st = row_scan(row, logits, mask, c->V);
     }
     if (st == LS_OK && stage >= 2)
         st = row_transform(row, c->V, &p->sampling, c->keys, c->kept ? c->kept + (int64_t)r * LS_SPARSE_MAX : NULL);
@@ -742,13 +864,16 @@ static LS_HOT void write_probs(const ls_row *row, int32_t V, double *o64, float 
     }
 }
 
-int ls_probs(const float *logits, int64_t stride, int32_t n_rows, int32_t n_vocab,
-             const ls_sampling *sampling, void *workspace, size_t workspace_bytes, double *out64,
-             float *out32, int64_t out_stride, int32_t *error_row)
+int ls_probs_masked(const float *logits, int64_t stride, int32_t n_rows, int32_t n_vocab,
+                    const uint32_t *masks, int64_t mask_stride, const ls_sampling *sampling,
+                    void *workspace, size_t workspace_bytes, double *out64, float *out32,
+                    int64_t out_stride, int32_t *error_row)
 {
     if (error_row)
         *error_row = -1;
     if (!logits || n_rows < 0 || n_vocab <= 0 || stride < n_vocab || out_stride < n_vocab)
+        return LS_ERR_ARGUMENT;
+    if (masks && mask_stride < ((int64_t)n_vocab + 31) / 32)
         return LS_ERR_ARGUMENT;
     if (!sampling_ok(sampling))
         return LS_ERR_SAMPLING;
@@ -758,15 +883,25 @@ int ls_probs(const float *logits, int64_t stride, int32_t n_rows, int32_t n_voca
         ls_row row;
         uint64_t *keys = workspace;
         int32_t *kept = (int32_t *)(void *)(keys + n_vocab);
-        if (ls_row_init(&row, logits + (int64_t)r * stride, n_vocab, sampling, keys, kept) != LS_OK) {
+        const uint32_t *mask = masks ? masks + (int64_t)r * mask_stride : NULL;
+        const int st = ls_row_init(&row, logits + (int64_t)r * stride, mask, n_vocab, sampling, keys, kept);
+        if (st != LS_OK) {
             if (error_row)
                 *error_row = r;
-            return LS_ERR_LOGITS;
+            return st;
         }
         write_probs(&row, n_vocab, out64 ? out64 + (int64_t)r * out_stride : NULL,
                     out32 ? out32 + (int64_t)r * out_stride : NULL);
     }
     return LS_OK;
+}
+
+int ls_probs(const float *logits, int64_t stride, int32_t n_rows, int32_t n_vocab,
+             const ls_sampling *sampling, void *workspace, size_t workspace_bytes, double *out64,
+             float *out32, int64_t out_stride, int32_t *error_row)
+{
+    return ls_probs_masked(logits, stride, n_rows, n_vocab, NULL, 0, sampling, workspace, workspace_bytes,
+                           out64, out32, out_stride, error_row);
 }
 
 int ls_sample_probs(const float *probs, int32_t n_vocab, const int32_t *exclude, int32_t n_exclude,

@@ -16,9 +16,17 @@
  *         the root),
  *   u[n]  the draw of the final correction / bonus token.
  *
- * The target distribution of a row is the plain sampler's: top-k, then top-p, then min-p (all on
- * the temperature-1 distribution, like llama.cpp's default chain), then temperature; temperature
- * 0 is greedy (one-hot on the lowest-id argmax).
+ * The target distribution of a row is the plain sampler's, in this order:
+ *   1. the row's token mask, when masks != NULL (constrained decoding): disallowed tokens are
+ *      removed, as if their logits were -inf; their logit values are never read as numbers
+ *      (they may be anything, NaN and -inf included);
+ *   2. top-k, then top-p, then min-p, all on the temperature-1 distribution of the allowed
+ *      tokens (like llama.cpp's default chain);
+ *   3. temperature, then renormalisation over the kept tokens; temperature 0 is greedy
+ *      (one-hot on the lowest-id argmax among the allowed tokens).
+ * Every method is lossless with respect to this (masked) target: a draft token its row's mask
+ * forbids has target probability 0 and is never accepted; corrections and bonus tokens are drawn
+ * from the masked target's residuals.
  *
  * No allocation: the caller passes a workspace of ls_workspace_bytes() bytes. No global state.
  */
@@ -42,7 +50,7 @@
 
 /* status codes */
 #define LS_OK 0
-#define LS_ERR_ARGUMENT (-1)  /* null pointer, negative size, stride < n_vocab */
+#define LS_ERR_ARGUMENT (-1)  /* null pointer, negative size, stride < n_vocab, mask_stride too small */
 #define LS_ERR_TOKEN (-2)     /* token id outside [0, n_vocab); error_index = node */
 #define LS_ERR_PARENT (-3)    /* parents[j] not in [-1, j); error_index = node */
 #define LS_ERR_LOGITS (-4)    /* NaN or infinite target logit; error_index = row */
@@ -54,6 +62,7 @@
 #define LS_ERR_WORKSPACE (-10) /* workspace smaller than ls_workspace_bytes() */
 #define LS_ERR_METHOD (-11)   /* unknown method id */
 #define LS_ERR_LENIENCE (-12) /* lenience negative/non-finite, or used with a method other than token */
+#define LS_ERR_MASK (-13)     /* a mask row allows no token; error_index = row */
 
 typedef struct ls_sampling {
     float temperature; /* >= 0; 0 = greedy */
@@ -72,9 +81,15 @@ typedef struct ls_problem {
     const float *draft_probs;   /* n_nodes+1 rows; may be NULL when n_nodes == 0 */
     int64_t draft_stride;
     ls_sampling sampling;
-    double lenience;            /* Yin et al. Thm 4 over-acceptance epsilon (token only); 0 = lossless */
+    double lenience;            /* Yin et al. Thm 4 over-acceptance epsilon (token only); 0 = lossless;
+                                 * never applied to a token the row's mask forbids */
     const double *uniforms;     /* n_nodes+1 values in [0,1), or NULL to draw them from seed */
     uint64_t seed;
+    /* Optional token masks (NULL = unconstrained), n_nodes+1 rows with the row ids of
+     * target_logits: row r allows token t iff bit (t % 32) of word (t / 32) is set; bits at
+     * t >= n_vocab are ignored. Every row must allow at least one token (else LS_ERR_MASK). */
+    const uint32_t *masks;
+    int64_t mask_stride;        /* uint32 words between mask rows, >= (n_vocab + 31) / 32 */
 } ls_problem;
 
 typedef struct ls_verdict {
@@ -84,14 +99,14 @@ typedef struct ls_verdict {
     int32_t *path;       /* caller buffer of n_nodes entries: accepted node indices, root to leaf */
 } ls_verdict;
 
-/* Bytes of workspace ls_verify needs; 0 if the sizes are invalid. */
+/* Bytes of workspace ls_verify needs (with or without masks); 0 if the sizes are invalid. */
 size_t ls_workspace_bytes(int32_t method, int32_t n_nodes, int32_t n_vocab, const ls_sampling *sampling);
 
 /* Verify one speculative step. Returns LS_OK or a negative status; never aborts. */
 int ls_verify(int32_t method, const ls_problem *problem, void *workspace, size_t workspace_bytes,
               ls_verdict *verdict);
 
-/* Bytes of workspace ls_probs needs for rows of n_vocab entries. */
+/* Bytes of workspace ls_probs / ls_probs_masked need for rows of n_vocab entries. */
 size_t ls_probs_workspace_bytes(int32_t n_vocab, const ls_sampling *sampling);
 
 /* The plain sampler's distribution of each row (the transform ls_verify applies to the target),
@@ -100,6 +115,15 @@ size_t ls_probs_workspace_bytes(int32_t n_vocab, const ls_sampling *sampling);
 int ls_probs(const float *logits, int64_t stride, int32_t n_rows, int32_t n_vocab,
              const ls_sampling *sampling, void *workspace, size_t workspace_bytes,
              double *out64, float *out32, int64_t out_stride, int32_t *error_row);
+
+/* ls_probs with optional token masks (NULL = none; layout as in ls_problem.masks, mask row r for
+ * logits row r): the masked plain sampler's distribution, the one ls_verify uses as the target
+ * (a drafter can draw from its own masked distribution with it). LS_ERR_MASK and *error_row
+ * when a row allows no token; LS_ERR_ARGUMENT when mask_stride < (n_vocab + 31) / 32. */
+int ls_probs_masked(const float *logits, int64_t stride, int32_t n_rows, int32_t n_vocab,
+                    const uint32_t *masks, int64_t mask_stride, const ls_sampling *sampling,
+                    void *workspace, size_t workspace_bytes, double *out64, float *out32,
+                    int64_t out_stride, int32_t *error_row);
 
 /* Inverse-CDF sample from a probability row, the tokens in `exclude` removed and the rest
  * renormalised (sampling without replacement). Returns LS_OK or LS_ERR_DRAFT (no mass left,

@@ -85,6 +85,7 @@ const char *ls_status_string(int status)
     case LS_ERR_WORKSPACE: return "workspace too small";
     case LS_ERR_METHOD: return "unknown verification method";
     case LS_ERR_LENIENCE: return "lenience must be finite, >= 0, and is only defined for method token";
+    case LS_ERR_MASK: return "a token mask row allows no token";
     default: return "unknown status";
     }
 }
@@ -178,6 +179,8 @@ static int check_problem(int32_t method, const ls_problem *p)
         return LS_ERR_ARGUMENT;
     if (p->n_nodes > 0 && (!p->tokens || !p->parents || !p->draft_probs || p->draft_stride < p->n_vocab))
         return LS_ERR_ARGUMENT;
+    if (p->masks && p->mask_stride < ((int64_t)p->n_vocab + 31) / 32)
+        return LS_ERR_ARGUMENT;
     const ls_sampling *s = &p->sampling;
     if (!isfinite(s->temperature) || s->temperature < 0.0f || s->top_k < 0 || !(s->top_p > 0.0f) ||
         s->top_p > 1.0f || !(s->min_p >= 0.0f) || s->min_p > 1.0f)
@@ -268,6 +271,12 @@ int ls_verify(int32_t method, const ls_problem *p, void *workspace, size_t works
     } else {
         ls_fill_uniforms(p->seed, c.u, c.n + 1);
     }
+    if (p->masks) /* every target row must allow a token: checked up front, whichever rows are read */
+        for (int32_t r = 0; r <= c.n; r++)
+            if (!ls_mask_any(p->masks + (int64_t)r * p->mask_stride, c.V)) {
+                out->error_index = r;
+                return LS_ERR_MASK;
+            }
     st = build_tree(&c);
     if (st == LS_OK && (method == LS_RRSW || method == LS_TRAVERSAL))
         st = require_distinct_siblings(&c);

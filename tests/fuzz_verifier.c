@@ -4,6 +4,10 @@
  * result breaks the API contract. Workspaces are malloc'ed at exactly the reported size so an
  * out-of-bounds access is caught.
  *
+ * Token masks: 40% of the iterations pass masks of every density (all-zero rows included, junk
+ * bits past n_vocab and in the padding words, junk logits under disallowed bits); a success must
+ * only ever output allowed tokens, and an empty row must be reported as LS_ERR_MASK.
+ *
  * usage: fuzz_verifier ITERATIONS SEED
  */
 #include "verifier.h"
@@ -32,6 +36,16 @@ static float normal(void)
 {
     const double u = unit() + 1e-12, v = unit();
     return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static int allowed(const uint32_t *row, int32_t x) { return (int)((row[x >> 5] >> (x & 31)) & 1u); }
+
+static int row_empty(const uint32_t *row, int V)
+{
+    for (int x = 0; x < V; x++)
+        if (allowed(row, x))
+            return 0;
+    return 1;
 }
 
 static void fail(const char *what, int iter)
@@ -85,8 +99,32 @@ int main(int argc, char **argv)
         int32_t *parents = malloc((size_t)(n + 1) * sizeof(int32_t));
         int32_t *path = malloc((size_t)(n + 1) * sizeof(int32_t));
         double *u = malloc(rows * sizeof(double));
-        if (!logits || !draft || !tokens || !parents || !path || !u)
+        const int use_masks = chance(40);
+        const int words = (V + 31) / 32;
+        const int mstride = words + (chance(30) ? below(3) : 0);
+        uint32_t *masks = malloc(rows * (size_t)mstride * sizeof(uint32_t));
+        if (!logits || !draft || !tokens || !parents || !path || !u || !masks)
             return 2;
+        int any_empty = 0;
+        for (size_t r = 0; r < rows; r++) {
+            uint32_t *m = masks + r * (size_t)mstride;
+            const int density = below(5); /* 0: empty (rarely), 1: one token, 2: sparse, 3: half, 4: all */
+            for (int w = 0; w < mstride; w++)
+                m[w] = (uint32_t)next(); /* junk, including past n_vocab and in the padding */
+            for (int x = 0; x < V; x++) {
+                const int on = density == 4 || (density == 3 && chance(50)) || (density == 2 && chance(10));
+                m[x >> 5] = on ? (m[x >> 5] | (1u << (x & 31))) : (m[x >> 5] & ~(1u << (x & 31)));
+            }
+            if (density == 0 && chance(95)) { /* usually turn an empty row into a one-token row */
+                const int x = below(V);
+                m[x >> 5] |= 1u << (x & 31);
+            }
+            if (density == 1) {
+                const int x = below(V);
+                m[x >> 5] |= 1u << (x & 31);
+            }
+            any_empty |= row_empty(m, V);
+        }
         const float scale = (float)(0.1 + 5.0 * unit());
         for (size_t i = 0; i < rows * (size_t)V; i++)
             logits[i] = chance(10) ? (float)below(3) : scale * normal();
@@ -106,6 +144,11 @@ int main(int argc, char **argv)
                     d[x] = (float)(d[x] / sum);
             }
         }
+        if (use_masks) /* junk under disallowed bits is never read */
+            for (size_t r = 0; r < rows; r++)
+                for (int x = 0; x < V; x++)
+                    if (!allowed(masks + r * (size_t)mstride, x) && chance(20))
+                        logits[r * (size_t)V + (size_t)x] = chance(50) ? NAN : -INFINITY;
         if (chance(3))
             logits[below((int)(rows * (size_t)V))] = chance(50) ? NAN : INFINITY;
         if (chance(3))
@@ -130,6 +173,8 @@ int main(int argc, char **argv)
         p.lenience = chance(10) ? unit() : 0.0;
         p.uniforms = chance(50) ? u : NULL;
         p.seed = next();
+        p.masks = use_masks ? masks : NULL;
+        p.mask_stride = chance(1) ? words - 1 : mstride; /* occasionally too small */
 
         const size_t bytes = ls_workspace_bytes(method, n, V, &s);
         void *ws = bytes ? malloc(bytes) : NULL;
@@ -148,11 +193,24 @@ int main(int argc, char **argv)
                     fail("path node out of range", it);
                 if (parents[node] != (i ? path[i - 1] : -1))
                     fail("path is not a root-to-node chain", it);
+                if (use_masks && !allowed(masks + (size_t)(parents[node] + 1) * (size_t)mstride, tokens[node]))
+                    fail("accepted a token its row's mask forbids", it);
+            }
+            if (use_masks) {
+                const size_t last = out.n_accepted ? (size_t)path[out.n_accepted - 1] + 1 : 0;
+                if (!allowed(masks + last * (size_t)mstride, out.token))
+                    fail("output a token its row's mask forbids", it);
+                if (any_empty)
+                    fail("an empty mask row was not reported", it);
             }
         } else {
             err_count++;
-            if (st < LS_ERR_LENIENCE || st > LS_ERR_ARGUMENT)
+            if (st < LS_ERR_MASK || st > LS_ERR_ARGUMENT)
                 fail("unknown status", it);
+            if (st == LS_ERR_MASK &&
+                (!use_masks || out.error_index < 0 || out.error_index > n ||
+                 !row_empty(masks + (size_t)out.error_index * (size_t)mstride, V)))
+                fail("LS_ERR_MASK without an empty mask row", it);
             if (strlen(ls_status_string(st)) == 0)
                 fail("empty status string", it);
         }
@@ -167,15 +225,26 @@ int main(int argc, char **argv)
         void *pws = malloc(pbytes ? pbytes : 1);
         double *o64 = malloc(rows * (size_t)V * sizeof(double));
         int32_t err_row;
-        const int pst = ls_probs(logits, V, (int32_t)rows, V, &s, pws, pbytes, o64, NULL, V, &err_row);
+        const int pst = use_masks ? ls_probs_masked(logits, V, (int32_t)rows, V, masks, p.mask_stride, &s, pws,
+                                                    pbytes, o64, NULL, V, &err_row)
+                                  : ls_probs(logits, V, (int32_t)rows, V, &s, pws, pbytes, o64, NULL, V, &err_row);
         if (pst == LS_OK) {
+            if (use_masks && any_empty)
+                fail("probs: an empty mask row was not reported", it);
             for (size_t r = 0; r < rows; r++) {
                 double sum = 0.0;
-                for (int x = 0; x < V; x++)
-                    sum += o64[r * (size_t)V + (size_t)x];
+                for (int x = 0; x < V; x++) {
+                    const double q = o64[r * (size_t)V + (size_t)x];
+                    sum += q;
+                    if (use_masks && q != 0.0 && !allowed(masks + r * (size_t)mstride, x))
+                        fail("probs: mass on a disallowed token", it);
+                }
                 if (fabs(sum - 1.0) > 1e-6)
                     fail("probs row does not sum to 1", it);
             }
+        } else if (pst == LS_ERR_MASK &&
+                   (!use_masks || err_row < 0 || !row_empty(masks + (size_t)err_row * (size_t)mstride, V))) {
+            fail("probs: LS_ERR_MASK without an empty mask row", it);
         }
         free(pws);
         free(o64);
@@ -191,6 +260,7 @@ int main(int argc, char **argv)
         free(parents);
         free(path);
         free(u);
+        free(masks);
     }
     printf("ok %d iterations: %d verified, %d rejected with a status\n", iterations, ok_count, err_count);
     return 0;

@@ -18,6 +18,7 @@ class Instance:
     parents: list[int]
     settings: SamplingParams
     uniforms: np.ndarray
+    masks: np.ndarray | None = None  # uint32 bitmasks (n+1, ceil(V/32)), or None
 
     @property
     def n(self) -> int:
@@ -79,7 +80,36 @@ def random_structure(rng: np.random.Generator, method: str, V: int) -> list[int]
     return [int(rng.integers(-1, j)) if j else -1 for j in range(n)]
 
 
-def random_instance(rng: np.random.Generator, method: str, V: int | None = None) -> Instance:
+def random_allowed(rng: np.random.Generator, n_rows: int, V: int) -> np.ndarray:
+    """Boolean token masks of every density: one token, two, sparse, half, all (never empty)."""
+    allowed = np.zeros((n_rows, V), dtype=bool)
+    for r in range(n_rows):
+        kind = rng.integers(0, 5)
+        if kind == 0:
+            allowed[r, rng.integers(0, V)] = True
+        elif kind == 1:
+            allowed[r, rng.choice(V, size=min(2, V), replace=False)] = True
+        elif kind == 4:
+            allowed[r] = True
+        else:
+            allowed[r] = rng.random(V) < (0.1 if kind == 2 else 0.5)
+            allowed[r, rng.integers(0, V)] = True
+    return allowed
+
+
+def masked_draft_row(rng: np.random.Generator, row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Half the time a drafter that honours the mask (its own row restricted to the allowed
+    tokens), else one that ignores it (so it drafts forbidden tokens)."""
+    if rng.random() < 0.5:
+        return row
+    w = row.astype(np.float64) * allowed
+    if w.sum() <= 0:
+        w = allowed.astype(np.float64)
+    return (w / w.sum()).astype(np.float32)
+
+
+def random_instance(rng: np.random.Generator, method: str, V: int | None = None,
+                    masked: bool = False) -> Instance:
     V = V or int(rng.choice([2, 3, 5, 8, 33, 200, 3000]))
     parents = random_structure(rng, method, V)
     n = len(parents)
@@ -90,8 +120,16 @@ def random_instance(rng: np.random.Generator, method: str, V: int | None = None)
     settings = random_settings(rng, V)
     from localspec.verify import verifier
 
-    tp = verifier.probs(logits, sampling=settings)
+    masks = None
+    if masked:
+        allowed = random_allowed(rng, n + 1, V)
+        junk = ~allowed & (rng.random((n + 1, V)) < 0.3)  # disallowed logits are never read
+        logits[junk] = rng.choice(np.array([np.nan, -np.inf, np.inf, 50.0], dtype=np.float32), size=int(junk.sum()))
+        masks = verifier.pack_mask(allowed)
+    tp = verifier.probs(logits, sampling=settings, masks=masks)
     draft = np.stack([random_draft_row(rng, V, tp[r]) for r in range(n + 1)])
+    if masked:
+        draft = np.stack([masked_draft_row(rng, draft[r], allowed[r]) for r in range(n + 1)])
     distinct = method in ("rrsw", "traversal")
     tokens: list[int] = []
     siblings: dict[int, list[int]] = {}
@@ -104,4 +142,4 @@ def random_instance(rng: np.random.Generator, method: str, V: int | None = None)
         taken.append(x)
         tokens.append(x)
     u = rng.random(n + 1)
-    return Instance(method, logits, draft, tokens, parents, settings, u)
+    return Instance(method, logits, draft, tokens, parents, settings, u, masks)

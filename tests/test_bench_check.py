@@ -152,8 +152,9 @@ def test_check_toy_only_passes_and_shows_the_control() -> None:
     assert "FAIL" not in out
     for method in check.LOSSLESS_METHODS:
         assert f"PASS  exact {method} " in out and f"PASS  chi-square {method} (C)" in out
-    assert "PASS  control: detected" in out
-    assert "alpha = 0.001" in out and "0.80%" in out  # the stated false-positive rate (8 chi-square checks)
+        assert f"PASS  exact {method} masked " in out and f"PASS  chi-square {method} masked (C)" in out
+    assert "PASS  control: detected" in out and "PASS  control (masks dropped): detected" in out
+    assert "alpha = 0.001" in out and "1.60%" in out  # the stated false-positive rate (16 chi-square checks)
     assert "model pair" not in out
 
 
@@ -161,7 +162,7 @@ def test_check_on_the_tiny_pair_passes(pair_args: list[str]) -> None:
     result = run("check", *pair_args, "--samples", "1500")
     assert result.exit_code == 0, result.output
     assert "PASS  pair first token (block, k=4)" in result.stdout
-    assert "all 19 checks passed" in result.stdout
+    assert "all 37 checks passed" in result.stdout
 
 
 def test_check_fails_when_verification_is_lossy(tiny_paths: tuple[Path, Path], far_draft_path: Path,

@@ -273,3 +273,64 @@ def test_a_stop_before_the_first_token_still_prints_the_json(tiny_paths: tuple[P
     assert b"Traceback" not in err
     data = json.loads(out)
     assert data["text"] == "" and data["finish_reason"] is None and data["usage"]["completion_tokens"] == 0
+
+
+# ---------------------------------------------------------------- structured output
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "level": {"enum": ["low", "high"]},
+                                           "name": {"type": "string", "maxLength": 6}},
+          "required": ["ok", "level", "name"], "additionalProperties": False}
+
+
+def test_json_schema_flag_file_and_text(pair_args: list[str], tmp_path: Path) -> None:
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(SCHEMA))
+    for value in (str(schema_file), json.dumps(SCHEMA)):
+        result = run(*pair_args, "--raw", "-n", "60", "-t", "0.7", "--seed", "3", "--json-schema", value, "--json",
+                     PROMPT)
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.stdout)
+        assert out["finish_reason"] == "stop" and out["constraint_satisfied"] is True
+        value_out = json.loads(out["text"])
+        assert list(value_out) == ["ok", "level", "name"] and value_out["level"] in ("low", "high")
+        assert out["settings"]["response_format"]["type"] == "json_schema"
+
+
+def test_regex_json_object_and_grammar_flags(pair_args: list[str], tmp_path: Path) -> None:
+    import re
+
+    result = run(*pair_args, "--raw", "-n", "20", "-t", "0", "--regex", "(yes|no)[0-9]{1,2}", PROMPT)
+    assert result.exit_code == 0 and re.fullmatch(r"(yes|no)[0-9]{1,2}\n", result.stdout), result.output
+    gbnf = tmp_path / "g.gbnf"
+    gbnf.write_text('root ::= "def " [a-z] [a-z]? "():"')
+    lark = tmp_path / "g.lark"
+    lark.write_text('start: "def " /[a-z]{1,2}/ "():"')
+    for path in (gbnf, lark):
+        result = run(*pair_args, "--raw", "-n", "20", "-t", "0.8", "--seed", "1", "--grammar", str(path), PROMPT)
+        assert result.exit_code == 0 and re.fullmatch(r"def [a-z]{1,2}\(\):\n", result.stdout), result.output
+    result = run(*pair_args, "--raw", "-n", "3", "-t", "0", "--json-object", PROMPT)
+    assert result.exit_code == 0 and result.stdout.startswith("{")
+    assert "truncated" in result.stderr  # 3 tokens: never presented as complete
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--json-schema", '{"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)"}}}'],
+     "--json-schema"),
+    (["--json-schema", "no-such-file.json"], "--json-schema"),
+    (["--json-schema", "{not json"], "--json-schema"),
+    (["--regex", "(unclosed"], "--regex"),
+    (["--grammar", "no-such.gbnf"], "--grammar"),
+    (["--regex", "a", "--json-object"], "--regex"),
+    (["--regex", "a", "--stop", "x"], "--stop"),
+])
+def test_bad_constraint_flags_are_usage_errors(pair_args: list[str], args: list[str], flag: str) -> None:
+    result = run(*pair_args, *args, PROMPT)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {flag}" in result.output and "Traceback" not in result.output
+
+
+def test_bad_grammar_file_is_a_usage_error(pair_args: list[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gbnf"
+    bad.write_text("root ::= missing")
+    result = run(*pair_args, "--grammar", str(bad), PROMPT)
+    assert result.exit_code == 2 and "Invalid value for --grammar" in result.output, result.output

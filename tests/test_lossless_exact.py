@@ -1,17 +1,20 @@
 """Exact losslessness of every method (numpy reference, all randomness enumerated; C is tied to
 the reference draw for draw in test_verifier_draws.py), the block paper's toy example, Theorem 2,
-Yin et al.'s Pareto front for lenience, and negative controls that must fail the same check."""
+Yin et al.'s Pareto front for lenience, and negative controls that must fail the same check.
+With token masks (a toy grammar), every method is exactly plain constrained sampling, and
+mask-handling mistakes (mask ignored on the residual, the parent's mask, no mask) are caught."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 
 from localspec.verify import lossless, reference
 from localspec.config import SamplingParams, Shape
-from localspec.verify.lossless import ToyModel
+from localspec.verify.lossless import ToyGrammar, ToyModel
 
 TOL = 1e-9
 V = 3
@@ -132,3 +135,104 @@ def test_broken_verifiers_fail_the_exact_check(broken, method, shape):
     errors = [lossless.exact_error(method, TARGET, d, shape, SamplingParams(1.0), step=broken)
               for d in (DRAFT, FAR_DRAFT)]
     assert max(errors) > 1e-3
+
+
+# ----------------------------------------------------------------------------- token masks (constrained decoding)
+
+GRAMMAR = ToyGrammar(V, seed=1)  # root allows 2 tokens; below it rows allow 1, 2 or all 3
+MASKED_DRAFTS = [(DRAFT, True), (FAR_DRAFT, True), (FAR_DRAFT, False)]  # (drafter, drafts under the mask?)
+
+
+def test_toy_grammar_has_every_kind_of_row():
+    import itertools
+
+    sizes = {int(GRAMMAR.allowed(c).sum()) for L in range(4) for c in itertools.product(range(V), repeat=L)}
+    assert sizes == {1, 2, 3}
+    assert GRAMMAR.allowed(()).sum() == 2
+    assert np.array_equal(GRAMMAR.allowed((0, 1)), GRAMMAR.allowed((0, 1)))  # deterministic
+
+
+def test_masked_target_joint_is_constrained_sampling():
+    """The reference of "the target alone": no forbidden continuation, rows renormalised."""
+    joint = lossless.target_joint(TARGET, (), 3, SamplingParams(1.0), GRAMMAR)
+    assert sum(joint.values()) == pytest.approx(1.0, abs=1e-12)
+    for seq in joint:
+        assert all(GRAMMAR.allowed(seq[:i])[x] for i, x in enumerate(seq))
+
+
+@pytest.mark.parametrize("method,shape,settings", list(cases()))
+def test_masked_step_is_exactly_the_constrained_target(method, shape, settings):
+    """Every method x shape x sampling setting, masked target: exact output = constrained sampling,
+    for a drafter that drafts under the mask (near and far) and one that ignores it."""
+    for draft, draft_masked in MASKED_DRAFTS:
+        err = lossless.exact_error(method, TARGET, draft, shape, settings, grammar=GRAMMAR,
+                                   draft_masked=draft_masked)
+        assert err <= TOL, (draft.seed, draft_masked, err)
+
+
+def _masked_rows(tree, settings, mask_of):
+    return np.stack([reference.transform(TARGET.logits(c), **asdict(settings), mask=mask_of(c))[0]
+                     for c in tree.contexts])
+
+
+def mask_ignored_on_residual(settings):
+    """Acceptance tests use the masked target, but the correction (residual) draw uses the
+    unmasked target row: max(t_unmasked - d, 0)."""
+
+    def step(method, tp, dp, tree, rng):
+        raw = _masked_rows(tree, settings, lambda c: None)
+        base, stride = tp.ctypes.data, tp.strides[0]
+        saved = reference._sample_residual
+
+        def residual(t, d, a, r, slot):
+            row = (t.ctypes.data - base) // stride  # t is a row view of tp
+            assert 0 <= row < len(raw) and t.base is not None
+            return saved(raw[row], d, a, r, slot)
+
+        reference._sample_residual = residual
+        try:
+            return reference.verify(method, tp, dp, tree.tokens, tree.parents, rng)
+        finally:
+            reference._sample_residual = saved
+
+    return step
+
+
+def parent_mask_off_by_one(settings):
+    """Row r masked with its parent's mask (the grammar state one token behind)."""
+
+    def step(method, tp, dp, tree, rng):
+        wrong = _masked_rows(tree, settings, lambda c: GRAMMAR.allowed(c[:-1]))
+        return reference.verify(method, wrong, dp, tree.tokens, tree.parents, rng)
+
+    return step
+
+
+def unmasked_target(settings):
+    """The verifier is not given the masks at all (the drafter still drafts under them)."""
+
+    def step(method, tp, dp, tree, rng):
+        return reference.verify(method, _masked_rows(tree, settings, lambda c: None), dp, tree.tokens,
+                                tree.parents, rng)
+
+    return step
+
+
+@pytest.mark.parametrize("broken,method,shape", [
+    (mask_ignored_on_residual, "token", Shape.chain(3)),
+    (mask_ignored_on_residual, "block", Shape.chain(3)),
+    (mask_ignored_on_residual, "gbv", Shape.k_paths(2, 2)),
+    (mask_ignored_on_residual, "batch", Shape.k_paths(2, 2)),
+    (parent_mask_off_by_one, "token", Shape.chain(3)),
+    (parent_mask_off_by_one, "block", Shape.chain(3)),
+    (parent_mask_off_by_one, "traversal", Shape.tree((2, 1))),
+    (parent_mask_off_by_one, "rrsw", Shape.tree((2, 1))),
+    (parent_mask_off_by_one, "match", Shape.tree((2, 1))),
+    (unmasked_target, "traversal", Shape.tree((2, 1))),
+])
+def test_broken_mask_handling_fails_the_exact_check(broken, method, shape):
+    """Negative controls: the same check as the positive test (same drafts) must fail."""
+    s = SamplingParams(1.0)
+    errors = [lossless.exact_error(method, TARGET, d, shape, s, step=broken(s), grammar=GRAMMAR, draft_masked=m)
+              for d, m in MASKED_DRAFTS]
+    assert max(errors) > 1e-3, errors

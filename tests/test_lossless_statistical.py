@@ -2,8 +2,13 @@
 
 Each case runs N steps (drafting included, fixed seeds) and a Pearson chi-square test. A correct
 verifier fails a case with probability ALPHA = 1e-4 over the choice of seed, so the whole module
-(< 20 cases) has a false-positive rate below 2e-3; with the seeds fixed, the outcome is
-deterministic. The negative controls (broken verifiers, same N, same ALPHA) must be rejected.
+(< 20 positive cases, token-masked ones included) has a false-positive rate below 2e-3; with the
+seeds fixed, the outcome is deterministic. The negative controls (broken verifiers, same N, same
+ALPHA) must be rejected.
+
+Token masks: the C verifier gets a toy grammar's bitmasks (the drafter drafts under them, or
+ignores them), and its output continued by constrained sampling is compared with the exact
+constrained joint; controls that drop the masks or shift them by one row must be rejected.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import pytest
 
 from localspec.verify import lossless, reference
 from localspec.config import SamplingParams, Shape
-from localspec.verify.lossless import ToyModel
+from localspec.verify.lossless import ToyGrammar, ToyModel
 
 ALPHA = 1e-4
 N = 20_000
@@ -100,3 +105,60 @@ def test_reference_passes_the_same_test():
     p = lossless.monte_carlo_pvalue("block", target, draft, Shape.chain(3), SamplingParams(1.0), N, seed=5,
                                     step=_reference_step("block"))
     assert p > ALPHA
+
+
+# ----------------------------------------------------------------------------- token masks
+
+GRAMMAR = ToyGrammar(4, seed=3)
+
+MASKED_CASES = [  # (method, shape, settings, drafter drafts under the mask?)
+    ("traversal", Shape.tree((2, 2)), SamplingParams(1.0), True),
+    ("block", Shape.chain(3), SamplingParams(0.8, top_p=0.9), True),
+    ("gbv", Shape.k_paths(2, 2), SamplingParams(1.0), False),
+]
+
+
+@pytest.mark.parametrize("method,shape,settings,draft_masked", MASKED_CASES,
+                         ids=[f"{c[0]}-masked-draft{c[3]}" for c in MASKED_CASES])
+def test_c_verifier_with_masks_matches_constrained_sampling(method, shape, settings, draft_masked):
+    target, draft = models(4)
+    p = lossless.monte_carlo_pvalue(method, target, draft, shape, settings, N, seed=31 + len(method),
+                                    grammar=GRAMMAR, draft_masked=draft_masked)
+    assert p > ALPHA, f"p = {p:.3g}"
+
+
+def _c_masks(transform_masks):
+    def step(m, logits, dprobs, tree, seed, settings):
+        masks = transform_masks(tree)
+        v = lossless.verifier.verify(m, logits, dprobs.astype(np.float32), tree.tokens, tree.parents, seed=seed,
+                                     sampling=settings, masks=masks)
+        return v.path, v.token
+    return step
+
+
+def _parent_masks(tree):
+    """Row r gets the mask of its context one token shorter (the grammar state one step behind)."""
+    return lossless.verifier.pack_mask(np.stack([GRAMMAR.allowed(c[:-1]) for c in tree.contexts]))
+
+
+def _unmasked_draft_rows(m, logits, dprobs, tree, seed, settings):
+    """A drafter that draws under the mask but reports its unmasked rows: every output token is
+    still allowed (no zero-probability category), only the distribution is wrong."""
+    target, draft = models(4)
+    rows = np.stack([lossless.draft_distribution(draft, c, settings) for c in tree.contexts])
+    return lossless.c_step(m, logits, rows, tree, seed, settings)
+
+
+MASKED_NEGATIVE = [
+    ("masks dropped", _c_masks(lambda tree: None), "traversal", Shape.tree((2, 2))),
+    ("parent's mask", _c_masks(_parent_masks), "block", Shape.chain(3)),
+    ("unmasked draft rows", _unmasked_draft_rows, "block", Shape.chain(3)),
+]
+
+
+@pytest.mark.parametrize("name,step,method,shape", MASKED_NEGATIVE, ids=[c[0] for c in MASKED_NEGATIVE])
+def test_masked_negative_controls_are_rejected(name, step, method, shape):
+    target, draft = models(4)
+    p = lossless.monte_carlo_pvalue(method, target, draft, shape, SamplingParams(1.0), N, seed=7, step=step,
+                                    grammar=GRAMMAR)
+    assert p < ALPHA, f"{name}: p = {p:.3g} - the test has no power"

@@ -306,6 +306,17 @@ BAD = [
     ("/completions", {"prompt": "hello world " * 1000}, "context holds 2048", "prompt"),
     ("/chat/completions", {"messages": [{"role": "user", "content": "hello world " * 1000}], "stream": True},
      "context holds 2048", "messages"),
+    ("/chat/completions", {"messages": MESSAGES, "response_format": {"type": "xml"}}, "response_format.type 'xml'",
+     "response_format"),
+    ("/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)a"}}}}}},
+     "/properties/a/pattern", "response_format"),
+    ("/completions", {"prompt": PROMPT, "json_schema": {"type": "nonsense"}}, "JSON schema", "json_schema"),
+    ("/completions", {"prompt": PROMPT, "grammar": "root ::= undefined"}, "GBNF", "grammar"),
+    ("/completions", {"prompt": PROMPT, "grammar": 'root ::= "a"', "json_schema": {"type": "object"}},
+     "give one constraint", "grammar"),
+    ("/completions", {"prompt": PROMPT, "response_format": {"type": "json_object"}, "stop": ["x"]},
+     "stop strings cannot be combined with a constraint", "stop"),
 ]
 
 
@@ -887,3 +898,47 @@ def test_decode_json_refuses_duplicate_keys() -> None:
     assert info.value.param == "max_tokens"
     for literal in (b"NaN", b"Infinity", b"-Infinity"):
         assert not math.isfinite(schemas.decode_json(b'{"t": ' + literal + b"}")["t"])
+
+
+# ---------------------------------------------------------------- structured output
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"},
+                                           "level": {"enum": ["low", "high"]}},
+          "required": ["name", "ok", "level"], "additionalProperties": False}
+
+
+def test_response_format_json_schema_and_object(served: Served) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    r = served.openai.chat.completions.create(model="x", messages=MESSAGES, max_tokens=80, temperature=0.7, seed=2,
+                                              response_format=fmt)
+    assert r.choices[0].finish_reason == "stop"
+    value = json.loads(r.choices[0].message.content)
+    assert list(value) == ["name", "ok", "level"] and value["level"] in ("low", "high")
+    r = served.http.post("/completions", json={"prompt": PROMPT, "max_tokens": 100, "temperature": 0,
+                                               "response_format": {"type": "json_object"}}).json()
+    choice = r["choices"][0]
+    if choice["finish_reason"] == "stop":
+        assert isinstance(json.loads(choice["text"]), dict)
+    r = served.http.post("/completions", json={"prompt": PROMPT, "max_tokens": 40, "temperature": 0.5, "seed": 1,
+                                               "grammar": 'root ::= "def " [a-z] [a-z]? "():"'}).json()
+    assert r["choices"][0]["finish_reason"] == "stop" and r["choices"][0]["text"].startswith("def ")
+    r = served.http.post("/completions", json={"prompt": PROMPT, "max_tokens": 80, "temperature": 0.5, "seed": 1,
+                                               "json_schema": PERSON, "stream": False}).json()
+    assert r["choices"][0]["finish_reason"] == "stop" and list(json.loads(r["choices"][0]["text"])) == list(PERSON["properties"])
+
+
+def test_openai_parse_with_a_pydantic_model(served: Served) -> None:
+    """client.chat.completions.parse(response_format=Model): the reply parses into the model."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        name: str = Field(max_length=6)
+        ok: bool
+        level: Literal["low", "high"]
+
+    r = served.openai.chat.completions.parse(model="x", messages=MESSAGES, max_tokens=80, temperature=0.7, seed=3,
+                                             response_format=Person)
+    person = r.choices[0].message.parsed
+    assert isinstance(person, Person) and person.level in ("low", "high")

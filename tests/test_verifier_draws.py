@@ -23,13 +23,13 @@ N_CASES = 400
 
 def run_c(inst, method=None, **extra):
     return verifier.verify(method or inst.method, inst.logits, inst.draft, inst.tokens, inst.parents,
-                           uniforms=inst.uniforms, sampling=inst.settings, **extra)
+                           uniforms=inst.uniforms, sampling=inst.settings, masks=inst.masks, **extra)
 
 
 def run_reference(inst, method=None, lenience=0.0):
-    tp = verifier.probs(inst.logits, sampling=inst.settings)
+    tp = verifier.probs(inst.logits, sampling=inst.settings, masks=inst.masks)
     return reference.verify(method or inst.method, tp, inst.draft.astype(np.float64), inst.tokens,
-                            inst.parents, reference.Uniforms(inst.uniforms), lenience)
+                            inst.parents, reference.Uniforms(inst.uniforms), lenience, masks=inst.masks)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -46,6 +46,38 @@ def test_c_equals_reference_draw_for_draw(method):
     assert accepted > 0 or method == "greedy"
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_c_equals_reference_draw_for_draw_with_masks(method):
+    """Token masks (every density, junk in the disallowed logits, drafters that honour or ignore
+    the mask): C and reference agree draw for draw; no forbidden token is ever output."""
+    rng = np.random.default_rng(2000 + METHODS.index(method))
+    accepted = forbidden_drafted = 0
+    for _ in range(N_CASES):
+        inst = random_instance(rng, method, masked=True)
+        c = run_c(inst)
+        path, token = run_reference(inst)
+        assert (c.path, c.token) == (path, token), (inst, c, path, token)
+        allowed = verifier.unpack_mask(inst.masks, inst.logits.shape[1])
+        rows = [0] + [j + 1 for j in c.path]
+        out = [inst.tokens[j] for j in c.path] + [c.token]
+        assert all(allowed[r, x] for r, x in zip(rows, out)), "a forbidden token was output"
+        forbidden_drafted += sum(not allowed[p + 1, x] for p, x in zip(inst.parents, inst.tokens))
+        accepted += c.n_accepted
+    assert (accepted > 0 and forbidden_drafted > 0) or method == "greedy"
+
+
+def test_masks_all_set_equal_no_masks():
+    """An all-ones mask is the unconstrained verifier, draw for draw."""
+    rng = np.random.default_rng(17)
+    for method in METHODS:
+        for _ in range(40):
+            inst = random_instance(rng, method)
+            V = inst.logits.shape[1]
+            ones = verifier.pack_mask(np.ones((inst.n + 1, V), dtype=bool))
+            assert run_c(inst) == verifier.verify(method, inst.logits, inst.draft, inst.tokens, inst.parents,
+                                                  uniforms=inst.uniforms, sampling=inst.settings, masks=ones)
+
+
 def test_lenience_zero_is_token_and_positive_matches_reference():
     rng = np.random.default_rng(7)
     for _ in range(300):
@@ -55,6 +87,17 @@ def test_lenience_zero_is_token_and_positive_matches_reference():
         eps = float(rng.choice([0.01, 0.1, 0.5]))
         c = run_c(inst, lenience=eps)
         assert (c.path, c.token) == run_reference(inst, lenience=eps)
+
+
+def test_lenience_with_masks_matches_reference_and_never_admits_a_forbidden_token():
+    rng = np.random.default_rng(8)
+    for _ in range(300):
+        inst = random_instance(rng, "token", masked=True)
+        eps = float(rng.choice([0.1, 0.5, 5.0]))
+        c = run_c(inst, lenience=eps)
+        assert (c.path, c.token) == run_reference(inst, lenience=eps)
+        allowed = verifier.unpack_mask(inst.masks, inst.logits.shape[1])
+        assert all(allowed[inst.parents[j] + 1, inst.tokens[j]] for j in c.path)
 
 
 # one chain / one path: several methods must coincide draw for draw

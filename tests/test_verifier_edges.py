@@ -181,3 +181,133 @@ def test_float64_and_noncontiguous_inputs_are_accepted():
     b = verifier.verify("traversal", logits.astype(np.float64), np.asfortranarray(draft), tokens,
                         np.array(parents, dtype=np.int64), seed=9)
     assert a == b
+
+
+# ----------------------------------------------------------------------------- token masks
+
+
+def test_pack_mask_layout():
+    allowed = np.zeros(40, dtype=bool)
+    allowed[[0, 5, 33]] = True
+    packed = verifier.pack_mask(allowed)
+    assert packed.dtype == np.uint32 and packed.tolist() == [1 | 1 << 5, 1 << 1]  # bit t % 32 of word t // 32
+    assert np.array_equal(verifier.unpack_mask(packed, 40), allowed)
+    rows = np.random.default_rng(1).random((3, 70)) < 0.5
+    assert verifier.pack_mask(rows).shape == (3, 3)
+    assert np.array_equal(verifier.unpack_mask(verifier.pack_mask(rows), 70), rows)
+    with pytest.raises(ValueError, match="boolean"):
+        verifier.pack_mask(np.ones(5, dtype=np.int64))
+
+
+@pytest.mark.parametrize("method", verifier.METHODS)
+def test_all_zero_mask_row_is_a_clear_error(method):
+    logits, draft, tokens, parents = chain(3)
+    allowed = np.ones((4, V), dtype=bool)
+    allowed[2] = False
+    with pytest.raises(VerifierError, match=r"masks row 2 allows no token") as info:
+        verifier.verify(method, logits, draft, tokens, parents, seed=0, masks=verifier.pack_mask(allowed))
+    assert info.value.status == -13 and info.value.index == 2
+    with pytest.raises(VerifierError, match=r"masks row 2 allows no token"):
+        verifier.probs(logits, masks=verifier.pack_mask(allowed))
+
+
+def test_bits_past_the_vocabulary_are_ignored():
+    logits, draft, tokens, parents = chain(3)
+    masks = np.zeros((4, 1), dtype=np.uint32)
+    masks[:, 0] = 0xFFFFFFC0  # only tokens >= 6 = V: no token allowed
+    with pytest.raises(VerifierError, match="masks row 0 allows no token"):
+        verifier.verify("block", logits, draft, tokens, parents, masks=masks)
+    masks[:, 0] |= 1 << 4
+    v = verifier.verify("block", logits, draft, tokens, parents, seed=1, masks=masks)
+    assert v.token == 4 and v.path == ()  # token 4 is the only allowed token of every row
+
+
+@pytest.mark.parametrize("method", ["token", "block", "gbv", "rrs", "rrsw", "traversal", "batch", "match", "greedy"])
+def test_forbidden_draft_token_is_never_accepted(method):
+    """The drafter ignores the mask and is certain of token 1, which the target loves and the
+    mask forbids: the rule rejects it every time, and the output token is allowed."""
+    logits, _, tokens, parents = chain(2)
+    logits[:, 1] = 20.0
+    draft = np.zeros((3, V), np.float32)
+    draft[:, 1] = 1.0
+    tokens = [1, 1]
+    allowed = np.ones((3, V), dtype=bool)
+    allowed[0, 1] = False
+    for s in range(60):
+        v = verifier.verify(method, logits, draft, tokens, parents, seed=s, masks=verifier.pack_mask(allowed),
+                            sampling=SamplingParams(0.0) if method == "greedy" else SamplingParams(1.0))
+        assert v.n_accepted == 0 and v.token != 1
+
+
+def test_lenience_never_admits_a_forbidden_token():
+    logits, _, tokens, parents = chain(1)
+    draft = np.zeros((2, V), np.float32)
+    draft[:, 1] = 1.0
+    tokens = [1]
+    allowed = np.ones((2, V), dtype=bool)
+    allowed[0, 1] = False
+    for s in range(60):
+        v = verifier.verify("token", logits, draft, tokens, parents, seed=s, lenience=10.0,
+                            masks=verifier.pack_mask(allowed))
+        assert v.n_accepted == 0  # unmasked, lenience 10 >= draft 1 would accept every time
+
+
+def test_greedy_with_masks_is_the_lowest_id_allowed_argmax():
+    logits = np.array([[9.0, 3.0, 5.0, 5.0, 5.0, 1.0]], dtype=np.float32)
+    cases = {(1, 2, 3, 4): 2, (3, 4, 5): 3, (1, 5): 1, (5,): 5, (0, 1, 2, 3, 4, 5): 0}
+    for allowed_ids, expected in cases.items():
+        allowed = np.zeros((1, 6), dtype=bool)
+        allowed[0, list(allowed_ids)] = True
+        m = verifier.pack_mask(allowed)
+        assert verifier.verify("greedy", logits, None, [], [], masks=m).token == expected
+        assert np.argmax(verifier.probs(logits, sampling=SamplingParams(0.0), masks=m)[0]) == expected
+        for k in (1, 2):  # top-k picks among the allowed tokens
+            p = verifier.probs(logits, sampling=SamplingParams(1.0, top_k=k), masks=m)[0]
+            assert p[expected] > 0 and np.count_nonzero(p) == min(k, len(allowed_ids))
+            assert (p[[x for x in range(6) if x not in allowed_ids]] == 0).all()
+    # a disallowed token's logit is never read: NaN / inf there are fine, on an allowed one an error
+    logits[0, 0] = np.nan
+    m = verifier.pack_mask(np.array([[False, True, True, True, True, True]]))
+    assert verifier.verify("greedy", logits, None, [], [], masks=m).token == 2
+    with pytest.raises(VerifierError, match="row 0 contains NaN"):
+        verifier.verify("greedy", logits, None, [], [], masks=verifier.pack_mask(np.ones((1, 6), dtype=bool)))
+
+
+def test_drafter_draws_from_its_own_masked_distribution():
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(3, 70)).astype(np.float32)
+    allowed = rng.random((3, 70)) < 0.2
+    allowed[:, 0] = True
+    p = verifier.probs(logits, masks=verifier.pack_mask(allowed), sampling=SamplingParams(0.8, top_p=0.9))
+    assert (p[~allowed] == 0).all() and np.allclose(p.sum(axis=1), 1.0)
+    p32 = verifier.probs(logits, masks=verifier.pack_mask(allowed), dtype=np.float32)
+    assert p32.dtype == np.float32 and (p32[~allowed] == 0).all()
+
+
+@pytest.mark.parametrize("build,message", [
+    (lambda m: m.astype(np.int64), "masks must have dtype uint32"),
+    (lambda m: m.astype(bool), "masks must have dtype uint32"),
+    (lambda m: m.tolist(), "masks must be a numpy uint32 array"),
+    (lambda m: m[:3], "masks has 3 rows; expected 4"),
+    (lambda m: m[:, :0], r"masks has 0 words per row; a vocabulary of 6 needs ceil\(6/32\) = 1"),
+    (lambda m: np.repeat(m, 2, axis=1)[:, ::2], "masks rows must be contiguous"),
+    (lambda m: m[None], "masks must be a 2-D array"),
+])
+def test_bad_masks_argument(build, message):
+    logits, draft, tokens, parents = chain(3)
+    masks = verifier.pack_mask(np.ones((4, V), dtype=bool))
+    with pytest.raises(VerifierError, match=message):
+        verifier.verify("block", logits, draft, tokens, parents, masks=build(masks))
+
+
+def test_wider_and_strided_masks_are_the_same():
+    logits, draft, tokens, parents = chain(3)
+    allowed = np.random.default_rng(3).random((4, V)) < 0.6
+    allowed[:, 2] = True
+    m = verifier.pack_mask(allowed)
+    wide = np.zeros((4, 5), dtype=np.uint32)
+    wide[:, :1] = m
+    for s in range(20):
+        a = verifier.verify("traversal", logits, draft, tokens, parents, seed=s, masks=m)
+        assert verifier.verify("traversal", logits, draft, tokens, parents, seed=s, masks=wide) == a
+        assert verifier.verify("traversal", logits, draft, tokens, parents, seed=s, masks=wide[:, :1]) == a

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from localspec.cli.options import (
+    constraint_options,
     generation_config,
     load_for,
     model_options,
@@ -331,6 +332,7 @@ def ctrl_c_raises() -> Iterator[None]:
 @spec_options
 @sampling_options
 @click.option("-s", "--system", default=None, help="System message, kept across /reset.")
+@constraint_options
 @user_errors
 def chat(model: str | None, draft: str | None, system: str | None, **options: Any) -> None:
     """Chat with the model in the terminal, using its chat template.

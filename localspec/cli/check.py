@@ -47,6 +47,9 @@ def check(toy_only: bool, model: str | None, draft: str | None, samples: int | N
                   that distribution (Pearson test at --alpha)
       control     a deliberately lossy rule (token, lenience 0.5) must be
                   detected by both, so you can see the checks can fail
+      masked      the same with token masks (constrained decoding: a toy
+                  grammar masks every row) against constrained sampling;
+                  its control (masks not given to the verifier) must fail
     Model pair (skipped with --toy-only): the first token of N full
     speculative steps (draft + verification, default settings) against the
     target's exact next-token distribution under the default sampling
@@ -76,7 +79,7 @@ def check(toy_only: bool, model: str | None, draft: str | None, samples: int | N
         click.echo(f"{len(failed)} of {len(results)} checks FAILED: {', '.join(r.name for r in failed)} "
                    f"({elapsed:.1f} s)")
         sys.exit(exit_code(CheckFailed))
-    click.echo(f"all {len(results)} checks passed, the negative control detected ({elapsed:.1f} s)")
+    click.echo(f"all {len(results)} checks passed, the negative controls detected ({elapsed:.1f} s)")
 
 
 def _pair(model: str | None, draft: str | None, options: dict, samples: int, alpha: float, seed: int,

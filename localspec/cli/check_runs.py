@@ -9,7 +9,11 @@
   joint, Pearson chi-square at significance ``alpha`` (a correct verifier fails with probability
   ``alpha``);
 * a negative control: ``token`` with ``lenience=0.5`` (the lossy over-acceptance of Yin et al.)
-  must be *detected* by both tests, which shows they can fail.
+  must be *detected* by both tests, which shows they can fail;
+* the same exact and Monte Carlo checks with token masks ("masked" rows): a toy grammar
+  (context -> one, two or all tokens) masks the target at every row, one drafter drafts under
+  the mask and one ignores it, and the reference is plain constrained sampling; a second
+  control - the masks are not given to the verifier - must be detected.
 
 (b) The model pair: from a fixed prompt, N full speculative steps (draft + verify, plan fixed)
 each record their first token; a one-sample chi-square compares the counts with the target's
@@ -39,7 +43,7 @@ from localspec.config import (
     SamplingParams,
     Shape,
 )
-from localspec.verify.lossless import ToyModel
+from localspec.verify.lossless import ToyGrammar, ToyModel
 from localspec.verify.stats import pearson_pvalue
 
 log = logging.getLogger(__name__)
@@ -60,6 +64,11 @@ _MC_TARGET = ToyModel(4, seed=41)
 _MC_DRAFT = ToyModel(4, seed=42, base=_MC_TARGET, noise=1.0)
 _MC_SETTINGS = SamplingParams(1.0, top_p=0.95)
 _MC_SHAPES = _EXACT_SHAPES
+
+# token masks: a toy grammar over each vocabulary (root: 2 of 3 tokens / 2 of 4 tokens allowed)
+_EXACT_GRAMMAR = ToyGrammar(3, seed=1)
+_EXACT_MASKED_DRAFTS = ((_EXACT_DRAFTS[0], True), (_EXACT_DRAFTS[1], False))  # (drafter, drafts under the mask?)
+_MC_GRAMMAR = ToyGrammar(4, seed=3)
 
 PAIR_PROMPT = "The best programming language is"
 PAIR_DRAFT = 4  # draft tokens per step of the pair check (every step drafts them: plan fixed)
@@ -86,31 +95,43 @@ def _exact_settings(method: str) -> tuple[SamplingParams, ...]:
     return (SamplingParams(0.0),) if method == "greedy" else _EXACT_SETTINGS
 
 
-def exact_check(method: str, tolerance: float = EXACT_TOLERANCE) -> CheckResult:
-    """Exact one-step output distribution of `method` vs the target's joint (numpy reference)."""
+def exact_check(method: str, tolerance: float = EXACT_TOLERANCE, masked: bool = False) -> CheckResult:
+    """Exact one-step output distribution of `method` vs the target's joint (numpy reference);
+    masked: under the toy grammar, vs plain constrained sampling."""
     shape = _EXACT_SHAPES[lossless.SHAPES_BY_METHOD[method]]
-    error = max(lossless.exact_error(method, _EXACT_TARGET, d, shape, s)
-                for d in _EXACT_DRAFTS for s in _exact_settings(method))
-    return CheckResult(f"exact {method}", error <= tolerance, {"max_error": error, "tolerance": tolerance},
+    drafts = _EXACT_MASKED_DRAFTS if masked else tuple((d, True) for d in _EXACT_DRAFTS)
+    grammar = _EXACT_GRAMMAR if masked else None
+    error = max(lossless.exact_error(method, _EXACT_TARGET, d, shape, s, grammar=grammar, draft_masked=dm)
+                for d, dm in drafts for s in _exact_settings(method))
+    what = ("2 drafts (under the mask / ignoring it)" if masked else "2 drafts")
+    return CheckResult(f"exact {method}" + (" masked" if masked else ""), error <= tolerance,
+                       {"max_error": error, "tolerance": tolerance},
                        f"max |P(step) - P(target)| = {error:.1e} (tolerance {tolerance:.0e}); "
-                       f"V=3, {_describe(shape, method)}, 2 drafts x {len(_exact_settings(method))} sampling settings")
+                       f"V=3{', toy grammar' if masked else ''}, {_describe(shape, method)}, {what} x "
+                       f"{len(_exact_settings(method))} sampling settings")
 
 
 def _describe(shape: Shape, method: str) -> str:
     return shape.describe() + (" w/o replacement" if method in WITHOUT_REPLACEMENT else "")
 
 
-def monte_carlo_check(method: str, alpha: float, seed: int, n: int = TOY_SAMPLES) -> CheckResult:
-    """The C verifier's one-step outputs vs the exact target joint (Pearson chi-square)."""
+def monte_carlo_check(method: str, alpha: float, seed: int, n: int = TOY_SAMPLES,
+                      masked: bool = False) -> CheckResult:
+    """The C verifier's one-step outputs vs the exact target joint (Pearson chi-square); masked:
+    the toy grammar's bitmasks passed to the verifier, the drafter drafting under them."""
     shape = _MC_SHAPES[lossless.SHAPES_BY_METHOD[method]]
-    p = _toy_pvalue(method, shape, n, seed, None)
-    return CheckResult(f"chi-square {method} (C)", p > alpha, {"p_value": p, "alpha": alpha, "samples": n},
-                       f"p = {p:.3g} vs alpha {alpha:g}; {n} steps, V=4, {_describe(shape, method)}, T=1 top-p 0.95")
+    p = _toy_pvalue(method, shape, n, seed, None, _MC_GRAMMAR if masked else None)
+    return CheckResult(f"chi-square {method}{' masked' if masked else ''} (C)", p > alpha,
+                       {"p_value": p, "alpha": alpha, "samples": n},
+                       f"p = {p:.3g} vs alpha {alpha:g}; {n} steps, V=4{', toy grammar' if masked else ''}, "
+                       f"{_describe(shape, method)}, T=1 top-p 0.95")
 
 
-def _toy_pvalue(method: str, shape: Shape, n: int, seed: int, step: Callable[..., tuple] | None) -> float:
-    counts = lossless.monte_carlo_counts(method, _MC_TARGET, _MC_DRAFT, shape, _MC_SETTINGS, n, seed, step)
-    joint = lossless.target_joint(_MC_TARGET, (), shape.depth + 1, _MC_SETTINGS)
+def _toy_pvalue(method: str, shape: Shape, n: int, seed: int, step: Callable[..., tuple] | None,
+                grammar: ToyGrammar | None = None) -> float:
+    counts = lossless.monte_carlo_counts(method, _MC_TARGET, _MC_DRAFT, shape, _MC_SETTINGS, n, seed, step,
+                                         grammar=grammar)
+    joint = lossless.target_joint(_MC_TARGET, (), shape.depth + 1, _MC_SETTINGS, grammar)
     return pearson_pvalue(counts, joint)[2]
 
 
@@ -137,12 +158,48 @@ def negative_control(alpha: float, seed: int, n: int = TOY_SAMPLES,
                        control=True)
 
 
+def mask_control(alpha: float, seed: int, n: int = TOY_SAMPLES, method: str = "traversal") -> CheckResult:
+    """The verifier is not given the masks (the drafter drafts under them): detected when its
+    exact error is large AND the C verifier's chi-square p < alpha."""
+    shape = _EXACT_SHAPES[lossless.SHAPES_BY_METHOD[method]]
+    settings = SamplingParams(1.0)
+
+    def ref_step(m: str, tp: np.ndarray, dp: np.ndarray, tree: Any, rng: Any) -> tuple:
+        unmasked = np.stack([lossless.target_distribution(_EXACT_TARGET, c, settings) for c in tree.contexts])
+        return reference.verify(method, unmasked, dp, tree.tokens, tree.parents, rng)
+
+    def c_step(m: str, logits: np.ndarray, dprobs: np.ndarray, tree: Any, s: int,
+               sampling: SamplingParams) -> tuple:
+        from localspec.verify import verifier
+
+        v = verifier.verify(method, logits, dprobs.astype(np.float32), tree.tokens, tree.parents, seed=s,
+                            sampling=sampling)  # masks deliberately left out
+        return v.path, v.token
+
+    error = max(lossless.exact_error(method, _EXACT_TARGET, d, shape, settings, step=ref_step,
+                                     grammar=_EXACT_GRAMMAR, draft_masked=True) for d in _EXACT_DRAFTS)
+    p = _toy_pvalue(method, _MC_SHAPES[lossless.SHAPES_BY_METHOD[method]], n, seed, c_step, _MC_GRAMMAR)
+    detected = error > CONTROL_MIN_ERROR and p < alpha
+    return CheckResult("control (masks dropped): " + ("detected" if detected else "NOT detected"), detected,
+                       {"exact_error": error, "p_value": p, "alpha": alpha, "samples": n},
+                       f"{method} verifying the unmasked target under a grammar: exact error {error:.3f} "
+                       f"(must exceed {CONTROL_MIN_ERROR:g}), chi-square p = {p:.3g} (must be < {alpha:g})",
+                       control=True)
+
+
 def toy_suite(alpha: float, seed: int = 0, n: int = TOY_SAMPLES,
               progress: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
-    """Exact checks (every lossless method, greedy at T=0), C Monte Carlo checks, the negative control."""
-    jobs: list[Callable[[], CheckResult]] = [lambda m=m: exact_check(m) for m in ("greedy",) + LOSSLESS_METHODS]
+    """Exact checks (every lossless method, greedy at T=0), C Monte Carlo checks, the negative
+    control; then the same with token masks (a toy grammar) and the masks' negative control."""
+    methods = ("greedy",) + LOSSLESS_METHODS
+    jobs: list[Callable[[], CheckResult]] = [lambda m=m: exact_check(m) for m in methods]
     jobs += [lambda m=m, i=i: monte_carlo_check(m, alpha, seed + i, n) for i, m in enumerate(LOSSLESS_METHODS)]
     jobs.append(lambda: negative_control(alpha, seed, n))
+    jobs += [lambda m=m: exact_check(m, masked=True) for m in methods]
+    k = len(LOSSLESS_METHODS)
+    jobs += [lambda m=m, i=i: monte_carlo_check(m, alpha, seed + k + i, n, masked=True)
+             for i, m in enumerate(LOSSLESS_METHODS)]
+    jobs.append(lambda: mask_control(alpha, seed, n))
     results = []
     for job in jobs:
         result = job()
@@ -249,5 +306,5 @@ def false_positive_note(results: Sequence[CheckResult], alpha: float) -> str:
 
 
 __all__ = ["CheckResult", "PAIR_PROMPT", "PAIR_SAMPLES", "TOY_SAMPLES", "exact_check",
-           "false_positive_note", "format_line", "monte_carlo_check", "negative_control", "pair_check",
+           "false_positive_note", "format_line", "mask_control", "monte_carlo_check", "negative_control", "pair_check",
            "speculative_first_tokens", "target_next_token_probs", "toy_suite"]

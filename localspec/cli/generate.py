@@ -18,6 +18,7 @@ import click
 
 from localspec.llama import rpc
 from localspec.cli.options import (
+    constraint_options,
     generation_config,
     load_for,
     model_options,
@@ -124,6 +125,7 @@ def read_prompt(prompt: tuple[str, ...]) -> str:
               help="Wrap the prompt in the model's chat template (when it has one).")
 @click.option("-s", "--system", default=None, help="System message (with --chat).")
 @click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
+@constraint_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and stats.")
 @click.option("-u", "--usage", is_flag=True, help="Print statistics to stderr when done.")
 @user_errors
@@ -231,7 +233,11 @@ def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loa
     if as_json:
         click.echo(json.dumps(response_json("".join(parts), last.finish_reason, last.stats,
                                             loaded.target_name, config,
-                                            timings_json(entered, loaded, last.stats, profiles.io_seconds))))
+                                            timings_json(entered, loaded, last.stats, profiles.io_seconds),
+                                            last.constraint_satisfied)))
+    if config.constraint is not None and last.finish_reason != "stop" and not last.constraint_satisfied:
+        click.echo(f"warning: the output is truncated ({last.finish_reason}): it does not match "
+                   f"{config.constraint.describe()} yet; raise --max-tokens", err=True)
     if usage:
         drafts = not config.is_target_alone(loaded.draft is not None)
         one = profiles.one_token_seconds(loaded.target) if drafts else 0.0

@@ -8,6 +8,7 @@ from here; this module imports no command.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -23,9 +24,11 @@ from localspec.config import (
     PLANS,
     SETTING_KEYS,
     VERIFIERS,
+    Constraint,
     GenerationConfig,
+    grammar_from_file,
 )
-from localspec.errors import LocalspecError, exit_code
+from localspec.errors import ConfigError, LocalspecError, exit_code
 from localspec.loading import Loaded, draft_loading, load_pair
 
 
@@ -147,12 +150,73 @@ def sampling_options(f: Callable) -> Callable:
     ])
 
 
+def constraint_options(f: Callable) -> Callable:
+    """Structured output: what the text must match (at most one)."""
+    return _options(f, [
+        click.option("--json-schema", "json_schema", default=None, metavar="FILE|JSON",
+                     help="The output is JSON matching this schema (a file, or the schema itself as JSON "
+                          "text). Laid out as Python's json.dumps: one line, \", \" and \": \"."),
+        click.option("--json-object", "json_object", is_flag=True, default=False,
+                     help="The output is a JSON object (any)."),
+        click.option("--regex", "regex", default=None, metavar="PATTERN",
+                     help="The whole output matches this regular expression (Rust syntax, no look-around)."),
+        click.option("--grammar", "grammar", default=None, metavar="FILE",
+                     help="The output follows this grammar file: GBNF (llama.cpp's), or Lark (llguidance's) "
+                          "when the file ends in .lark or starts with %llguidance."),
+    ])
+
+
+CONSTRAINT_FLAGS = ("json_schema", "json_object", "regex", "grammar")  # constraint_options' parameter names
+
+
+def constraint_from_flags(options: dict) -> Constraint | None:
+    """The constraint the flags ask for (removed from `options`), compiled and validated now, so a
+    bad schema or grammar is a usage error naming its flag before any model loads."""
+    given = [k for k in CONSTRAINT_FLAGS if options.get(k)]
+    values = {k: options.pop(k, None) for k in CONSTRAINT_FLAGS}
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ConfigError("give one of --json-schema, --json-object, --regex and --grammar", given[1])
+    flag = given[0]
+    if flag == "json_object":
+        constraint = Constraint.json_object(param="json_object")
+    elif flag == "regex":
+        constraint = Constraint.regex(values["regex"], param="regex")
+    elif flag == "grammar":
+        constraint = grammar_from_file(values["grammar"], param="grammar")
+    else:
+        constraint = Constraint.json_schema(_schema_text(values["json_schema"]), param="json_schema")
+    from localspec.decoding.constraint import compile_constraint  # llguidance: only for a constrained run
+
+    compile_constraint(constraint)
+    return constraint
+
+
+def _schema_text(value: str) -> str:
+    """--json-schema's value: the schema as JSON text, or the file that holds it."""
+    text = value.strip()
+    if text.startswith("{") or text in ("true", "false"):
+        return text
+    path = Path(value).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{value!r} is neither a JSON schema (JSON text starting with '{{') nor a file",
+                          "json_schema") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the JSON schema file {path}: {exc}", "json_schema") from None
+
+
 GENERATION_KEYS = SETTING_KEYS  # a command's options that are generation settings
 
 
 def generation_config(options: dict) -> GenerationConfig:
-    """The GenerationConfig of the command's options (the keys of GENERATION_KEYS it has)."""
-    return GenerationConfig.from_options(**{k: v for k, v in options.items() if k in GENERATION_KEYS})
+    """The GenerationConfig of the command's options (the keys of GENERATION_KEYS it has, and
+    the constraint flags of constraint_options, which this removes from `options`)."""
+    constraint = constraint_from_flags(options)
+    settings = {k: v for k, v in options.items() if k in GENERATION_KEYS and k not in CONSTRAINT_FLAGS}
+    return GenerationConfig.from_options(**settings, constraint=constraint)
 
 
 def load_for(config: GenerationConfig, model: str | None, draft: str | None, options: dict) -> Loaded:

@@ -55,10 +55,15 @@ def format_stats(stats: Any, speculative: bool, one_token_seconds: float = 0.0) 
 
 
 def response_json(text: str, finish: str | None, stats: Any, model: str, config: GenerationConfig,
-                  timings: dict | None = None) -> dict:
-    return {"model": model, "text": text, "finish_reason": finish, "settings": config.options(),
-            "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens},
-            "stats": stats.as_dict(), "timings": timings or {}}
+                  timings: dict | None = None, constraint_satisfied: bool | None = None) -> dict:
+    """The --json object; with a constraint, "constraint_satisfied" says whether the text is a
+    complete answer of it (false: truncated)."""
+    out = {"model": model, "text": text, "finish_reason": finish, "settings": config.options(),
+           "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens},
+           "stats": stats.as_dict(), "timings": timings or {}}
+    if config.constraint is not None:
+        out["constraint_satisfied"] = bool(constraint_satisfied)
+    return out
 
 
 def timings_json(entered: float, loaded: Any, stats: Any, profile_io: float) -> dict:

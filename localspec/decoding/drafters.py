@@ -4,7 +4,8 @@ were actually drawn from (what makes verification lossless).
 * :class:`ModelDrafter` samples from a draft model at the target's sampling settings
   (temperature-matched; temperature 0 drafts greedily, i.e. from one-hot rows);
 * :class:`NGramDrafter` looks the context up in itself (prompt lookup over the whole context)
-  and proposes what followed the longest match; its rows are one-hot (deterministic proposals).
+  and proposes what followed the longest match; its rows are one-hot (deterministic proposals);
+* :class:`ForcedDrafter` (constrained generations) proposes the tokens the grammar forces.
 
 :func:`make_drafters` turns a drafter name into the drafters the engine considers each step.
 
@@ -51,6 +52,14 @@ class DraftProposal:
     tokens: tuple[int, ...] = ()  # a deterministic proposal's tokens (n-gram); empty: drawn when drafting
 
 
+class RowMasks(Protocol):
+    """The token masks of a constrained generation's draft rows (localspec.decoding.structured.DraftMasks)."""
+
+    def row(self, tree: DraftTree, node: int) -> np.ndarray:
+        """The uint32 mask row of the tokens allowed after `node` of `tree` (-1: after the committed
+        tokens): where its children may be drawn from."""
+
+
 class Drafter(Protocol):
     """What the engine and the planner need of a drafter."""
 
@@ -68,8 +77,10 @@ class Drafter(Protocol):
         """What it can draft now after the committed `context` (None: nothing)."""
 
     def draft(self, proposal: DraftProposal, context: Sequence[int], shape: Shape, sampling: SamplingParams,
-              rng: np.random.Generator, without_replacement: bool) -> DraftTree:
-        """The draft of `shape` for its own `proposal`, with the rows it was drawn from."""
+              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> DraftTree:
+        """The draft of `shape` for its own `proposal`, with the rows it was drawn from. With
+        `masks` (a constrained generation), a drafter that samples draws from its masked
+        distributions; a fixed proposal is already cut at its first forbidden token."""
 
     def commit(self, tree: DraftTree, path: tuple[int, ...], committed: Sequence[int]) -> None:
         """After verification of its draft: `path` was accepted and `committed` appended to the context."""
@@ -141,13 +152,23 @@ class ModelDrafter:
         if self.loaded:  # a lazy draft loaded later starts from an empty cache
             self._sequence().start(prompt)
 
-    def _fill_row(self, r: int, logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
-        """Draft distribution of one logit row into buffer row r (float32, target vocab)."""
+    def _fill_row(self, r: int, logits: np.ndarray, sampling: SamplingParams,
+                  mask: np.ndarray | None = None) -> np.ndarray:
+        """Draft distribution of one logit row into buffer row r (float32, target vocab); with a
+        mask row, the masked distribution (all zero where the mask allows none of its tokens)."""
         row = self.buf.rows[r]
         v = min(self.n_vocab, logits.shape[-1])
         if v < self.n_vocab:
             row[v:] = 0.0
-        verifier.probs(logits[:v], out=row[:v], sampling=sampling)
+        if mask is None:
+            verifier.probs(logits[:v], out=row[:v], sampling=sampling)
+            return row
+        mask = mask[: (v + 31) // 32]
+        if v % 32 and not (mask[:-1].any() or int(mask[-1]) & ((1 << (v % 32)) - 1)) \
+                or not v % 32 and not mask.any():
+            row[:v] = 0.0  # every allowed token lies past the draft's vocabulary: nothing to draw
+            return row
+        verifier.probs(logits[:v], out=row[:v], sampling=sampling, masks=mask[None, :])
         return row
 
     def _catch_up(self, context: Sequence[int]) -> np.ndarray:
@@ -162,7 +183,7 @@ class ModelDrafter:
         return seq.model.logits_array(1)[0]
 
     def draft(self, proposal: DraftProposal, context: Sequence[int], shape: Shape, sampling: SamplingParams,
-              rng: np.random.Generator, without_replacement: bool) -> DraftTree:
+              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> DraftTree:
         self.buf.clear_one_hot()
         tree = DraftTree()
         root_logits = self._catch_up(context)
@@ -170,7 +191,7 @@ class ModelDrafter:
         t0 = time.perf_counter()
         self._depth = shape.depth
         seq.fork(shape.n_leaves)
-        self._fill_row(0, root_logits, sampling)
+        self._fill_row(0, root_logits, sampling, None if masks is None else masks.row(tree, -1))
         ranges = leaf_ranges(shape)
         base = len(context)  # position of depth-1 nodes
         level = [(-1, 0)]  # (node, structural index) of the previous level; -1 = root
@@ -200,7 +221,7 @@ class ModelDrafter:
                            [tree.seqs[n] for n in nodes], outputs="all")
                 logits = seq.model.logits_array(len(nodes))
                 for i, n in enumerate(nodes):
-                    self._fill_row(n + 1, logits[i], sampling)
+                    self._fill_row(n + 1, logits[i], sampling, None if masks is None else masks.row(tree, n))
         tree.probs = self.buf.rows[: tree.n + 1]
         self.timing.levels = (shape.depth, time.perf_counter() - t0)
         return tree
@@ -243,18 +264,61 @@ class NGramDrafter:
         return DraftProposal(self, ngram_kind(found), len(found.tokens), 0, tuple(found.tokens))
 
     def draft(self, proposal: DraftProposal, context: Sequence[int], shape: Shape, sampling: SamplingParams,
-              rng: np.random.Generator, without_replacement: bool) -> DraftTree:
-        self.buf.clear_one_hot()
-        tree = DraftTree()
-        parent = -1
-        for x in proposal.tokens[: shape.depth]:
-            self.buf.one_hot(parent + 1, x)
-            parent = tree.add(x, parent, (0,))
-        tree.probs = self.buf.rows[: tree.n + 1]
-        return tree
+              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> DraftTree:
+        return one_hot_chain(self.buf, proposal.tokens[: shape.depth])
 
     def commit(self, tree: DraftTree, path: tuple[int, ...], committed: Sequence[int]) -> None:
         pass  # the lookup reads what was accepted from the context at the next proposal
+
+
+def one_hot_chain(buf: RowBuffer, tokens: Sequence[int]) -> DraftTree:
+    """A chain of fixed tokens with one-hot rows (a deterministic proposal)."""
+    buf.clear_one_hot()
+    tree = DraftTree()
+    parent = -1
+    for x in tokens:
+        buf.one_hot(parent + 1, x)
+        parent = tree.add(x, parent, (0,))
+    tree.probs = buf.rows[: tree.n + 1]
+    return tree
+
+
+class ForcedSource(Protocol):
+    """What the forced-token drafter reads: the grammar matcher of the target's committed tokens
+    (localspec.decoding.constraint.GrammarFollower)."""
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next (empty: there is a choice)."""
+
+
+class ForcedDrafter:
+    """The tokens a constrained generation's grammar forces next (JSON's braces, keys and
+    separators): free proposals, one-hot rows, verified like any draft (the target's masked row
+    allows exactly that token, so each is accepted). Its planning kind is "forced"."""
+
+    kind = "forced"
+    source = None
+    loaded = True
+
+    def __init__(self, n_vocab: int, max_nodes: int) -> None:
+        self.buf = RowBuffer(max_nodes + 1, n_vocab)
+        self.grammar: ForcedSource | None = None  # bound by the engine once the grammar follows the target
+
+    def start(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
+        if self.grammar is None:
+            raise RuntimeError("the forced-token drafter was not bound to a grammar (Engine.start binds it)")
+        tokens = self.grammar.forced()[:max_depth]
+        return DraftProposal(self, self.kind, len(tokens), 0, tuple(tokens)) if tokens else None
+
+    def draft(self, proposal: DraftProposal, context: Sequence[int], shape: Shape, sampling: SamplingParams,
+              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> DraftTree:
+        return one_hot_chain(self.buf, proposal.tokens[: shape.depth])
+
+    def commit(self, tree: DraftTree, path: tuple[int, ...], committed: Sequence[int]) -> None:
+        pass
 
 
 def make_drafters(target: Model, draft: Model | LazyModel | None, config: GenerationConfig,
@@ -262,10 +326,17 @@ def make_drafters(target: Model, draft: Model | LazyModel | None, config: Genera
     """The drafters the engine considers for the setting `drafter` (none where
     GenerationConfig.is_target_alone: the target alone): auto: the n-gram lookup, and the draft
     model when one is given (the planner loads and uses it only where it pays); ngram; model;
-    hybrid. A lazy draft's vocabulary check is kept in `profiles` (None: checked every time)."""
-    drafter, shape = config.drafter, config.shape
+    hybrid. A lazy draft's vocabulary check is kept in `profiles` (None: checked every time).
+    A constrained generation (config.constraint) considers the grammar's forced tokens first."""
     if config.is_target_alone(draft is not None):
         return []
+    forced: list[Drafter] = [ForcedDrafter(target.n_vocab, max(config.shape.depth, 1))] if config.constraint else []
+    return forced + _proposing_drafters(target, draft, config, profiles)
+
+
+def _proposing_drafters(target: Model, draft: Model | LazyModel | None, config: GenerationConfig,
+                        profiles: Profiles | None) -> list[Drafter]:
+    drafter, shape = config.drafter, config.shape
     max_nodes = max(shape.n_nodes, 1)
     ngram: list[Drafter] = [NGramDrafter(target.n_vocab, max_nodes)] if drafter != "model" else []
     if drafter == "ngram":

@@ -16,18 +16,21 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from localspec.verify import verifier
 from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig
-from localspec.decoding.drafters import DraftProposal, Drafter, ModelDrafter
+from localspec.decoding.drafters import DraftProposal, Drafter, ForcedDrafter, ModelDrafter
 from localspec.errors import PromptError
 from localspec.llama.model import Model
 from localspec.decoding.planner import PREFILL_WARM_UP, Planner
 from localspec.decoding.profiles import Profiles
 from localspec.decoding.tree import DraftTree
+
+if TYPE_CHECKING:
+    from localspec.decoding.structured import Structured
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +145,20 @@ class Engine:
         self._counters = _Counters()
         self.planner = (Planner(target, self.shape, sampled=not self.sampling.greedy, profiles=profiles)
                         if config.plan == "auto" else None)
+        self.structured = self._structured(config) if config.constraint is not None else None
+
+    def _structured(self, config: GenerationConfig) -> "Structured":
+        """The grammar of a constrained generation, compiled now (ConfigError before any decoding);
+        imported only for one, so an unconstrained run never loads llguidance."""
+        from localspec.decoding.structured import Structured
+
+        assert config.constraint is not None
+        return Structured(config.constraint, self.target, max(self.shape.n_nodes, 1))
+
+    @property
+    def constraint_satisfied(self) -> bool | None:
+        """Whether the text so far is a complete answer of the constraint (None: no constraint)."""
+        return None if self.structured is None else self.structured.satisfied
 
     def stats(self) -> GenerationStats:
         return self._counters.snapshot()
@@ -163,8 +180,12 @@ class Engine:
         self._counters = _Counters(prompt_tokens=len(prompt))
         self.finish_reason = None
         t0 = time.perf_counter()
+        if self.structured is not None:
+            self.structured.before_prefill()  # the grammar's tokenizer is built during the prefill
         self.sequence.start(prompt)  # keeps the cached prefix the last context shares with this one
         self._prefill(len(prompt) - 1)
+        if self.structured is not None:
+            self.structured.attach(prompt, [d for d in self.drafters if isinstance(d, ForcedDrafter)])
         for d in self.drafters:
             d.start(prompt)
         self._counters.prompt_s = time.perf_counter() - t0
@@ -196,6 +217,13 @@ class Engine:
         next prompt reuses their shared prefix."""
         if self.planner is not None:
             self.planner.record()
+        self.close()
+
+    def close(self) -> None:
+        """The grammar of a constrained generation stops following the target (also after an
+        error; the generation that owns the engine calls it in any case)."""
+        if self.structured is not None:
+            self.structured.detach()
 
     # ------------------------------------------------------------------ step
 
@@ -220,10 +248,11 @@ class Engine:
         t1 = time.perf_counter()
         self._target_pass(tree)
         t2 = time.perf_counter()
+        masks = self._masks(tree, proposal) if self.structured is not None else None
         v = verifier.verify(self.config.verifier, self.target.logits(tree.n + 1),
                             tree.probs if tree.n else None, tree.tokens, tree.parents,
                             sampling=self.sampling, seed=int(self.rng.integers(0, 2**63)),
-                            lenience=self.config.lenience)
+                            lenience=self.config.lenience, masks=masks)
         t3 = time.perf_counter()
         new = self._emit(tree.path_tokens(v.path) + [v.token])
         self.sequence.commit(new)
@@ -237,6 +266,19 @@ class Engine:
             if proposal is not None and isinstance(proposal.drafter, ModelDrafter):
                 self.planner.observe_draft(proposal.drafter)
         return new
+
+    def _masks(self, tree: DraftTree, proposal: DraftProposal | None) -> np.ndarray:
+        """The mask rows of the step's draft (a constrained generation), the grammar back at the
+        committed tokens afterwards."""
+        assert self.structured is not None and self.structured.masks is not None
+        masks = self.structured.masks
+        try:
+            rows = masks.complete(tree)
+            if proposal is not None and isinstance(proposal.drafter, ForcedDrafter):
+                masks.check_forced(tree)
+        finally:
+            masks.end()
+        return rows
 
     def _emit(self, new: list[int]) -> list[int]:
         """The tokens up to the first end-of-generation token, counted as generated (the
@@ -265,11 +307,17 @@ class Engine:
         With the planner: the proposal with the best predicted rate, at its best depth (none when
         no drafter beats the target alone). Without (plan fixed): the first drafter that proposes
         at least MIN_PROPOSAL tokens (the last one's proposal is always taken)."""
+        structured = self.structured
+        if structured is not None:
+            assert structured.masks is not None
+            structured.masks.begin()
         if depth <= 0:
             return DraftTree(), None
         choice: tuple[float, int, DraftProposal] | None = None
         for i, d in enumerate(self.drafters):
             proposal = d.propose(self.tokens, depth)
+            if structured is not None and proposal is not None and proposal.tokens:
+                proposal = structured.cut(proposal)  # a fixed draft ends before its first forbidden token
             available = min(proposal.levels, depth) if proposal is not None else 0
             if proposal is None or available <= 0:
                 continue
@@ -287,7 +335,8 @@ class Engine:
             return DraftTree(), None
         _, planned, proposal = choice
         tree = proposal.drafter.draft(proposal, self.tokens, self.shape.truncated(planned), self.sampling, self.rng,
-                                      self.config.verifier in WITHOUT_REPLACEMENT)
+                                      self.config.verifier in WITHOUT_REPLACEMENT,
+                                      None if structured is None else structured.masks)
         return tree, proposal
 
     def _remaining(self) -> int:

@@ -374,6 +374,13 @@ class Model:
         self._live()
         return int(lc.llama_vocab_type(self._vocab))
 
+    @property
+    def vocab_pointer(self) -> Any:
+        """llama.cpp's vocabulary of this model (a ``llama_vocab_p``), for libraries that read it
+        themselves (llguidance's tokenizer). Valid while the model is open: close() frees it."""
+        self._live()
+        return self._vocab
+
     def is_eog(self, token: int) -> bool:
         """End of generation (EOS, EOT, <|im_end|>, ...)."""
         self._live()

@@ -29,7 +29,6 @@ UNSUPPORTED: dict[str, Any] = {
     "mirostat": (None, 0), "mirostat_mode": (None, 0), "typical_p": (None, 1), "tfs_z": (None, 1),
     "dry_multiplier": (None, 0), "xtc_probability": (None, 0), "top_n_sigma": (None, -1),
     "dynatemp_range": (None, 0), "min_keep": (None, 0), "n_probs": (None, 0), "ignore_eos": (None, False),
-    "grammar": (None, ""), "json_schema": (None, {}),
     # OpenAI's, whose other values would change the text or its form
     "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"), "modalities": (None, ["text"]),
     "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "verbosity": (None,),
@@ -72,9 +71,6 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class ResponseFormat(_Strict):
-    type: Literal["text"]
-
 
 class _Request(_Open):
     """Fields both endpoints share: the OpenAI ones and localspec's speculative extensions. A
@@ -92,7 +88,9 @@ class _Request(_Open):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = None
-    response_format: ResponseFormat | None = None
+    response_format: dict[str, Any] | None = None  # OpenAI's: text, json_object, json_schema (checked by Constraint)
+    grammar: str | None = None  # llama-server's: GBNF (Lark when it starts with %llguidance); "" is none
+    json_schema: Union[dict[str, Any], bool, None] = None  # llama-server's: a JSON schema
     verifier: str | None = None
     num_draft_tokens: int | None = None
     paths: int | None = None
@@ -123,8 +121,6 @@ class _Request(_Open):
     min_keep: Any = None
     n_probs: Any = None
     ignore_eos: Any = None
-    grammar: Any = None
-    json_schema: Any = None
     tool_choice: Any = None
     function_call: Any = None
     modalities: Any = None
@@ -172,8 +168,17 @@ class _Request(_Open):
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         if max_tokens is not None:
             options["max_tokens"] = max_tokens
+        if options.get("grammar") == "":
+            del options["grammar"]  # llama-server's "no grammar"
+        if self.json_schema is not None:
+            options["json_schema"] = self.json_schema
         try:
-            return GenerationConfig.from_options(defaults, **options)
+            config = GenerationConfig.from_options(defaults, **options)
+            if config.constraint is not None:  # compiled now: a bad schema is this request's 400, before any work
+                from localspec.decoding.constraint import compile_constraint
+
+                compile_constraint(config.constraint)
+            return config
         except ConfigError as exc:
             param = exc.param
             if param == "max_tokens" and self.max_completion_tokens is not None:

@@ -93,10 +93,34 @@ def enumerate_outcomes(run: Callable[[Randomness], Hashable]) -> dict[Hashable, 
 # --------------------------------------------------------------------------- target transform
 
 
+def bool_masks(masks: np.ndarray, n_rows: int, V: int) -> np.ndarray:
+    """Token masks as booleans [n_rows, V]: booleans as given, or uint32 bitmasks (bit t % 32 of
+    word t // 32, the C verifier's layout, unpacked here independently). ValueError when a row
+    allows no token."""
+    m = np.asarray(masks)
+    if m.ndim == 1:
+        m = m[None, :]
+    if m.dtype == np.bool_:
+        allowed = m[:, :V]
+    else:
+        t = np.arange(V)
+        allowed = ((m.astype(np.uint64)[:, t // 32] >> (t % 32).astype(np.uint64)) & 1).astype(bool)
+    if allowed.shape != (n_rows, V):
+        raise ValueError(f"masks of shape {m.shape} do not cover {n_rows} rows of {V} tokens")
+    empty = np.flatnonzero(~allowed.any(axis=1))
+    if empty.size:
+        raise ValueError(f"masks row {int(empty[0])} allows no token")
+    return allowed
+
+
 def transform(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-              min_p: float = 0.0) -> np.ndarray:
-    """Plain sampler distribution, float64: top-k, top-p, min-p at T=1, then temperature."""
+              min_p: float = 0.0, mask: np.ndarray | None = None) -> np.ndarray:
+    """Plain sampler distribution, float64: the token mask first (disallowed logits -> -inf, their
+    values never used), then top-k, top-p, min-p at T=1 over the allowed tokens, then temperature."""
     logits = np.atleast_2d(np.asarray(logits, dtype=np.float64))
+    if mask is not None:
+        allowed = bool_masks(mask, logits.shape[0], logits.shape[1])
+        logits = np.where(allowed, logits, -np.inf)
     out = np.zeros_like(logits)
     for r, row in enumerate(logits):
         V = row.shape[0]
@@ -114,6 +138,7 @@ def transform(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_
         keep[kept] = True
         if min_p > 0:
             keep &= row >= row.max() + np.log(np.float32(min_p))
+        keep &= row > -np.inf  # the mask: top-k may have listed disallowed (-inf) tokens
         e = np.where(keep, np.exp((row - row.max()) / temperature), 0.0)
         out[r] = e / e.sum()
     return out
@@ -215,14 +240,17 @@ def _chain(tree: Tree) -> list[int]:
     return chains[0] if chains else []
 
 
-def token(tp, dp, tree: Tree, rng: Randomness, lenience: float = 0.0) -> Outcome:
-    """Block paper Alg. 1; lenience: Yin et al. b(x) = min{1, (target+eps)/draft}, residual Thm 4."""
+def token(tp, dp, tree: Tree, rng: Randomness, lenience: float = 0.0, allowed: np.ndarray | None = None
+          ) -> Outcome:
+    """Block paper Alg. 1; lenience: Yin et al. b(x) = min{1, (target+eps)/draft}, residual Thm 4
+    (never for a token the mask forbids: `allowed` [rows, V] booleans, None = no mask)."""
     rows = [0] + _chain(tree)
     n = tree.n
     for i in range(1, len(rows)):
         prev, x = rows[i - 1], tree.token(rows[i])
         t, d = tp[prev, x], dp[prev, x]
-        h = min(1.0, (t + lenience) / d) if d > 0 else 0.0
+        ok = allowed is None or bool(allowed[prev, x])
+        h = min(1.0, (t + lenience) / d) if d > 0 and ok else 0.0
         if not rng.bernoulli(h, rows[i] - 1):
             return tree.path(prev), _sample_residual(tp[prev], dp[prev], 1.0, rng, n)
     return tree.path(rows[-1]), _sample_target(tp, rows[-1], rng, n)
@@ -438,11 +466,23 @@ METHODS: dict[str, Callable[..., Outcome]] = {
 
 
 def verify(method: str, target_probs: np.ndarray, draft_probs: np.ndarray, tokens: Sequence[int],
-           parents: Sequence[int], rng: Randomness, lenience: float = 0.0) -> Outcome:
-    """Run the reference of `method` on already transformed target probabilities."""
+           parents: Sequence[int], rng: Randomness, lenience: float = 0.0,
+           masks: np.ndarray | None = None) -> Outcome:
+    """Run the reference of `method` on already transformed target probabilities.
+
+    With ``masks`` (booleans or uint32 bitmasks, one row per target row) the target rows must
+    be the masked ones (``transform(..., mask=...)``): every method then runs unchanged on them,
+    which is what makes it lossless w.r.t. the masked target; a row allowing no token, or target
+    mass on a disallowed token, is a ValueError."""
     tree = Tree.of(tokens, parents)
     tp = np.asarray(target_probs, dtype=np.float64)
     dp = np.asarray(draft_probs, dtype=np.float64)
+    allowed = None
+    if masks is not None:
+        allowed = bool_masks(masks, tp.shape[0], tp.shape[1])
+        bad = np.argwhere((tp > 0) & ~allowed)
+        if bad.size:
+            raise ValueError(f"target_probs row {int(bad[0][0])} has mass on disallowed token {int(bad[0][1])}")
     if method == "token":
-        return token(tp, dp, tree, rng, lenience)
+        return token(tp, dp, tree, rng, lenience, allowed)
     return METHODS[method](tp, dp, tree, rng)

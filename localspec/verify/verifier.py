@@ -17,10 +17,19 @@ How siblings were sampled matters:
 * ``gbv`` and ``batch``: K independent root-to-leaf chains (``gbv``: all of the same length);
 * ``token``, ``block`` (and ``lenience``): one chain; ``greedy`` and ``match``: any tree.
 
-The target is transformed exactly like plain sampling (:func:`probs`): top-k, then top-p, then
-min-p on the temperature-1 distribution (llama.cpp's default order), then temperature;
-temperature 0 is greedy. ``lenience`` > 0 (``token`` only) is the *lossy* over-acceptance of
-Yin et al. Thm 4; every other setting is lossless.
+The target is transformed exactly like plain sampling (:func:`probs`): the row's token mask
+first (``masks``, constrained decoding: disallowed tokens get probability 0, as if their logits
+were -inf), then top-k, then top-p, then min-p on the temperature-1 distribution of the allowed
+tokens (llama.cpp's default order), then temperature; temperature 0 is greedy (the lowest-id
+argmax among the allowed tokens). ``lenience`` > 0 (``token`` only) is the *lossy*
+over-acceptance of Yin et al. Thm 4; every other setting is lossless, with respect to the
+masked target when ``masks`` is given.
+
+``masks`` (optional): uint32 bitmasks of shape ``(n+1, ceil(V/32))``, the same row ids as
+``target_logits``; row r allows token t iff bit ``t % 32`` of word ``t // 32`` is set
+(:func:`pack_mask` builds them from a boolean array). Draft rows are whatever the drafter drew
+from (e.g. its own masked distribution, ``probs(..., masks=...)``); a drafted token its row's
+mask forbids is never accepted.
 
 Randomness is a ``seed`` or ``n+1`` caller-supplied ``uniforms``: ``uniforms[j]`` is node j's
 accept/reject draw (for ``match``: the target draw at row j+1, ``uniforms[0]`` at the root) and
@@ -122,6 +131,52 @@ def _rows(name: str, value: Any, n_rows: int, n_vocab: int | None) -> tuple[Any,
     return ptr, stride, arr.shape[1], arr
 
 
+def pack_mask(allowed: np.ndarray) -> np.ndarray:
+    """Boolean ``allowed[..., V]`` -> uint32 bitmask ``[..., ceil(V/32)]``: bit t % 32 of word t // 32."""
+    a = np.asarray(allowed)
+    if a.dtype != np.bool_:
+        raise ValueError(f"pack_mask needs a boolean array, got dtype {a.dtype}")
+    if a.ndim == 0 or a.shape[-1] == 0:
+        raise ValueError(f"pack_mask needs a non-empty last axis (the vocabulary), got shape {a.shape}")
+    V = a.shape[-1]
+    words = (V + 31) // 32
+    padded = np.zeros(a.shape[:-1] + (words * 32,), dtype=np.bool_)
+    padded[..., :V] = a
+    packed = np.packbits(padded, axis=-1, bitorder="little")  # byte k, bit b = token 8k + b
+    return np.ascontiguousarray(packed).view("<u4").astype(np.uint32)
+
+
+def unpack_mask(masks: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Inverse of :func:`pack_mask`: uint32 ``[..., words]`` -> boolean ``[..., n_vocab]``."""
+    m = np.ascontiguousarray(np.asarray(masks, dtype=np.uint32)).astype("<u4")
+    bits = np.unpackbits(m.view(np.uint8), axis=-1, bitorder="little")
+    return bits[..., :n_vocab].astype(np.bool_)
+
+
+def _masks(value: Any, n_rows: int, n_vocab: int) -> tuple[Any, int, Any]:
+    """(pointer, row stride in words, keepalive) of a uint32 mask matrix, validated, not copied."""
+    if not isinstance(value, np.ndarray):
+        raise VerifierError(f"masks must be a numpy uint32 array (see verifier.pack_mask), got {type(value).__name__}")
+    if value.dtype != np.uint32:
+        raise VerifierError(f"masks must have dtype uint32 (bit t % 32 of word t // 32; verifier.pack_mask "
+                            f"builds it from booleans), got {value.dtype}")
+    arr = value[None, :] if value.ndim == 1 else value
+    words = (n_vocab + 31) // 32
+    if arr.ndim != 2:
+        raise VerifierError(f"masks must be a 2-D array of shape (n_rows, {words}), got {value.shape}")
+    if arr.shape[0] != n_rows:
+        raise VerifierError(f"masks has {arr.shape[0]} rows; expected {n_rows}, one per target row")
+    if arr.shape[1] < words:
+        raise VerifierError(f"masks has {arr.shape[1]} words per row; a vocabulary of {n_vocab} needs "
+                            f"ceil({n_vocab}/32) = {words}")
+    if arr.strides[1] != 4 or (arr.shape[0] > 1 and (arr.strides[0] % 4 or arr.strides[0] < 4 * arr.shape[1])):
+        raise VerifierError("masks rows must be contiguous uint32 words (use np.ascontiguousarray)")
+    if not arr.dtype.isnative:
+        raise VerifierError("masks must be in native byte order")
+    stride = arr.strides[0] // 4 if arr.shape[0] > 1 else arr.shape[1]
+    return ffi.cast("uint32_t *", arr.ctypes.data), stride, arr
+
+
 def _int_array(name: str, value: Sequence[int] | np.ndarray) -> np.ndarray:
     arr = np.asarray(value)
     if arr.ndim != 1:
@@ -177,6 +232,9 @@ def _error(status: int, index: int, method: str, tokens: np.ndarray, parents: np
         msg = f"uniforms[{i}] = {uniforms[i]} is outside [0, 1)"
     elif status == lib.LS_ERR_LENIENCE:
         msg = "lenience must be finite and >= 0, and applies to method 'token' only"
+    elif status == lib.LS_ERR_MASK:
+        msg = (f"masks row {i} allows no token (row 0 = after the committed prefix, row j+1 = after node j); "
+               "every target row needs at least one allowed token")
     else:
         msg = ffi.string(lib.ls_status_string(status)).decode()
     return VerifierError(msg, status, i)
@@ -193,12 +251,14 @@ def verify(
     seed: int | None = None,
     uniforms: Sequence[float] | np.ndarray | None = None,
     lenience: float = 0.0,
+    masks: np.ndarray | None = None,
 ) -> Verdict:
     """Accept a path of the draft tree and draw one more token, losslessly.
 
     Returns the accepted node indices (root to leaf) and the correction/bonus token; the
-    sequence (accepted tokens, token) is distributed exactly as the transformed target would
-    sample it (``lenience`` > 0 excepted). See the module docstring for the representation.
+    sequence (accepted tokens, token) is distributed exactly as the transformed (and, with
+    ``masks``, masked) target would sample it (``lenience`` > 0 excepted). See the module
+    docstring for the representation.
     """
     if method not in _METHOD_IDS:
         raise VerifierError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
@@ -219,6 +279,7 @@ def verify(
     else:
         d_ptr, d_stride, _, d_keep = _rows("draft_probs", draft_probs, n + 1, n_vocab)
     u = None if uniforms is None else _uniforms(uniforms, n)
+    m_ptr, m_stride, m_keep = (ffi.NULL, 0, None) if masks is None else _masks(masks, n + 1, n_vocab)
 
     prob = ffi.new("ls_problem *")
     prob.n_nodes = n
@@ -233,6 +294,8 @@ def verify(
     prob.lenience = lenience
     prob.uniforms = ffi.NULL if u is None else ffi.cast("double *", u.ctypes.data)
     prob.seed = secrets.randbits(64) if seed is None else int(seed) & 0xFFFFFFFFFFFFFFFF
+    prob.masks = m_ptr
+    prob.mask_stride = m_stride
 
     mid = _METHOD_IDS[method]
     nbytes = lib.ls_workspace_bytes(mid, n, n_vocab, ffi.addressof(prob.sampling))
@@ -242,7 +305,7 @@ def verify(
     out = ffi.new("ls_verdict *")
     out.path = ffi.cast("int32_t *", path.ctypes.data)
     status = lib.ls_verify(mid, prob, _workspace.get(nbytes), nbytes, out)
-    del t_keep, d_keep
+    del t_keep, d_keep, m_keep
     if status != lib.LS_OK:
         raise _error(status, out.error_index, method, tok, par, n_vocab, u)
     k = out.n_accepted
@@ -255,9 +318,12 @@ def probs(
     sampling: SamplingParams = PLAIN,
     dtype: type = np.float64,
     out: np.ndarray | None = None,
+    masks: np.ndarray | None = None,
 ) -> np.ndarray:
     """The plain sampler's distribution of each row of ``logits`` (exactly what verify uses).
 
+    ``masks``: optional uint32 bitmasks, one row per logits row (:func:`pack_mask`); applied
+    first, as in :func:`verify` (a drafter draws from its own masked distribution this way).
     ``out``: an existing C-contiguous float32/float64 array of the result's shape to fill."""
     if isinstance(logits, LogitsPointer):
         n_rows, one = logits.n_rows, False
@@ -267,6 +333,7 @@ def probs(
         n_rows = 1 if one else arr.shape[0]
         logits = arr
     ptr, stride, n_vocab, keep = _rows("logits", logits, n_rows, None)
+    m_ptr, m_stride, m_keep = (ffi.NULL, 0, None) if masks is None else _masks(masks, n_rows, n_vocab)
     if out is None:
         out = np.empty((n_rows, n_vocab), dtype=dtype)
     if out.dtype not in (np.float32, np.float64) or not out.flags.c_contiguous or out.size != n_rows * n_vocab:
@@ -277,11 +344,13 @@ def probs(
     err = ffi.new("int32_t *")
     o64 = ffi.cast("double *", out.ctypes.data) if out.dtype == np.float64 else ffi.NULL
     o32 = ffi.cast("float *", out.ctypes.data) if out.dtype == np.float32 else ffi.NULL
-    status = lib.ls_probs(ptr, stride, n_rows, n_vocab, settings, _workspace.get(nbytes), nbytes,
-                          o64, o32, n_vocab, err)
-    del keep
+    status = lib.ls_probs_masked(ptr, stride, n_rows, n_vocab, m_ptr, m_stride, settings,
+                                 _workspace.get(nbytes), nbytes, o64, o32, n_vocab, err)
+    del keep, m_keep
     if status == lib.LS_ERR_LOGITS:
         raise VerifierError(f"logits row {err[0]} contains NaN or infinity", status, err[0])
+    if status == lib.LS_ERR_MASK:
+        raise VerifierError(f"masks row {err[0]} allows no token", status, err[0])
     if status != lib.LS_OK:
         raise VerifierError(ffi.string(lib.ls_status_string(status)).decode(), status)
     return out.reshape(n_vocab) if one else out.reshape(n_rows, n_vocab)

@@ -1,0 +1,147 @@
+"""A constrained generation's step: the grammar follows the target's committed tokens and gives
+the token masks of every row a step verifies.
+
+:class:`Structured` is what the engine holds when its config has a constraint: the compiled
+grammar (checked when the engine is made, before any decoding), the model's llguidance
+tokenizer (started before the prompt's prefill and awaited after it), the
+:class:`~localspec.decoding.constraint.GrammarFollower` attached to the target's
+:class:`~localspec.llama.sequence.KVSequence` for one generation, and :class:`DraftMasks`, the
+step's mask rows in preallocated buffers.
+
+Row ids are the verifier's: row 0 is after the committed tokens, row j+1 after draft node j. A
+row is computed once per step (:meth:`DraftMasks.row` caches it by the path it follows), so the
+masks a draft model drew its children from are the ones the verifier sees.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import numpy as np
+
+from localspec.config import Constraint
+from localspec.decoding.constraint import (GrammarFollower, TokenizerFuture, allocate_masks, compile_constraint,
+                                           is_allowed, start_tokenizer)
+from localspec.decoding.drafters import DraftProposal, ForcedDrafter
+from localspec.decoding.tree import DraftTree
+from localspec.errors import ConstraintError
+from localspec.llama.model import Model
+
+log = logging.getLogger(__name__)
+
+
+class DraftMasks:
+    """The mask rows of one step's draft, computed once each (see the module docstring)."""
+
+    def __init__(self, follower: GrammarFollower, max_nodes: int) -> None:
+        self.follower = follower
+        self.rows = allocate_masks(max_nodes + 1, follower.n_vocab)
+        self._paths: list[tuple[int, ...] | None] = [None] * (max_nodes + 1)  # the draft path each row is after
+
+    def begin(self) -> None:
+        """A new step: the committed tokens changed, no row is known."""
+        for r in range(len(self._paths)):
+            self._paths[r] = None
+
+    def end(self) -> None:
+        """The step's masks are done: the grammar is back at the committed tokens."""
+        self.follower.end_draft()
+
+    def _row_after(self, r: int, path: tuple[int, ...]) -> np.ndarray:
+        if self._paths[r] != path:
+            self.follower.mask_after(path, self.rows[r])
+            self._paths[r] = path
+        return self.rows[r]
+
+    def row(self, tree: DraftTree, node: int) -> np.ndarray:
+        """The tokens allowed after `node` of `tree` (-1: after the committed tokens); every
+        token on its path must be allowed by the row before it."""
+        path: list[int] = []
+        j = node
+        while j >= 0:
+            path.append(tree.tokens[j])
+            j = tree.parents[j]
+        return self._row_after(node + 1, tuple(reversed(path)))
+
+    def allowed_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of a fixed chain's tokens the masks allow (its rows 0..k become the rows of
+        the chain drafted from them)."""
+        for i, token in enumerate(tokens):
+            if not is_allowed(self._row_after(i, tuple(tokens[:i])), int(token)):
+                return i
+        return len(tokens)
+
+    def complete(self, tree: DraftTree) -> np.ndarray:
+        """Every row of the draft (rows 0..n). A node its parent's row forbids is never accepted:
+        its row and its descendants' are copies of the parent's, never read for a token."""
+        root = self.row(tree, -1)
+        ok = [False] * tree.n
+        for j, (token, parent) in enumerate(zip(tree.tokens, tree.parents)):
+            if (parent < 0 or ok[parent]) and is_allowed(self.rows[parent + 1], token):
+                ok[j] = True
+                self.row(tree, j)
+            else:
+                self.rows[j + 1] = self.rows[parent + 1] if parent >= 0 else root
+                self._paths[j + 1] = None
+        return self.rows[: tree.n + 1]
+
+    def check_forced(self, tree: DraftTree) -> None:
+        """Each row along a forced chain allows exactly the next token (what forced means)."""
+        for j, token in enumerate(tree.tokens):
+            row = self.rows[j]  # a chain: node j's parent row is row j
+            if int(np.bitwise_count(row).sum()) != 1 or not is_allowed(row, token):
+                raise ConstraintError(f"the grammar forced token {token} at draft level {j + 1}, but its mask "
+                                      f"allows {int(np.bitwise_count(row).sum())} tokens"
+                                      f"{'' if is_allowed(row, token) else ', not that one'}")
+
+
+class Structured:
+    """A constrained generation's grammar state across the engine's steps."""
+
+    def __init__(self, constraint: Constraint, target: Model, max_nodes: int) -> None:
+        self.constraint = constraint
+        self.grammar = compile_constraint(constraint)  # ConfigError now, before any decoding
+        self.target = target
+        self.max_nodes = max_nodes
+        self._tokenizer: TokenizerFuture | None = None
+        self.follower: GrammarFollower | None = None
+        self.masks: DraftMasks | None = None
+
+    def before_prefill(self) -> None:
+        """Start building the tokenizer: it overlaps with the prompt's prefill."""
+        self._tokenizer = start_tokenizer(self.target)
+
+    def attach(self, prompt: Sequence[int], forced: Sequence[ForcedDrafter]) -> None:
+        """After the prefill: the grammar follows the target's committed tokens from the prompt on."""
+        self.detach()
+        tokenizer = (self._tokenizer or start_tokenizer(self.target)).result()
+        follower = GrammarFollower(self.constraint, tokenizer, self.target.n_vocab)  # compiled once (cached)
+        follower.reset(prompt)
+        self.target.sequence.followers.append(follower)
+        self.follower = follower
+        if self.masks is None or self.masks.follower is not follower:
+            self.masks = DraftMasks(follower, self.max_nodes)
+        for d in forced:
+            d.grammar = follower
+
+    def detach(self) -> None:
+        """The generation ended (or failed): the grammar no longer follows the target."""
+        if self.follower is not None and self.follower in self.target.sequence.followers:
+            self.target.sequence.followers.remove(self.follower)
+
+    def cut(self, proposal: DraftProposal) -> DraftProposal | None:
+        """A fixed proposal cut at its first token the masks forbid (None: nothing left)."""
+        assert self.masks is not None
+        k = self.masks.allowed_prefix(proposal.tokens[: proposal.levels])
+        if k == len(proposal.tokens):
+            return proposal
+        if k == 0:
+            return None
+        return DraftProposal(proposal.drafter, proposal.kind, min(proposal.levels, k), proposal.lag,
+                             proposal.tokens[:k])
+
+    @property
+    def satisfied(self) -> bool:
+        """Whether the text committed so far is a complete answer of the grammar."""
+        return self.follower is not None and self.follower.accepts_end()
