@@ -58,6 +58,7 @@ class Run:
     tokens: int
     decode_tps: float
     timings: dict
+    data: dict  # the whole --json result
 
 
 def localspec(args: Sequence[str], prompt: str, profile_dir: Path, threads: int | None) -> Run:
@@ -73,7 +74,7 @@ def localspec(args: Sequence[str], prompt: str, profile_dir: Path, threads: int 
         raise RuntimeError(f"{' '.join(cmd[:8])} ... failed:\n{out.stderr[-2000:]}")
     data = json.loads(out.stdout)
     timings = dict(data["timings"], import_=data["timings"]["command_started"] - spawned)
-    return Run(wall, data["usage"]["completion_tokens"], data["stats"]["tokens_per_second"], timings)
+    return Run(wall, data["usage"]["completion_tokens"], data["stats"]["tokens_per_second"], timings, data)
 
 
 def chat(args: Sequence[str], profile_dir: Path, threads: int | None, tokens: int) -> float:
@@ -265,13 +266,14 @@ def completion_flags() -> list[str]:
     return ["-no-cnv", "--no-escape", "--temp", "0", "--seed", "1", "-c", "4096", *(["-nr"] if crashing else [])]
 
 
-def llama_completion(bindir: Path, text: str, tokens: int, threads: int | None) -> tuple[float, int]:
-    """(whole-process seconds, generated tokens) of one llama-completion run."""
+def llama_completion(bindir: Path, text: str, tokens: int, threads: int | None,
+                     extra: Sequence[str] = ()) -> tuple[float, int]:
+    """(whole-process seconds, generated tokens) of one llama-completion run (`extra`: more flags)."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         cmd = [str(bindir / "llama-completion"), "-m", str(default_target()), "-f", f.name, "-n", str(tokens),
-               *completion_flags(), *(["-t", str(threads)] if threads else [])]
+               *completion_flags(), *extra, *(["-t", str(threads)] if threads else [])]
         t0 = time.perf_counter()
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
         wall = time.perf_counter() - t0

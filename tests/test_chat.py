@@ -343,3 +343,13 @@ def test_interrupted_reply_is_kept_and_marked(monkeypatch: pytest.MonkeyPatch, c
     session.reset()
     assert session.history == [{"role": "system", "content": "sys"}]
     assert signal.getsignal(signal.SIGINT) is before  # the handler is restored
+
+
+def test_constrained_reply_cut_short_is_said_to_be_incomplete(pair_args: list[str]) -> None:
+    schema = '{"type": "object", "properties": {"word": {"type": "string", "maxLength": 400}}, "required": ["word"]}'
+    cut = run(*pair_args, "-t", "0", "-n", "3", "--json-schema", schema, input="hello\n")
+    assert cut.exit_code == 0, cut.output
+    assert "the reply is incomplete: it does not match" in cut.stderr
+    done = run(*pair_args, "-t", "0", "-n", "200", "--regex", "(yes|no)", input="hello\n")
+    assert done.exit_code == 0, done.output
+    assert "incomplete" not in done.stderr and ("yes" in done.stdout or "no" in done.stdout)

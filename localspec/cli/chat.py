@@ -89,6 +89,7 @@ class Reply:
     finish_reason: str | None
     stats: Any
     interrupted: bool
+    constraint_satisfied: bool | None = None  # with a constraint: whether the reply is a complete answer
 
 
 # ---------------------------------------------------------------- Ctrl-C while streaming
@@ -144,7 +145,8 @@ def stream_reply(loaded: Loaded, history: list[dict], config: GenerationConfig,
         finally:
             stream.close()  # between steps: the engine records its KV caches for reuse
             profiles.save()
-    return Reply("".join(parts), last.finish_reason if last else None, last.stats if last else None, interrupted)
+    return Reply("".join(parts), last.finish_reason if last else None, last.stats if last else None, interrupted,
+                 last.constraint_satisfied if last else None)
 
 
 # ---------------------------------------------------------------- input
@@ -261,6 +263,8 @@ def _turn(text: str, session: Session, loaded: Loaded, config: GenerationConfig)
             _note(_context_note(loaded))
         else:
             _note(f"[reply cut at --max-tokens {config.max_tokens}]")
+    if config.constraint is not None and reply.constraint_satisfied is False:
+        _note(f"[the reply is incomplete: it does not match {config.constraint.describe()}]")
 
 
 def _banner(loaded: Loaded, config: GenerationConfig) -> str:

@@ -453,6 +453,7 @@ class GrammarFollower:
         self._tokenizer = tokenizer
         self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         self.n_consumed = 0  # tokens consumed since the prompt
+        self.seconds = 0.0  # spent following committed tokens and computing forced tokens
         self._draft: list[int] = []  # draft tokens consumed past the committed ones (mask_after)
         if self._matcher.is_error():  # a grammar valid in itself that this vocabulary cannot follow
             param = self.constraint.param if self.constraint else None
@@ -476,11 +477,13 @@ class GrammarFollower:
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Consume committed tokens; one the grammar forbids raises ConstraintError."""
+        t0 = time.perf_counter()
         self.end_draft()
         for token in tokens:
             self._matcher.consume_token(int(token))
             self._check(f"token {int(token)} ({self._token_repr(int(token))})")
             self.n_consumed += 1
+        self.seconds += time.perf_counter() - t0
 
     def rollback(self, n: int) -> None:
         """Withdraw the last `n` consumed tokens (never past the prompt)."""

@@ -52,6 +52,9 @@ class GenerationStats:
     target_seconds: float
     verify_seconds: float
     accept_histogram: tuple[int, ...]
+    # tokens accepted per kind of draft ("forced", "ngram:…", "model:…"), sorted by kind
+    accepted_by_kind: tuple[tuple[str, int], ...] = ()
+    constraint_seconds: float = 0.0  # in the grammar: masks, forced tokens, following the committed tokens
 
     @property
     def block_efficiency(self) -> float:
@@ -77,22 +80,27 @@ class GenerationStats:
                 "elapsed_seconds": self.elapsed_seconds, "block_efficiency": self.block_efficiency,
                 "acceptance_rate": self.acceptance_rate, "target_passes": self.target_passes,
                 "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
-                "accept_histogram": list(self.accept_histogram), "verifier_share": self.verifier_share}
+                "accept_histogram": list(self.accept_histogram), "verifier_share": self.verifier_share,
+                "accepted_by_kind": dict(self.accepted_by_kind), "constraint_seconds": self.constraint_seconds}
 
 
 def combine(stats: Sequence[GenerationStats]) -> GenerationStats:
     """The statistics of several generations taken together (sums; histograms added bin by bin),
     so rates and shares of a session or a benchmark row come from the same properties."""
     hist = [0] * max((len(s.accept_histogram) for s in stats), default=0)
+    by_kind: dict[str, int] = {}
     for s in stats:
         for n, count in enumerate(s.accept_histogram):
             hist[n] += count
+        for kind, count in s.accepted_by_kind:
+            by_kind[kind] = by_kind.get(kind, 0) + count
     return GenerationStats(
         sum(s.prompt_tokens for s in stats), sum(s.generated_tokens for s in stats),
         sum(s.target_passes for s in stats), sum(s.drafted_tokens for s in stats),
         sum(s.accepted_tokens for s in stats), sum(s.prompt_seconds for s in stats),
         sum(s.elapsed_seconds for s in stats), sum(s.draft_seconds for s in stats),
-        sum(s.target_seconds for s in stats), sum(s.verify_seconds for s in stats), tuple(hist))
+        sum(s.target_seconds for s in stats), sum(s.verify_seconds for s in stats), tuple(hist),
+        tuple(sorted(by_kind.items())), sum(s.constraint_seconds for s in stats))
 
 
 @dataclass
@@ -108,16 +116,21 @@ class _Counters:
     verify_s: float = 0.0
     start: float = field(default_factory=time.perf_counter)
     hist: list[int] = field(default_factory=list)
+    by_kind: dict[str, int] = field(default_factory=dict)
+    constraint_s: float = 0.0
 
     def snapshot(self) -> GenerationStats:
         return GenerationStats(self.prompt_tokens, self.generated, self.passes, self.drafted,
                                self.accepted, self.prompt_s, time.perf_counter() - self.start,
-                               self.draft_s, self.target_s, self.verify_s, tuple(self.hist))
+                               self.draft_s, self.target_s, self.verify_s, tuple(self.hist),
+                               tuple(sorted(self.by_kind.items())), self.constraint_s)
 
-    def step(self, drafted: int, accepted: int, seconds: tuple[float, float, float]) -> None:
+    def step(self, kind: str | None, drafted: int, accepted: int, seconds: tuple[float, float, float]) -> None:
         self.passes += 1
         self.drafted += drafted
         self.accepted += accepted
+        if kind is not None and accepted:
+            self.by_kind[kind] = self.by_kind.get(kind, 0) + accepted
         if drafted:
             while len(self.hist) <= accepted:
                 self.hist.append(0)
@@ -248,7 +261,8 @@ class Engine:
         t1 = time.perf_counter()
         self._target_pass(tree)
         t2 = time.perf_counter()
-        masks = self._masks(tree, proposal) if self.structured is not None else None
+        masks = (self.structured.rows(tree, proposal is not None and isinstance(proposal.drafter, ForcedDrafter))
+                 if self.structured is not None else None)
         v = verifier.verify(self.config.verifier, self.target.logits(tree.n + 1),
                             tree.probs if tree.n else None, tree.tokens, tree.parents,
                             sampling=self.sampling, seed=int(self.rng.integers(0, 2**63)),
@@ -259,26 +273,15 @@ class Engine:
         self.sequence.keep_branch(tree.branch_of(v.path), L0 + v.n_accepted)
         if proposal is not None:
             proposal.drafter.commit(tree, v.path, new)
-        c.step(tree.n, v.n_accepted, (t1 - t0, t2 - t1, t3 - t2))
+        kind = proposal.kind if proposal is not None and tree.n else None
+        c.step(kind, tree.n, v.n_accepted, (t1 - t0, t2 - t1, t3 - t2))
+        if self.structured is not None:
+            c.constraint_s = self.structured.seconds
         if self.planner is not None:
-            kind = proposal.kind if proposal is not None and tree.n else None
             self.planner.observe(kind, max(tree.depths, default=0), v.n_accepted, tree.n + 1, t2 - t1)
             if proposal is not None and isinstance(proposal.drafter, ModelDrafter):
                 self.planner.observe_draft(proposal.drafter)
         return new
-
-    def _masks(self, tree: DraftTree, proposal: DraftProposal | None) -> np.ndarray:
-        """The mask rows of the step's draft (a constrained generation), the grammar back at the
-        committed tokens afterwards."""
-        assert self.structured is not None and self.structured.masks is not None
-        masks = self.structured.masks
-        try:
-            rows = masks.complete(tree)
-            if proposal is not None and isinstance(proposal.drafter, ForcedDrafter):
-                masks.check_forced(tree)
-        finally:
-            masks.end()
-        return rows
 
     def _emit(self, new: list[int]) -> list[int]:
         """The tokens up to the first end-of-generation token, counted as generated (the

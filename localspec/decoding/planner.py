@@ -100,6 +100,7 @@ PRIOR_HAZARD = {  # per kind of draft, the rejection rate per level before any e
     "ngram:m1": 0.8, "ngram:realign": 0.85, "ngram:m2-3": 0.7, "ngram:m4-7": 0.5, "ngram:m8-15": 0.3,
     "ngram:m16+": 0.15, "ngram:m1/copying": 0.4, "ngram:realign/copying": 0.6, "ngram:m2-3/copying": 0.3,
     "ngram:m4-7/copying": 0.15, "ngram:m8-15/copying": 0.08, "ngram:m16+/copying": 0.04,
+    "forced": 0.0,  # tokens the grammar forces: the mask allows only them, so each is accepted
 }
 DEFAULT_PRIOR_HAZARD = 0.25  # a draft model's tokens (a pair of one family agrees on ~3 tokens in 4)
 SHRINK = 2.0  # a level's rejection rate leans on the kind's pooled rate with this weight
@@ -150,6 +151,8 @@ class Acceptance:
         """The deepest draft worth trying on this evidence: FIRST_TRY levels, then twice as deep
         as drafts of this kind have been seen to reach (accepted up to level k: 2(k + 1)), so an
         unknown kind is not first tried 32 tokens deep, where a miss costs ~15 target steps."""
+        if self.prior == 0.0 and not any(self.rejected):
+            return NO_LIMIT  # a certain kind (forced tokens): nothing to explore
         reached = max((k for k in range(LEVELS) if self.at_risk[k] >= EXPLORED), default=-1)
         return NO_LIMIT if reached == LEVELS - 1 else max(FIRST_TRY, 2 * (reached + 1))
 

@@ -16,6 +16,7 @@ masks a draft model drew its children from are the ones the verifier sees.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Sequence
 
 import numpy as np
@@ -38,6 +39,7 @@ class DraftMasks:
         self.follower = follower
         self.rows = allocate_masks(max_nodes + 1, follower.n_vocab)
         self._paths: list[tuple[int, ...] | None] = [None] * (max_nodes + 1)  # the draft path each row is after
+        self.seconds = 0.0  # spent computing rows and returning the grammar to the committed tokens
 
     def begin(self) -> None:
         """A new step: the committed tokens changed, no row is known."""
@@ -46,12 +48,16 @@ class DraftMasks:
 
     def end(self) -> None:
         """The step's masks are done: the grammar is back at the committed tokens."""
+        t0 = time.perf_counter()
         self.follower.end_draft()
+        self.seconds += time.perf_counter() - t0
 
     def _row_after(self, r: int, path: tuple[int, ...]) -> np.ndarray:
         if self._paths[r] != path:
+            t0 = time.perf_counter()
             self.follower.mask_after(path, self.rows[r])
             self._paths[r] = path
+            self.seconds += time.perf_counter() - t0
         return self.rows[r]
 
     def row(self, tree: DraftTree, node: int) -> np.ndarray:
@@ -108,6 +114,13 @@ class Structured:
         self.follower: GrammarFollower | None = None
         self.masks: DraftMasks | None = None
 
+    @property
+    def seconds(self) -> float:
+        """This generation's time in the grammar: mask rows (for drafting, cutting and verifying),
+        forced tokens, following the committed tokens."""
+        return ((self.masks.seconds if self.masks is not None else 0.0)
+                + (self.follower.seconds if self.follower is not None else 0.0))
+
     def before_prefill(self) -> None:
         """Start building the tokenizer: it overlaps with the prompt's prefill."""
         self._tokenizer = start_tokenizer(self.target)
@@ -122,6 +135,7 @@ class Structured:
         self.follower = follower
         if self.masks is None or self.masks.follower is not follower:
             self.masks = DraftMasks(follower, self.max_nodes)
+        self.masks.seconds = 0.0
         for d in forced:
             d.grammar = follower
 
@@ -140,6 +154,18 @@ class Structured:
             return None
         return DraftProposal(proposal.drafter, proposal.kind, min(proposal.levels, k), proposal.lag,
                              proposal.tokens[:k])
+
+    def rows(self, tree: DraftTree, forced: bool) -> np.ndarray:
+        """The mask rows of a step's draft (`forced`: a forced chain, each row checked to allow
+        exactly its token), the grammar back at the committed tokens afterwards."""
+        assert self.masks is not None
+        try:
+            rows = self.masks.complete(tree)
+            if forced:
+                self.masks.check_forced(tree)
+        finally:
+            self.masks.end()
+        return rows
 
     @property
     def satisfied(self) -> bool:

@@ -63,6 +63,8 @@ class Speculative(_Wire):
     accepted_tokens: int
     accept_histogram: list[int]
     verifier_share: float
+    accepted_by_kind: dict[str, int]
+    constraint_seconds: float
 
     @classmethod
     def of(cls, config: GenerationConfig, stats: GenerationStats) -> Speculative:

@@ -1,0 +1,265 @@
+"""Structured-output benchmark: constrained generation as users run it, whole process.
+
+Each task is a prompt and a JSON schema (extraction of fields from an email and from an invoice,
+records from a table, classification into an enum with a reason, a code task answering in a JSON
+object, and a story in one long string field for the constraint's own cost). Every run is a
+fresh process at T = 0, alternated: localspec's default settings (warm: the profile a first run
+of the task left), the target alone with the same constraint (``-d none -k 0``), and llama.cpp's
+own ``llama-completion --json-schema`` on the same rendered prompt (built natively from the
+llama.cpp that llama-cpp-python vendors, as benchmarks/whole_process.py does). Its JSON
+whitespace differs from localspec's (compact, forced), so the ratio against it is of wall time per
+generated token; against the target alone the outputs are the same and the ratio is of wall time.
+
+Columns (medians over --repeat runs):
+
+* tokens: of localspec's answer; valid: it parses as JSON and the grammar accepts it complete;
+* forced %: tokens the grammar forces (llguidance's fast-forward tokens at that point);
+  copied %: other tokens that continue a 2-token match of the context (prompt and output so far);
+  ceiling: tokens per target pass if every forced or copied token were drafted and accepted
+  (tokens / the others);
+* decode tok/s of the default and of the target alone; whole-process seconds and ratios;
+* constraint ms/token: time in the grammar (masks for drafting and verifying, forced tokens,
+  following the output) per generated token, in the default run and in the target alone's, and
+  that as a share of the target alone's time per token.
+
+    python benchmarks/structured.py                       # every task, 3 repeats
+    python benchmarks/structured.py --tasks email,invoice --repeat 5
+    python benchmarks/structured.py --no-llama-completion
+
+Progress goes to stderr, the markdown tables to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from head_to_head import build_llama_tools, host_header, llama_cpp_version  # noqa: E402
+from whole_process import (TARGET_ALONE, Run, chat_text, default_target, llama_completion,  # noqa: E402
+                           localspec, progress)
+
+
+def _string(max_length: int) -> dict[str, Any]:
+    return {"type": "string", "maxLength": max_length}
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class Task:
+    prompt: str
+    schema: dict[str, Any]
+    extraction: bool = False  # an extraction task (the issue's per-task target)
+
+
+TASKS: dict[str, Task] = {
+    "email": Task(
+        "Extract the sender's details from this email as JSON.\n\n"
+        "From: Maria Gonzalez <maria.gonzalez@brightwave-analytics.com>\n"
+        "Subject: Follow-up on the data platform proposal\n\n"
+        "Hi Tom,\n\nThanks for the call yesterday. As discussed, I'd like to schedule the technical review "
+        "for Thursday, March 14th at 10:30. You can reach me at +1 (415) 555-0142 if anything changes.\n\n"
+        "Best regards,\nMaria Gonzalez\nSenior Solutions Architect, BrightWave Analytics\n",
+        _object({"name": _string(60), "email": _string(80), "phone": _string(30), "company": _string(60),
+                 "job_title": _string(60), "meeting": _string(60)}),
+        extraction=True),
+    "invoice": Task(
+        "Extract the invoice's fields as JSON.\n\n"
+        "INVOICE INV-2024-0873\nDate: 2024-05-17\n"
+        "Bill to: Northwind Traders Ltd., 42 Harbour Street, Portsmouth PO1 3AX, United Kingdom\n"
+        "Items: 12 x Ergonomic office chair (model EC-400) @ 189.00 GBP\n"
+        "Total due: 2268.00 GBP\nPayment terms: Net 30\n"
+        "Questions: accounts@northwind-traders.co.uk\n",
+        _object({"invoice_number": _string(30), "date": _string(20), "customer": _string(80),
+                 "address": _string(120), "item": _string(80), "quantity": {"type": "integer"},
+                 "total": {"type": "number"}, "currency": {"enum": ["GBP", "EUR", "USD"]},
+                 "contact_email": _string(80)}),
+        extraction=True),
+    "table": Task(
+        "Convert this table into a JSON list of records.\n\n"
+        "| Name | Department | Start year | Office |\n|---|---|---|---|\n"
+        "| Alice Chen | Engineering | 2019 | Berlin |\n| Bob Okafor | Sales | 2021 | Lagos |\n"
+        "| Carla Diaz | Marketing | 2018 | Madrid |\n| David Kim | Engineering | 2022 | Seoul |\n"
+        "| Emma Novak | Finance | 2020 | Prague |\n",
+        _object({"records": {"type": "array", "maxItems": 8, "items": _object({
+            "name": _string(40), "department": _string(40), "start_year": {"type": "integer"},
+            "office": _string(40)})}})),
+    "classify": Task(
+        "Classify this support ticket and give a one-sentence reason, as JSON.\n\n"
+        "Ticket: I was charged twice for my March subscription (two payments of $29.99 on March 3rd). "
+        "Please refund the duplicate charge as soon as possible, my account is anna.berg@example.com.\n",
+        _object({"category": {"enum": ["billing", "technical", "account", "shipping", "other"]},
+                 "priority": {"enum": ["low", "medium", "high", "urgent"]}, "reason": _string(300)})),
+    "code": Task(
+        "Write a Python function `is_palindrome(s)` that ignores case and every character that is not a "
+        "letter or a digit. Answer as JSON with the function's name, its code, and one example call.\n",
+        _object({"function_name": _string(40), "code": _string(1200), "example": _string(200)})),
+    "story": Task(  # free text in one long string: the constraint's own cost
+        "Write a short story of about 150 words about a lighthouse keeper who finds a message in a bottle. "
+        "Answer as JSON with a title and the story.\n",
+        _object({"title": _string(100), "story": _string(2000)})),
+}
+
+
+@dataclass(frozen=True)
+class Shares:
+    tokens: int
+    forced: int
+    copied: int
+    valid: bool
+
+    @property
+    def ceiling(self) -> float:
+        """Tokens per target pass if every forced or copied token were drafted and accepted."""
+        return self.tokens / max(1, self.tokens - self.forced - self.copied)
+
+
+def shares(task: Task, text: str) -> Shares:
+    """Forced and copied tokens of an answer, and whether it is valid (parses as JSON; the grammar
+    accepts it complete), replayed through the grammar on the target's vocabulary."""
+    from localspec.config import Constraint
+    from localspec.decoding.constraint import GrammarFollower
+    from localspec.llama.model import Model
+
+    vocab = Model.vocabulary(default_target())
+    try:
+        context = vocab.tokenize(chat_text(task.prompt), add_special=False, parse_special=True)
+        answer = vocab.tokenize(text, add_special=False)
+        follower = GrammarFollower.for_model(Constraint.json_schema(task.schema), vocab)
+        follower.reset(context)
+        forced = copied = 0
+        for token in answer:
+            if follower.forced()[:1] == [token]:
+                forced += 1
+            elif _continues_match(context, token):
+                copied += 1
+            follower.commit([token])
+            context.append(token)
+        valid = follower.accepts_end() and _parses(text)
+        return Shares(len(answer), forced, copied, valid)
+    finally:
+        vocab.close()
+
+
+def _continues_match(context: list[int], token: int) -> bool:
+    """Whether the context's last two tokens occurred earlier followed by `token`."""
+    if len(context) < 2:
+        return False
+    a, b = context[-2], context[-1]
+    return any(context[i] == a and context[i + 1] == b and context[i + 2] == token for i in range(len(context) - 2))
+
+
+def _parses(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def run_task(name: str, task: Task, args: argparse.Namespace, root: Path, bindir: Path | None) -> list[str]:
+    """One task's row: the default (warm), the target alone and llama-completion, alternated."""
+    schema = json.dumps(task.schema)
+    common = ["-n", str(args.tokens), "-t", "0", "--seed", "1", "--json-schema", schema]
+    progress(f"{name}: warm-up")
+    localspec(common, task.prompt, root / "warm", args.threads)
+    default: list[Run] = []
+    alone: list[Run] = []
+    llama: list[tuple[float, int]] = []
+    text = chat_text(task.prompt) if bindir else ""
+    for r in range(args.repeat):
+        progress(f"{name}: {r + 1}/{args.repeat}")
+        default.append(localspec(common, task.prompt, root / "warm", args.threads))
+        alone.append(localspec([*common, *TARGET_ALONE], task.prompt, root / "alone", args.threads))
+        if bindir:
+            llama.append(llama_completion(bindir, text, args.tokens, args.threads, ["--json-schema", schema]))
+    med = statistics.median
+    answer = default[0].data
+    s = shares(task, answer["text"])
+    satisfied = all(r.data.get("constraint_satisfied") for r in default + alone)
+    same = all(r.data["text"] == answer["text"] for r in default + alone)
+    per_token_alone = med(r.timings["decode"] / max(r.tokens, 1) for r in alone)
+    constraint = med(r.data["stats"]["constraint_seconds"] / max(r.tokens, 1) for r in default)
+    constraint_alone = med(r.data["stats"]["constraint_seconds"] / max(r.tokens, 1) for r in alone)
+    vs_llama = "—"
+    if llama:
+        per_llama = med(w / n for w, n in llama)
+        vs_llama = (f"{med(w for w, _ in llama):.2f} ({med(n for _, n in llama):.0f}) | "
+                    f"**{per_llama / med(r.wall / max(r.tokens, 1) for r in default):.2f}×**")
+    else:
+        vs_llama = "— | —"
+    return [f"| {name}{' (extraction)' if task.extraction else ''} | {s.tokens} | "
+            f"{'yes' if s.valid and satisfied else 'NO'}{'' if same else ' (texts differ)'} | "
+            f"{100 * s.forced / max(s.tokens, 1):.0f} | {100 * s.copied / max(s.tokens, 1):.0f} | {s.ceiling:.2f} | "
+            f"{med(r.data['stats']['block_efficiency'] for r in default):.2f} | "
+            f"{med(r.decode_tps for r in default):.1f} / {med(r.decode_tps for r in alone):.1f} | "
+            f"{med(r.wall for r in default):.2f} | {med(r.wall for r in alone):.2f} | "
+            f"**{med(r.wall for r in alone) / med(r.wall for r in default):.2f}×** | {vs_llama} | "
+            f"{constraint * 1e3:.2f} / {constraint_alone * 1e3:.2f} ({100 * constraint_alone / per_token_alone:.1f} %) |"]
+
+
+HEADER = ["| task | tokens | valid | forced % | copied % | ceiling | tokens/pass | decode tok/s default / alone | "
+          "default s | target alone s | **default vs alone** | llama-completion s (tokens) | "
+          "**default vs llama-completion** (per token) | constraint ms/token default / alone (% of alone's) |",
+          "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+
+def setup_cost() -> list[str]:
+    """What building the grammar's tokenizer costs (once per process, overlapped with the prefill)."""
+    from localspec.decoding.constraint import build_tokenizer
+    from localspec.llama.model import Model
+
+    vocab = Model.vocabulary(default_target())
+    try:
+        t0 = time.perf_counter()
+        build_tokenizer(vocab)
+        seconds = time.perf_counter() - t0
+    finally:
+        vocab.close()
+    return [f"Grammar tokenizer for the target's {vocab.n_vocab}-token vocabulary: {seconds:.2f} s once per "
+            "process, built in a background thread while the prompt is prefilled."]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", type=lambda s: s.split(","), default=list(TASKS),
+                   help=f"comma list of tasks (default all: {','.join(TASKS)})")
+    p.add_argument("--repeat", type=int, default=3, help="alternated runs per cell (default 3)")
+    p.add_argument("--tokens", type=int, default=320, help="max tokens per run (default 320)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--no-llama-completion", action="store_true",
+                   help="skip llama.cpp's llama-completion (otherwise built natively once, a few minutes)")
+    args = p.parse_args(argv)
+    unknown = [t for t in args.tasks if t not in TASKS]
+    if unknown:
+        p.error(f"unknown task(s) {', '.join(unknown)} in --tasks; choose from {', '.join(TASKS)}")
+    if args.repeat < 1 or args.tokens < 1:
+        p.error("--repeat and --tokens must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    bindir = None if args.no_llama_completion else build_llama_tools(
+        Path.home() / ".cache" / "localspec-bench", llama_cpp_version(), os.cpu_count() or 1, native=True)
+    with tempfile.TemporaryDirectory(prefix="localspec-structured-") as tmp:
+        print("\n".join(host_header()))
+        print("\n".join(setup_cost()))
+        print()
+        rows = [line for name in args.tasks for line in run_task(name, TASKS[name], args, Path(tmp), bindir)]
+        print("\n".join(HEADER + rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
