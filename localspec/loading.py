@@ -60,9 +60,11 @@ def is_none(value: str | None) -> bool:
 
 def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int | None = None,
               draft_rpc: str | None = None, need_draft: bool = True, lazy_draft: bool = False,
-              **options: Any) -> Loaded:
+              grammar: bool = False, **options: Any) -> Loaded:
     """Load the target and the draft the options name (options: those of localspec.load_model).
-    lazy_draft: the draft is fetched if needed but loaded only when the planner wants it."""
+    lazy_draft: the draft is fetched if needed but loaded only when the planner wants it.
+    grammar: a constrained generation follows; the target's grammar tokenizer is built from its
+    vocabulary while its weights load."""
     from localspec.llama import registry
     from localspec.decoding.pairing import LazyModel
 
@@ -72,6 +74,10 @@ def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int |
     target_name = model or pair.target
     draft_name = None if (is_none(draft) or not need_draft) else (draft or (None if model else pair.draft))
     t0 = time.perf_counter()
+    if grammar:
+        from localspec.decoding.constraint import prestart_tokenizer
+
+        prestart_tokenizer(registry.resolve(target_name))
     target = load_model(target_name, **options)
     t1 = time.perf_counter()
     try:

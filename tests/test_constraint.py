@@ -86,6 +86,29 @@ def test_tokenizer_in_the_background_and_closed_models(tiny_paths: tuple[Path, P
         C.tokenizer_for(vocab)  # its tokenizer points into the freed vocabulary: refused
 
 
+def test_tokenizer_started_from_the_file_before_the_load(tiny_paths: tuple[Path, Path]) -> None:
+    """prestart_tokenizer builds from the file's vocabulary alone; the model loaded from that file
+    takes that tokenizer, and it masks as one built from the loaded model does."""
+    C.prestart_tokenizer(tiny_paths[0])
+    early = C._PRESTARTED[str(tiny_paths[0].resolve())]
+    model = Model.vocabulary(tiny_paths[0])
+    other = Model.vocabulary(tiny_paths[1])  # another file: not given the prestarted tokenizer
+    try:
+        assert C.start_tokenizer(model) is early and early.vocabulary is not None
+        assert str(tiny_paths[0].resolve()) not in C._PRESTARTED  # taken once
+        assert C.start_tokenizer(other) is not early
+        schema = Constraint.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+        masks = []
+        for tokenizer in (early.result(timeout=60), C.build_tokenizer(model)):
+            follower = C.GrammarFollower(schema, tokenizer, model.n_vocab)
+            follower.reset([1])
+            masks.append((follower.mask(C.allocate_masks(1, model.n_vocab)[0]).copy(), follower.forced()))
+        assert np.array_equal(masks[0][0], masks[1][0]) and masks[0][1] == masks[1][1] and masks[0][1]
+    finally:
+        model.close()
+        other.close()
+
+
 # ---------------------------------------------------------------- specs and validation
 
 @pytest.mark.parametrize("kind", sorted(SPECS))

@@ -222,7 +222,8 @@ def generation_config(options: dict) -> GenerationConfig:
 def load_for(config: GenerationConfig, model: str | None, draft: str | None, options: dict) -> Loaded:
     """The pair a generation config needs (localspec.loading.draft_loading decides about the draft)."""
     need, lazy = draft_loading(config.drafter, draft_named=False)
-    return load_pair(model, draft, need_draft=need, lazy_draft=lazy, **model_kwargs(options))
+    return load_pair(model, draft, need_draft=need, lazy_draft=lazy, grammar=config.constraint is not None,
+                     **model_kwargs(options))
 
 
 def model_kwargs(options: dict) -> dict:

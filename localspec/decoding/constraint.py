@@ -55,6 +55,7 @@ import re
 import threading
 import time
 import weakref
+from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import llama_cpp as lc
@@ -64,6 +65,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from localspec.config import JSON_LAYOUT, Constraint, grammar_from_file
 from localspec.errors import ConfigError, ConstraintError, ModelError
+from localspec.llama.model import Model
 
 log = logging.getLogger(__name__)
 
@@ -337,19 +339,25 @@ def build_tokenizer(model: VocabModel) -> llguidance.LLTokenizer:
 
 
 class TokenizerFuture:
-    """A tokenizer being built in a background thread (:func:`start_tokenizer`); the model must
-    stay open until :meth:`result` returns."""
+    """A tokenizer being built in a background thread (:func:`start_tokenizer`,
+    :func:`prestart_tokenizer`); the model it reads must stay open until :meth:`result` returns."""
 
-    def __init__(self, model: VocabModel) -> None:
+    def __init__(self, model: VocabModel | None = None, path: Path | None = None) -> None:
         self._future: concurrent.futures.Future[llguidance.LLTokenizer] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._build, args=(model,), name="localspec-tokenizer", daemon=True)
+        self.vocabulary: VocabModel | None = None  # the vocabulary-only model a file's tokenizer reads: kept open
+        self._thread = threading.Thread(target=self._build, args=(model, path), name="localspec-tokenizer",
+                                        daemon=True)
         self._thread.start()
 
-    def _build(self, model: VocabModel) -> None:
+    def _build(self, model: VocabModel | None, path: Path | None) -> None:
         if not self._future.set_running_or_notify_cancel():
             return
-        _lower_priority()
         try:
+            if model is None:  # from the file, while its weights load (normal priority: the load waits on I/O)
+                assert path is not None
+                model = self.vocabulary = Model.vocabulary(path)
+            else:
+                _lower_priority()
             self._future.set_result(build_tokenizer(model))
         except BaseException as exc:  # handed to whoever waits for the result
             self._future.set_exception(exc)
@@ -384,14 +392,32 @@ _TOKENIZERS: "weakref.WeakKeyDictionary[Any, TokenizerFuture]" = weakref.WeakKey
 _TOKENIZERS_LOCK = threading.Lock()
 
 
+_PRESTARTED: dict[str, TokenizerFuture] = {}  # by GGUF file (its resolved path): built before the model loads
+
+
+def prestart_tokenizer(path: str | os.PathLike) -> None:
+    """Start building the tokenizer of the GGUF file at `path` from its vocabulary alone, in a
+    background thread, so that it overlaps with loading the file's weights: for a constrained
+    generation known before the load. start_tokenizer of a model loaded from that file takes it."""
+    key = str(Path(path).expanduser().resolve())
+    with _TOKENIZERS_LOCK:
+        future = _PRESTARTED.get(key)
+        if future is None or future.failed():
+            _PRESTARTED[key] = TokenizerFuture(path=Path(key))
+
+
 def start_tokenizer(model: VocabModel) -> TokenizerFuture:
     """Start building the model's tokenizer in a background thread, once per model (a later
-    call returns the same future): call it before the prompt's prefill so that the two overlap."""
+    call returns the same future; one prestart_tokenizer started for its file is taken): call it
+    before the prompt's prefill so that the two overlap."""
     model.vocab_pointer  # a closed model: ModelError now, not a crash in the thread
+    path = getattr(model, "path", None)
     with _TOKENIZERS_LOCK:
         future = _TOKENIZERS.get(model)
         if future is None or future.failed():
-            future = _TOKENIZERS[model] = TokenizerFuture(model)
+            early = _PRESTARTED.pop(str(Path(path).resolve()), None) if path is not None else None
+            future = early if early is not None and not early.failed() else TokenizerFuture(model)
+            _TOKENIZERS[model] = future
         return future
 
 

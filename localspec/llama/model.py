@@ -200,8 +200,11 @@ class Model:
             devices = rpc.device_array(rpc.local_devices())
         if devices is not None:
             params.devices = ctypes.addressof(devices)
-        with backend.capture_log() as lines:
-            model = lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if vocab_only:  # no weights to report (and no waiting on a load of weights in another thread)
+            model, lines = lc.llama_model_load_from_file(str(self.path).encode(), params), []
+        else:
+            with backend.capture_log() as lines:
+                model = lc.llama_model_load_from_file(str(self.path).encode(), params)
         del keep_alive  # llama.cpp reads the overrides during the load only
         self.weight_buffers = _weight_buffers(lines)
         if not model:
