@@ -106,6 +106,30 @@ def test_forced_tokens_are_drafted_and_accepted(tiny_target: Model) -> None:
     s = rs[-1].stats
     assert rs[-1].finish_reason == "stop" and s.drafted_tokens >= 10
     assert s.block_efficiency > 1.5, s  # keys and separators come several per target pass
+    by_kind = dict(s.accepted_by_kind)
+    assert by_kind.get("forced", 0) >= 10 and sum(by_kind.values()) == s.accepted_tokens, by_kind
+    assert 0 < s.constraint_seconds < s.elapsed_seconds
+
+
+def test_forced_runs_decode_with_one_logits_row(tiny_target: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forced run asks the target for the last row's logits only (its other rows are certain)
+    and its pass is not taken for a verification pass's cost; other passes get every row."""
+    from localspec.decoding.planner import Planner
+
+    decodes: list[tuple[int, str]] = []
+    real = tiny_target.sequence.decode
+    monkeypatch.setattr(tiny_target.sequence, "decode",
+                        lambda tokens, *a, outputs="all", **k: decodes.append((len(tokens), outputs))
+                        or real(tokens, *a, outputs=outputs, **k))
+    costs: list[float | None] = []
+    observe = Planner.observe
+    monkeypatch.setattr(Planner, "observe", lambda self, *a: costs.append(a[-1]) or observe(self, *a))
+    rs = run(tiny_target, None, max_tokens=120, seed=4, temperature=0.0, drafter="ngram",
+             num_draft_tokens=8, response_format=RESPONSE_FORMAT)
+    assert rs[-1].finish_reason == "stop" and json.loads(text_of(rs))
+    last = [n for n, outputs in decodes if outputs == "last"]
+    assert last and max(last) > 1, decodes  # forced runs of several tokens, one logits row each
+    assert costs.count(None) == len(last)  # only verification passes are points of the cost curve
 
 
 def test_truncated_output_is_not_complete(tiny_target: Model, tiny_draft: Model) -> None:

@@ -258,15 +258,11 @@ class Engine:
             depth -= 1  # every node of a tree takes a KV cell
         t0 = time.perf_counter()
         tree, proposal = self._draft(depth)
+        forced = tree.n > 0 and proposal is not None and isinstance(proposal.drafter, ForcedDrafter)
         t1 = time.perf_counter()
-        self._target_pass(tree)
+        self._target_pass(tree, outputs="last" if forced else "all")
         t2 = time.perf_counter()
-        masks = (self.structured.rows(tree, proposal is not None and isinstance(proposal.drafter, ForcedDrafter))
-                 if self.structured is not None else None)
-        v = verifier.verify(self.config.verifier, self.target.logits(tree.n + 1),
-                            tree.probs if tree.n else None, tree.tokens, tree.parents,
-                            sampling=self.sampling, seed=int(self.rng.integers(0, 2**63)),
-                            lenience=self.config.lenience, masks=masks)
+        v = self._verify_forced(tree) if forced else self._verify(tree)
         t3 = time.perf_counter()
         new = self._emit(tree.path_tokens(v.path) + [v.token])
         self.sequence.commit(new)
@@ -278,10 +274,31 @@ class Engine:
         if self.structured is not None:
             c.constraint_s = self.structured.seconds
         if self.planner is not None:
-            self.planner.observe(kind, max(tree.depths, default=0), v.n_accepted, tree.n + 1, t2 - t1)
+            self.planner.observe(kind, max(tree.depths, default=0), v.n_accepted, tree.n + 1,
+                                 None if forced else t2 - t1)
             if proposal is not None and isinstance(proposal.drafter, ModelDrafter):
                 self.planner.observe_draft(proposal.drafter)
         return new
+
+    def _verify(self, tree: DraftTree) -> verifier.Verdict:
+        """The configured verification of the step's draft (under the grammar's masks, if any)."""
+        masks = self.structured.rows(tree, forced=False) if self.structured is not None else None
+        return verifier.verify(self.config.verifier, self.target.logits(tree.n + 1),
+                               tree.probs if tree.n else None, tree.tokens, tree.parents,
+                               sampling=self.sampling, seed=int(self.rng.integers(0, 2**63)),
+                               lenience=self.config.lenience, masks=masks)
+
+    def _verify_forced(self, tree: DraftTree) -> verifier.Verdict:
+        """A chain of forced tokens, decoded with the last row's logits only. Each row before the
+        last allows exactly its token (checked), so the masked target is certain of it and every
+        rule accepts it with probability 1 (eqs. of each verifier with p = q = a point mass); the
+        token after the chain is drawn from the last row under its mask, as with an empty draft."""
+        assert self.structured is not None
+        rows = self.structured.rows(tree, forced=True)
+        v = verifier.verify(self.config.verifier, self.target.logits(1), None, [], [], sampling=self.sampling,
+                            seed=int(self.rng.integers(0, 2**63)), lenience=self.config.lenience,
+                            masks=rows[tree.n:tree.n + 1])
+        return verifier.Verdict(tuple(range(tree.n)), v.token, tree.n)
 
     def _emit(self, new: list[int]) -> list[int]:
         """The tokens up to the first end-of-generation token, counted as generated (the
@@ -296,14 +313,14 @@ class Engine:
             self.finish_reason = "length"
         return new
 
-    def _target_pass(self, tree: DraftTree) -> None:
+    def _target_pass(self, tree: DraftTree, outputs: str = "all") -> None:
         """ONE target decode over the root and every draft node (each root-to-leaf path a KV
-        sequence sharing the prefix)."""
+        sequence sharing the prefix); `outputs` "last": only the last node's logits row."""
         L0 = len(self.tokens)
         branches = max((s[-1] for s in tree.seqs), default=0) + 1
         self.sequence.fork(branches)
         self.sequence.decode([self.tokens[-1]] + tree.tokens, [L0 - 1] + [L0 - 1 + d for d in tree.depths],
-                             [tuple(range(branches))] + tree.seqs, outputs="all")
+                             [tuple(range(branches))] + tree.seqs, outputs=outputs)
 
     def _draft(self, depth: int) -> tuple[DraftTree, DraftProposal | None]:
         """The step's draft and the proposal it was made from (None: nothing drafted).

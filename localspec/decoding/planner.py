@@ -301,10 +301,13 @@ class Planner:
         return out
 
     def observe(self, kind: str | None, depth: int, n_accepted: int, n_target_tokens: int,
-                target_seconds: float) -> None:
+                target_seconds: float | None) -> None:
+        """One step: its draft's acceptance and what its target pass cost (None: not a
+        verification pass, e.g. a forced run decoded with one logits row; not a point of the curve)."""
         for acc in self._acceptance.values():
             acc.decay()
-        self.target_cost.observe(n_target_tokens, target_seconds)
+        if target_seconds is not None:
+            self.target_cost.observe(n_target_tokens, target_seconds)
         if kind is not None and depth > 0:
             self.acceptance(kind).observe(n_accepted, depth)
         self.profile.dirty = True
