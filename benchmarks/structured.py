@@ -5,10 +5,11 @@ records from a table, classification into an enum with a reason, a code task ans
 object, and a story in one long string field for the constraint's own cost). Every run is a
 fresh process at T = 0, alternated: localspec's default settings (warm: the profile a first run
 of the task left), the target alone with the same constraint (``-d none -k 0``), and llama.cpp's
-own ``llama-completion --json-schema`` on the same rendered prompt (built natively from the
-llama.cpp that llama-cpp-python vendors, as benchmarks/whole_process.py does). Its JSON
-whitespace differs from localspec's (compact, forced), so the ratio against it is of wall time per
-generated token; against the target alone the outputs are the same and the ratio is of wall time.
+own ``llama-completion`` on the same rendered prompt (built natively from the llama.cpp that
+llama-cpp-python vendors, as benchmarks/whole_process.py does) with a GBNF grammar equivalent to
+the schema in localspec's compact layout (:func:`gbnf`; its ``--json-schema`` allows whitespace
+localspec's layout forbids, so the outputs would differ in length). The ratios are of wall time,
+and against llama-completion also of wall time per generated token.
 
 Columns (medians over --repeat runs):
 
@@ -167,6 +168,39 @@ def _parses(text: str) -> bool:
         return False
 
 
+CHAR = r'( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )'
+INTEGER = '"-"? ( "0" | [1-9] [0-9]{0,15} )'
+
+
+def gbnf(schema: dict[str, Any]) -> str:
+    """A GBNF grammar of the task schemas' subset (objects with every property required, in order;
+    strings with maxLength; integers, numbers, enums, arrays with maxItems) in localspec's
+    compact layout (", " and ": ", no other whitespace): llama-completion then generates the
+    same tokens as localspec, and the two compare by wall time."""
+    rules: dict[str, str] = {"char": CHAR}
+
+    def rule(s: dict[str, Any]) -> str:
+        if "enum" in s:
+            return " | ".join(json.dumps(json.dumps(v)) for v in s["enum"])
+        kind = s["type"]
+        if kind == "object":
+            fields = ' ", " '.join(f"{json.dumps(json.dumps(k) + ': ')} ( {rule(v)} )" for k, v in s["properties"].items())
+            return f'"{{" {fields} "}}"'
+        if kind == "array":
+            item = f"( {rule(s['items'])} )"
+            return f'"[" ( {item} ( ", " {item} ){{0,{s["maxItems"] - 1}}} )? "]"'
+        if kind == "string":
+            return f'"\\"" char{{0,{s["maxLength"]}}} "\\""'
+        if kind == "integer":
+            return INTEGER
+        if kind == "number":
+            return f'{INTEGER} ( "." [0-9]{{1,16}} )? ( [eE] [-+]? [0-9]{{1,3}} )?'
+        raise ValueError(f"no GBNF for {s}")
+
+    rules["root"] = rule(schema)
+    return "\n".join(f"{name} ::= {body}" for name, body in reversed(rules.items()))
+
+
 def run_task(name: str, task: Task, args: argparse.Namespace, root: Path, bindir: Path | None) -> list[str]:
     """One task's row: the default (warm), the target alone and llama-completion, alternated."""
     schema = json.dumps(task.schema)
@@ -177,12 +211,15 @@ def run_task(name: str, task: Task, args: argparse.Namespace, root: Path, bindir
     alone: list[Run] = []
     llama: list[tuple[float, int]] = []
     text = chat_text(task.prompt) if bindir else ""
+    grammar_file = root / f"{name}.gbnf"
+    grammar_file.write_text(gbnf(task.schema), encoding="utf-8")
     for r in range(args.repeat):
         progress(f"{name}: {r + 1}/{args.repeat}")
         default.append(localspec(common, task.prompt, root / "warm", args.threads))
         alone.append(localspec([*common, *TARGET_ALONE], task.prompt, root / "alone", args.threads))
         if bindir:
-            llama.append(llama_completion(bindir, text, args.tokens, args.threads, ["--json-schema", schema]))
+            llama.append(llama_completion(bindir, text, args.tokens, args.threads,
+                                          ["--grammar-file", str(grammar_file)]))
     med = statistics.median
     answer = default[0].data
     s = shares(task, answer["text"])
@@ -191,13 +228,12 @@ def run_task(name: str, task: Task, args: argparse.Namespace, root: Path, bindir
     per_token_alone = med(r.timings["decode"] / max(r.tokens, 1) for r in alone)
     constraint = med(r.data["stats"]["constraint_seconds"] / max(r.tokens, 1) for r in default)
     constraint_alone = med(r.data["stats"]["constraint_seconds"] / max(r.tokens, 1) for r in alone)
-    vs_llama = "—"
+    vs_llama = "— | — | —"
     if llama:
         per_llama = med(w / n for w, n in llama)
         vs_llama = (f"{med(w for w, _ in llama):.2f} ({med(n for _, n in llama):.0f}) | "
-                    f"**{per_llama / med(r.wall / max(r.tokens, 1) for r in default):.2f}×**")
-    else:
-        vs_llama = "— | —"
+                    f"**{med(w for w, _ in llama) / med(r.wall for r in default):.2f}×** | "
+                    f"{per_llama / med(r.wall / max(r.tokens, 1) for r in default):.2f}×")
     return [f"| {name}{' (extraction)' if task.extraction else ''} | {s.tokens} | "
             f"{'yes' if s.valid and satisfied else 'NO'}{'' if same else ' (texts differ)'} | "
             f"{100 * s.forced / max(s.tokens, 1):.0f} | {100 * s.copied / max(s.tokens, 1):.0f} | {s.ceiling:.2f} | "
@@ -210,8 +246,8 @@ def run_task(name: str, task: Task, args: argparse.Namespace, root: Path, bindir
 
 HEADER = ["| task | tokens | valid | forced % | copied % | ceiling | tokens/pass | decode tok/s default / alone | "
           "default s | target alone s | **default vs alone** | llama-completion s (tokens) | "
-          "**default vs llama-completion** (per token) | constraint ms/token default / alone (% of alone's) |",
-          "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+          "**default vs llama-completion** | per token | constraint ms/token default / alone (% of alone's) |",
+          "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
 
 
 def setup_cost() -> list[str]:
