@@ -263,7 +263,7 @@ def setup_cost() -> list[str]:
     finally:
         vocab.close()
     return [f"Grammar tokenizer for the target's {vocab.n_vocab}-token vocabulary: {seconds:.2f} s once per "
-            "process, built in a background thread while the prompt is prefilled."]
+            "process (the CLI builds it in a background thread while the weights load)."]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
