@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -30,6 +31,7 @@ from localspec.errors import ConfigError, PromptError
 from localspec.loading import load_model, load_pair
 from localspec.llama.model import Model
 from localspec.decoding.profiles import Profiles
+from localspec.llama.prompt_cache import PromptCache
 from localspec.prompt import Prompt, prompt_tokens
 
 log = logging.getLogger(__name__)
@@ -163,17 +165,35 @@ def _check_arguments(target: Any, draft: Any, config: Any, profiles: Any) -> Non
                           "profiles")
 
 
+PromptCacheSetting = PromptCache | str | os.PathLike | bool | None
+
+
+def prompt_cache_of(setting: PromptCacheSetting) -> PromptCache | None:
+    """The prompt cache a setting names: a PromptCache; a directory; "off" or False (none); None
+    or True: the default (LOCALSPEC_PROMPT_CACHE, else <cache root>/prompts)."""
+    if isinstance(setting, PromptCache) or setting is False:
+        return setting or None
+    if setting is None or setting is True:
+        return PromptCache.from_setting(None)
+    if isinstance(setting, (str, os.PathLike)):
+        return PromptCache.from_setting(setting)
+    raise ConfigError(f"prompt_cache must be a directory, 'off', a bool or a PromptCache, not "
+                      f"{type(setting).__name__}", "prompt_cache")
+
+
 class Generation:
     """One generation, set up eagerly: settings validated, prompt tokenized, engine built.
     Iterate over it (once) for one :class:`Response` per token; the last carries the finish reason.
 
     `profiles` are the cost profiles the planner starts from and refines; given, their owner
     saves them (a chat session, a server); None: the user's, read here and saved when the
-    generation ends."""
+    generation ends. `prompt_cache` (see prompt_cache_of; default on): the longest saved prefix
+    of the prompt is restored before the prefill and the prompt's state saved after it."""
 
     def __init__(self, target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig,
-                 profiles: Profiles | None = None) -> None:
+                 profiles: Profiles | None = None, prompt_cache: PromptCacheSetting = None) -> None:
         _check_arguments(target, draft, config, profiles)
+        self.prompt_cache = prompt_cache_of(prompt_cache)
         self.target = target
         self.config = applied_config(config, draft is not None)
         self._owns_profiles = profiles is None
@@ -186,6 +206,7 @@ class Generation:
         self.engine = Engine(target, drafters, self.config, self.profiles)
         self._models = [m for m in (target, draft) if m is not None]
         self.scanner = StopScanner(target, self.config.stop)
+        self.restored = 0  # prompt tokens the prompt cache (or the last generation) left in the cache
 
     def __iter__(self) -> Iterator[Response]:
         with contextlib.ExitStack() as held:
@@ -195,7 +216,7 @@ class Generation:
             followers.append(self.scanner)  # follows the committed tokens from the prompt on
             held.callback(followers.remove, self.scanner)
             held.callback(self.engine.close)  # a constraint's grammar stops following the target
-            self.engine.start(self.prompt)
+            self._start()
             try:
                 yield from self._responses()
             except GeneratorExit:  # the caller stopped between steps: the caches are consistent
@@ -203,6 +224,16 @@ class Generation:
                     self._finish()
                 raise
             self._finish()
+
+    def _start(self) -> None:
+        """The prompt into the target's cache: restored from the prompt cache as far as it has it,
+        the rest prefilled, then saved for later runs."""
+        cache = self.prompt_cache
+        if cache is not None:
+            self.restored = cache.restore(self.target, self.prompt)
+        self.engine.start(self.prompt)
+        if cache is not None:
+            cache.save(self.target, self.prompt[:-1])
 
     def _finish(self) -> None:
         self.engine.finish()
@@ -228,7 +259,8 @@ class Generation:
 
 
 def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig | None = None,
-                    *, profiles: Profiles | None = None, **options: Any) -> Iterator[Response]:
+                    *, profiles: Profiles | None = None, prompt_cache: PromptCacheSetting = None,
+                    **options: Any) -> Iterator[Response]:
     """Yield one Response per generated token; the last one carries the finish reason.
 
     Settings come from `config` and/or the flat keywords of the CLI flags (max_tokens,
@@ -241,11 +273,14 @@ def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: 
     constraint_satisfied says whether the text is complete (finish_reason "length": truncated).
     plan="auto" (default) drafts at most num_draft_tokens levels and picks each step's depth, or
     no speculation at all, from measured step costs and acceptance; plan="fixed" always drafts
-    the full shape. `profiles`: the cost profiles to plan with (see Generation)."""
-    return iter(Generation(target, draft, prompt, GenerationConfig.from_options(config, **options), profiles))
+    the full shape. `profiles`: the cost profiles to plan with; `prompt_cache`: a directory,
+    "off", or the default (LOCALSPEC_PROMPT_CACHE, else the user cache) (see Generation)."""
+    return iter(Generation(target, draft, prompt, GenerationConfig.from_options(config, **options), profiles,
+                           prompt_cache))
 
 
 def generate(target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig | None = None,
-             *, profiles: Profiles | None = None, **options: Any) -> str:
+             *, profiles: Profiles | None = None, prompt_cache: PromptCacheSetting = None, **options: Any) -> str:
     """The whole completion as a string (see stream_generate for the settings)."""
-    return "".join(r.text for r in stream_generate(target, draft, prompt, config, profiles=profiles, **options))
+    return "".join(r.text for r in stream_generate(target, draft, prompt, config, profiles=profiles,
+                                                   prompt_cache=prompt_cache, **options))

@@ -12,6 +12,7 @@ from localspec.config import ModelOptions
 from localspec.llama.model import Model
 from localspec.models import tiny
 from localspec.llama.host import PROFILE_ENV
+from localspec.llama.prompt_cache import ENV as PROMPT_CACHE_ENV
 
 # exact, deterministic logits: F32 KV cache, flash attention off, one thread
 EXACT = dict(cache_type="f32", flash_attn="off", threads=1)
@@ -31,6 +32,19 @@ def own_profiles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop(PROFILE_ENV, None)
     else:
         os.environ[PROFILE_ENV] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prompt_cache_off() -> Iterator[None]:
+    """No test writes the user's prompt cache: it is off unless a test names a directory
+    (tests/test_prompt_cache.py does, as a user would with --prompt-cache DIR)."""
+    old = os.environ.get(PROMPT_CACHE_ENV)
+    os.environ[PROMPT_CACHE_ENV] = "off"
+    yield
+    if old is None:
+        os.environ.pop(PROMPT_CACHE_ENV, None)
+    else:
+        os.environ[PROMPT_CACHE_ENV] = old
 
 
 @pytest.fixture(scope="session")

@@ -524,6 +524,44 @@ class Model:
         self._live()
         lc.llama_memory_clear(self._mem, True)
 
+    # ------------------------------------------------------------------ saved state
+
+    @property
+    def state_options(self) -> dict:
+        """What a saved sequence state of this model depends on besides its tokens: the file, the
+        KV cache's type, attention and stream layout, the batch shape its prefill used, the CPU
+        kernels and llama.cpp's build (localspec.llama.prompt_cache keys entries by it)."""
+        ident = self.identity
+        keep = ("file", "size", "mtime_ns", "n_gpu_layers", "cache_type", "flash_attn", "cpu_kernels",
+                "batch_size", "rpc", "llama_cpp", "build", "cpu")
+        return {**{k: ident.get(k) for k in keep}, "n_seq_max": self.options.n_seq_max, "kv_unified": True}
+
+    @property
+    def state_refusal(self) -> str | None:
+        """Why this model's KV state cannot be saved and trimmed safely (None: it can)."""
+        self._live()
+        if lc.llama_model_n_swa(self._model) > 0:
+            return f"{self.path.name} uses sliding-window attention: a restored state cannot be trimmed"
+        if lc.llama_model_is_recurrent(self._model) or lc.llama_model_is_hybrid(self._model):
+            return f"{self.path.name} is recurrent: its state cannot be trimmed to a prefix"
+        return None
+
+    def seq_state(self) -> bytes:
+        """llama.cpp's state of sequence 0 (its KV cells), as bytes."""
+        self._live()
+        size = lc.llama_state_seq_get_size(self._ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = lc.llama_state_seq_get_data(self._ctx, buf, size, 0)
+        if written != size:
+            raise ModelError(f"llama.cpp wrote {written} of {size} bytes of {self.path.name}'s sequence state")
+        return bytes(buf)
+
+    def set_seq_state(self, data: bytes) -> bool:
+        """Load a state from seq_state into sequence 0 (which must be empty); False: llama.cpp refused it."""
+        self._live()
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return lc.llama_state_seq_set_data(self._ctx, buf, len(data), 0) > 0
+
     def clear(self) -> None:
         """Empty the KV cache and its sequence."""
         self.sequence.clear()

@@ -92,6 +92,22 @@ class KVSequence:
             f.reset(self.tokens)
         return keep
 
+    def restore(self, tokens: Sequence[int], load: Any, keep: int) -> bool:
+        """Replace the cache by a saved state of `tokens` (`load()`: loads it into the empty
+        sequence 0, False when refused) and keep its first `keep` tokens. False: refused, the
+        cache is left empty."""
+        self.clear()
+        self._trusted = False
+        if not load():
+            self.clear()
+            return False
+        if keep < len(tokens):
+            self.model.seq_rm(0, keep, -1)
+        self.tokens, self.n_cached, self._trusted = list(tokens[:keep]), keep, True
+        for f in self.followers:
+            f.reset(self.tokens)
+        return True
+
     def follow(self, context: Sequence[int]) -> None:
         """Catch the committed tokens up with `context` (a draft model following the target's
         context): what the two share stays, the rest is withdrawn, then the new tokens are

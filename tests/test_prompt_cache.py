@@ -1,0 +1,224 @@
+"""The persistent prompt cache (localspec.llama.prompt_cache) on tiny GGUF models: saved state
+restores bit for bit, T = 0 output equals a run without the cache that splits its prefill the
+same way, entries of another model or KV type are never used, bad files are removed, not used,
+a read-only directory turns the cache off, eviction keeps the size limit, and two processes
+writing at once leave only whole files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from localspec.api import Generation, stream_generate
+from localspec.config import GenerationConfig, ModelOptions
+from localspec.decoding.profiles import Profiles
+from localspec.errors import ConfigError
+from localspec.llama.model import Model
+from localspec.llama.prompt_cache import MAGIC, SUFFIX, PromptCache, parse_limit
+
+from conftest import EXACT, load
+
+DOC = ("def add(a, b):\n    return a + b\n\n" * 6)  # a shared document, well over MIN_TOKENS tokens
+QUESTIONS = ("\nQ: what does add do?", "\nQ: rename add to plus")
+SETTINGS = dict(temperature=0.0, max_tokens=12, drafter="ngram", plan="fixed", num_draft_tokens=4)
+
+
+@pytest.fixture()
+def model(tiny_paths: tuple[Path, Path]) -> Iterator[Model]:
+    with load(tiny_paths[0]) as m:
+        yield m
+
+
+def tokens_of(model: Model, text: str) -> list[int]:
+    return model.tokenize(text)
+
+
+def run(model: Model, prompt: list[int], cache: PromptCache | str | None) -> tuple[list[int], Generation]:
+    g = Generation(model, None, prompt, GenerationConfig.from_options(**SETTINGS), Profiles.in_memory(), cache)
+    out = [r.token for r in g if r.token is not None]
+    return out, g
+
+
+def files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*" + SUFFIX))
+
+
+def test_restored_state_is_bit_identical_and_the_output_equal(model: Model, tmp_path: Path) -> None:
+    cache = PromptCache(tmp_path)
+    prompt = tokens_of(model, DOC + QUESTIONS[0])
+    first, g = run(model, prompt, cache)
+    assert g.restored == 0 and len(files(tmp_path)) == 1
+    saved = cache.entries()[0]
+    assert list(saved.tokens) == prompt[:-1]
+    model.clear()
+    assert cache.restore(model, prompt) == len(prompt) - 1
+    assert model.seq_state() == cache.load(saved)  # the restored cells are the saved ones, byte for byte
+    model.clear()
+    again, g = run(model, prompt, cache)  # a full hit: only the last prompt token is decoded
+    assert g.restored == len(prompt) - 1 and again == first
+
+
+def test_partial_hit_equals_the_same_split_without_the_cache(model: Model, tmp_path: Path) -> None:
+    """A longer entry serves a shorter prompt: restore, trim past the common part, prefill the
+    rest; the output is the one a run without the cache gets when it prefills at the same split."""
+    cache = PromptCache(tmp_path)
+    a, b = (tokens_of(model, DOC + q) for q in QUESTIONS)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    run(model, a, cache)
+    model.clear()
+    with_cache, g = run(model, b, cache)
+    assert g.restored == shared
+    model.clear()
+    run(model, b[: shared + 1], None)  # the cache now holds b[:shared], as the restore left it
+    without, g = run(model, b, None)
+    assert g.restored == 0 and without == with_cache
+    assert len(files(tmp_path)) == 2  # the second prompt saved too (its own end)
+
+
+def test_another_model_or_kv_type_never_reuses_an_entry(tiny_paths: tuple[Path, Path], tmp_path: Path) -> None:
+    cache = PromptCache(tmp_path)
+    with load(tiny_paths[0]) as m:
+        prompt = tokens_of(m, DOC)
+        run(m, prompt, cache)
+    others = (load(tiny_paths[1]), load(tiny_paths[0], cache_type="f16"),
+              Model(tiny_paths[0], ModelOptions(ctx_size=512, batch_size=128, **EXACT)))
+    for other in others:
+        with other:
+            assert cache.best(other, prompt) is None
+            _, g = run(other, prompt, cache)
+            assert g.restored == 0
+    assert len({p.parent for p in files(tmp_path)}) == 4  # one directory per model state key
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "header", "foreign", "empty"])
+def test_bad_files_are_removed_never_used(model: Model, tmp_path: Path, damage: str,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    cache = PromptCache(tmp_path)
+    prompt = tokens_of(model, DOC)
+    first, _ = run(model, prompt, cache)
+    path = files(tmp_path)[0]
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-100] ^= 0x10  # a bit of the KV state: llama.cpp's own format would load it silently
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "header":
+        data[len(MAGIC) + 6] ^= 0xFF
+    elif damage == "foreign":
+        data = bytearray(b"GGUF" + bytes(200))
+    else:
+        data = bytearray()
+    path.write_bytes(bytes(data))
+    model.clear()
+    with caplog.at_level(logging.WARNING, logger="localspec.llama.prompt_cache"):
+        out, g = run(model, prompt, cache)
+    assert g.restored == 0 and out == first
+    assert any("removing" in r.getMessage() for r in caplog.records)
+    assert len(files(tmp_path)) == 1 and files(tmp_path)[0].read_bytes()[: len(MAGIC)] == MAGIC  # saved anew
+
+
+def test_negative_control_an_intact_file_is_used(model: Model, tmp_path: Path) -> None:
+    """The damage test's control: the same steps on an untouched file restore the prefix."""
+    cache = PromptCache(tmp_path)
+    prompt = tokens_of(model, DOC)
+    run(model, prompt, cache)
+    model.clear()
+    _, g = run(model, prompt, cache)
+    assert g.restored == len(prompt) - 1
+
+
+def test_files_are_private(model: Model, tmp_path: Path) -> None:
+    run(model, tokens_of(model, DOC), PromptCache(tmp_path / "c"))
+    path = files(tmp_path)[0]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "c").stat().st_mode) == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+def test_read_only_directory_turns_the_cache_off(model: Model, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path.chmod(0o500)
+    try:
+        with caplog.at_level(logging.WARNING):
+            out, g = run(model, tokens_of(model, DOC), PromptCache(tmp_path / "c"))
+        assert out and "prompt cache: off" in caplog.text
+    finally:
+        tmp_path.chmod(0o700)
+
+
+def test_unwritable_directory_turns_the_cache_off(model: Model, tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cache = PromptCache(blocker / "cache")  # cannot be created, as root too
+    with caplog.at_level(logging.WARNING):
+        out, _ = run(model, tokens_of(model, DOC), cache)
+        run(model, tokens_of(model, DOC + "more"), cache)
+    assert out and cache.disabled and caplog.text.count("prompt cache: off") == 1
+
+
+def test_eviction_keeps_the_limit(model: Model, tmp_path: Path) -> None:
+    cache = PromptCache(tmp_path)
+    prompts = [tokens_of(model, f"# file {i}\n" + DOC) for i in range(3)]
+    run(model, prompts[0], cache)
+    one = files(tmp_path)[0].stat().st_size
+    cache.limit = int(2.5 * one)
+    for p in prompts[1:]:
+        model.clear()
+        run(model, p, cache)
+    kept = cache.entries()
+    assert len(kept) == 2 and sum(e.size for e in kept) <= cache.limit
+    assert {e.tokens[:4] for e in kept} == {tuple(p[:4]) for p in prompts[1:]}  # the oldest went
+    assert cache.clear() == 2 and not files(tmp_path)
+
+
+def test_short_prompts_are_not_saved(model: Model, tmp_path: Path) -> None:
+    run(model, tokens_of(model, "def f(): pass"), PromptCache(tmp_path))
+    assert not files(tmp_path)
+
+
+def test_two_processes_writing_at_once(tiny_paths: tuple[Path, Path], tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "from localspec.api import generate\n"
+        "from localspec.decoding.profiles import Profiles\n"
+        "from conftest import load\n"
+        "with load(sys.argv[1]) as m:\n"
+        "    for i in range(4):\n"
+        "        generate(m, None, m.tokenize(f'# {i}\\n' + sys.argv[3]), max_tokens=2, temperature=0,\n"
+        "                 profiles=Profiles.in_memory(), prompt_cache=sys.argv[2])\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tiny_paths[0]), str(tmp_path), DOC], env=env)
+             for _ in range(2)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    cache = PromptCache(tmp_path)
+    entries = cache.entries()
+    assert len(entries) == 4 and all(cache.load(e) is not None for e in entries)  # whole files only
+    assert not list(tmp_path.rglob(".tmp-*"))
+
+
+def test_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert PromptCache.from_setting("off") is None
+    assert PromptCache.from_setting(str(tmp_path)).root == tmp_path
+    monkeypatch.setenv("LOCALSPEC_PROMPT_CACHE", str(tmp_path / "env"))
+    assert PromptCache.from_setting(None).root == tmp_path / "env"
+    assert PromptCache.from_setting(None, "1G").limit == 1 << 30
+    assert parse_limit("512M") == 512 << 20 and parse_limit("100") == 100
+    with pytest.raises(ConfigError, match="not a size"):
+        parse_limit("lots")
+
+
+def test_api_keyword(model: Model, tmp_path: Path) -> None:
+    prompt = tokens_of(model, DOC)
+    list(stream_generate(model, None, prompt, prompt_cache=str(tmp_path), max_tokens=2, temperature=0,
+                         profiles=Profiles.in_memory()))
+    assert files(tmp_path)
+    with pytest.raises(ConfigError, match="prompt_cache"):
+        list(stream_generate(model, None, prompt, prompt_cache=3, max_tokens=2))
