@@ -14,7 +14,7 @@ import sys
 import click
 
 from localspec import __version__
-from localspec.cli import bench, chat, check, generate, info, models, profiles, rpc_server, serve
+from localspec.cli import bench, cache, chat, check, generate, info, models, profiles, rpc_server, serve
 from localspec.cli.generate import DefaultGroup
 
 
@@ -36,7 +36,7 @@ def cli(verbose: int) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-for _command in (generate.generate, bench.bench, chat.chat, check.check, info.info, models.models,
+for _command in (generate.generate, bench.bench, cache.cache, chat.chat, check.check, info.info, models.models,
                  profiles.profiles, rpc_server.rpc_server, serve.serve):
     cli.add_command(_command)
 

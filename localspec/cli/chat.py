@@ -18,6 +18,8 @@ import click
 
 from localspec.cli.options import (
     constraint_options,
+    prompt_cache_of,
+    prompt_cache_option,
     generation_config,
     load_for,
     model_options,
@@ -69,6 +71,7 @@ class Session:
     history: list[dict] = field(default_factory=list)
     replies: list[Any] = field(default_factory=list)  # GenerationStats of every reply, in order
     profiles: Profiles = field(default_factory=Profiles)
+    prompt_cache: Any = None  # the PromptCache replies restore prefixes from and save them to (None: off)
 
     @property
     def last_stats(self) -> Any:
@@ -122,14 +125,15 @@ def deferred_interrupt() -> Iterator[_Interrupt]:
 
 
 def stream_reply(loaded: Loaded, history: list[dict], config: GenerationConfig,
-                 write: Callable[[str], None], profiles: Profiles) -> Reply:
+                 write: Callable[[str], None], profiles: Profiles, prompt_cache: Any = None) -> Reply:
     """Stream the assistant's next message to `write`; Ctrl-C stops it early."""
     from localspec.api import stream_generate
 
     parts: list[str] = []
     last = None
     interrupted = False
-    stream = stream_generate(loaded.target, loaded.draft, history, config, profiles=profiles)
+    stream = stream_generate(loaded.target, loaded.draft, history, config, profiles=profiles,
+                             prompt_cache=prompt_cache or False)
     with deferred_interrupt() as flag:
         try:
             for r in stream:
@@ -242,7 +246,7 @@ def _turn(text: str, session: Session, loaded: Loaded, config: GenerationConfig)
         sys.stdout.flush()
 
     try:
-        reply = stream_reply(loaded, session.history, turn, write, session.profiles)
+        reply = stream_reply(loaded, session.history, turn, write, session.profiles, session.prompt_cache)
     except ModelError as exc:  # the conversation no longer fits, or the context filled mid-step
         session.history.pop()
         if written:
@@ -337,6 +341,7 @@ def ctrl_c_raises() -> Iterator[None]:
 @sampling_options
 @click.option("-s", "--system", default=None, help="System message, kept across /reset.")
 @constraint_options
+@prompt_cache_option
 @user_errors
 def chat(model: str | None, draft: str | None, system: str | None, **options: Any) -> None:
     """Chat with the model in the terminal, using its chat template.
@@ -360,10 +365,11 @@ def chat(model: str | None, draft: str | None, system: str | None, **options: An
     localspec chat -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1
     printf 'Write fizzbuzz\\n/stats\\n' | localspec chat -t 0
     """
+    cache = prompt_cache_of(options)
     config = generation_config(options)
     loaded = load_for(config, model, draft, options)
     try:
-        session = Session(system)
+        session = Session(system, prompt_cache=cache)
         config = _validate(loaded, config, system, session.profiles)
         if _interactive():
             with contextlib.suppress(ImportError):

@@ -19,6 +19,8 @@ import click
 from localspec.llama import rpc
 from localspec.cli.options import (
     constraint_options,
+    prompt_cache_of,
+    prompt_cache_option,
     generation_config,
     load_for,
     model_options,
@@ -126,6 +128,7 @@ def read_prompt(prompt: tuple[str, ...]) -> str:
 @click.option("-s", "--system", default=None, help="System message (with --chat).")
 @click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
 @constraint_options
+@prompt_cache_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and stats.")
 @click.option("-u", "--usage", is_flag=True, help="Print statistics to stderr when done.")
 @user_errors
@@ -142,6 +145,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     from localspec.api import Generation
 
     entered = time.time()
+    cache = prompt_cache_of(options)
     config = generation_config(options)
     if system is not None and not chat_template:
         raise click.BadParameter("a system message needs the chat template: drop --raw, or put the text "
@@ -159,7 +163,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
         message: Any = text
         if chat_template and loaded.target.chat_template:
             message = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        generation = Generation(loaded.target, loaded.draft, message, config)
+        generation = Generation(loaded.target, loaded.draft, message, config, prompt_cache=cache or False)
         parts: list[str] = []
         unregister = rpc.on_fatal(lambda error: _remote_failed(parts, as_json, loaded, config, error))
         try:

@@ -184,8 +184,10 @@ def rpc_info(endpoints: tuple[str, ...]) -> dict:
 def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kernels: str = "auto") -> dict:
     from localspec.llama import registry
     from localspec.decoding.profiles import Profiles
+    from localspec.llama.prompt_cache import PromptCache
 
     store = Profiles()
+    prompts = PromptCache.from_setting(None)
     llama = llama_info()
     return {
         "localspec": __version__,
@@ -198,8 +200,17 @@ def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kerne
         "packages": {name: _version(name) for name in ("numpy", "cffi", "click", "jinja2")},
         "cache": {"dir": str(registry.cache_dir()), "from_env": bool(os.environ.get(registry.CACHE_ENV))},
         "profiles": {"dir": str(store.directory), "count": len(store.on_disk())},
+        "prompt_cache": ({"enabled": False} if prompts is None else
+                         {"enabled": True, "dir": str(prompts.root), "bytes": prompts.size(), "limit": prompts.limit}),
         "rpc": rpc_info(endpoints),
     }
+
+
+def _prompt_cache_line(cache: dict) -> str:
+    if not cache["enabled"]:
+        return "prompt cache     off"
+    return (f"prompt cache     {cache['bytes'] / 2**20:.1f} MB of {cache['limit'] / 2**20:.0f} MB in {cache['dir']} "
+            "(`localspec cache list`)")
 
 
 def _devices_lines(devices: list[dict] | str) -> list[str]:
@@ -256,7 +267,8 @@ def render(info: dict) -> str:
               "packages         " + ", ".join(f"{k} {v or 'not installed'}" for k, v in info["packages"].items()),
               f"model cache      {info['cache']['dir']}" + (" (from $LOCALSPEC_CACHE_DIR)" if info["cache"]["from_env"]
                                                           else ""),
-              f"cost profiles    {info['profiles']['count']} in {info['profiles']['dir']} (`localspec profiles list`)"]
+              f"cost profiles    {info['profiles']['count']} in {info['profiles']['dir']} (`localspec profiles list`)",
+              _prompt_cache_line(info["prompt_cache"])]
     r = info["rpc"]
     lines.append("RPC backend      " + ("available" if r["available"] else "not in this build (rebuild with "
                                                                            "CMAKE_ARGS=-DGGML_RPC=on)"))

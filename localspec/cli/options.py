@@ -67,6 +67,23 @@ def _options(f: Callable, options: list[Callable]) -> Callable:
     return f
 
 
+def prompt_cache_option(f: Callable) -> Callable:
+    """--prompt-cache: where prompt prefixes' KV state is saved and restored (the cache is a
+    setting of the process, not of a generation: popped from the options by prompt_cache_of)."""
+    from localspec.llama.prompt_cache import ENV
+
+    return click.option("--prompt-cache", envvar=ENV, default=None, metavar="DIR|off",
+                        help="Save each prompt's KV state and restore the longest saved prefix of later "
+                             "prompts (default: on, under the user cache directory; 'off': never).")(f)
+
+
+def prompt_cache_of(options: dict) -> Any:
+    """The PromptCache the --prompt-cache option names (removed from `options`), or None (off)."""
+    from localspec.llama.prompt_cache import PromptCache
+
+    return PromptCache.from_setting(options.pop("prompt_cache", None))
+
+
 def model_options(f: Callable) -> Callable:
     """-m/-d and how to load them."""
     m = MODEL_DEFAULTS
