@@ -319,7 +319,7 @@ def test_interrupted_reply_is_kept_and_marked(monkeypatch: pytest.MonkeyPatch, c
     """SIGINT mid-reply: the generator is closed between tokens; the partial reply stays."""
     closed = []
 
-    def fake_stream(target, draft, history, config, profiles=None) -> Iterator[Response]:
+    def fake_stream(target, draft, history, config, profiles=None, prompt_cache=None) -> Iterator[Response]:
         try:
             for i in range(100):
                 if i == 3:
