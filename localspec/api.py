@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -206,7 +207,8 @@ class Generation:
         self.engine = Engine(target, drafters, self.config, self.profiles)
         self._models = [m for m in (target, draft) if m is not None]
         self.scanner = StopScanner(target, self.config.stop)
-        self.restored = 0  # prompt tokens the prompt cache (or the last generation) left in the cache
+        self.restored = 0  # prompt tokens restored from the prompt cache
+        self.cache_seconds = 0.0  # restoring and saving the prompt's state
 
     def __iter__(self) -> Iterator[Response]:
         with contextlib.ExitStack() as held:
@@ -229,11 +231,15 @@ class Generation:
         """The prompt into the target's cache: restored from the prompt cache as far as it has it,
         the rest prefilled, then saved for later runs."""
         cache = self.prompt_cache
+        t0 = time.perf_counter()
         if cache is not None:
             self.restored = cache.restore(self.target, self.prompt)
+        t1 = time.perf_counter()
         self.engine.start(self.prompt)
+        t2 = time.perf_counter()
         if cache is not None:
             cache.save(self.target, self.prompt[:-1])
+        self.cache_seconds = (t1 - t0) + (time.perf_counter() - t2)
 
     def _finish(self) -> None:
         self.engine.finish()

@@ -64,6 +64,7 @@ def test_restored_state_is_bit_identical_and_the_output_equal(model: Model, tmp_
     model.clear()
     again, g = run(model, prompt, cache)  # a full hit: only the last prompt token is decoded
     assert g.restored == len(prompt) - 1 and again == first
+    assert g.engine.stats().cached_tokens == len(prompt) - 1
 
 
 def test_partial_hit_equals_the_same_split_without_the_cache(model: Model, tmp_path: Path) -> None:
@@ -222,3 +223,26 @@ def test_api_keyword(model: Model, tmp_path: Path) -> None:
     assert files(tmp_path)
     with pytest.raises(ConfigError, match="prompt_cache"):
         list(stream_generate(model, None, prompt, prompt_cache=3, max_tokens=2))
+
+
+def test_cli_reports_cached_tokens_and_lists_the_cache(tiny_paths: tuple[Path, Path], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from localspec.cli import cli
+
+    base = ["-m", str(tiny_paths[0]), "-d", "none", "--threads", "1", "--prompt-cache", str(tmp_path), "--raw",
+            "-t", "0", "-n", "4", "--json"]
+    outs = []
+    for question in QUESTIONS:
+        r = CliRunner().invoke(cli, [*base, DOC + question])
+        assert r.exit_code == 0, r.output
+        outs.append(json.loads(r.stdout))
+    assert outs[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert outs[1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 32  # the shared document
+    assert outs[1]["timings"]["prompt_cache"] >= 0
+    listed = CliRunner().invoke(cli, ["cache", "list", "--prompt-cache", str(tmp_path), "--json"])
+    assert listed.exit_code == 0 and len(json.loads(listed.stdout)["entries"]) == 2
+    cleared = CliRunner().invoke(cli, ["cache", "clear", "--prompt-cache", str(tmp_path)])
+    assert cleared.exit_code == 0 and "removed 2" in cleared.stdout and not files(tmp_path)
+    off = CliRunner().invoke(cli, [*base[:-1], "--prompt-cache", "off", "--json", DOC])
+    assert off.exit_code == 0 and not files(tmp_path)

@@ -59,18 +59,21 @@ def response_json(text: str, finish: str | None, stats: Any, model: str, config:
     """The --json object; with a constraint, "constraint_satisfied" says whether the text is a
     complete answer of it (false: truncated)."""
     out = {"model": model, "text": text, "finish_reason": finish, "settings": config.options(),
-           "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens},
+           "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+                     "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}},
            "stats": stats.as_dict(), "timings": timings or {}}
     if config.constraint is not None:
         out["constraint_satisfied"] = bool(constraint_satisfied)
     return out
 
 
-def timings_json(entered: float, loaded: Any, stats: Any, profile_io: float) -> dict:
+def timings_json(entered: float, loaded: Any, stats: Any, profile_io: float, prompt_cache: float = 0.0) -> dict:
     """Where the process's time went (seconds; `entered`: when the command started, epoch;
-    `profile_io`: reading and writing cost profiles)."""
+    `profile_io`: reading and writing cost profiles; `prompt_cache`: restoring and saving prompt
+    state)."""
     draft_load = loaded.load_seconds[1]
     if draft_load is None:
         draft_load = getattr(loaded.draft, "load_seconds", None)  # a lazy draft the planner loaded
     return {"command_started": entered, "target_load": loaded.load_seconds[0], "draft_load": draft_load,
-            "profile_io": profile_io, "prefill": stats.prompt_seconds, "decode": stats.elapsed_seconds}
+            "profile_io": profile_io, "prompt_cache": prompt_cache, "prefill": stats.prompt_seconds,
+            "decode": stats.elapsed_seconds}

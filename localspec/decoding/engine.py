@@ -55,6 +55,7 @@ class GenerationStats:
     # tokens accepted per kind of draft ("forced", "ngram:…", "model:…"), sorted by kind
     accepted_by_kind: tuple[tuple[str, int], ...] = ()
     constraint_seconds: float = 0.0  # in the grammar: masks, forced tokens, following the committed tokens
+    cached_tokens: int = 0  # prompt tokens the KV cache held already (an earlier prompt's, or restored)
 
     @property
     def block_efficiency(self) -> float:
@@ -81,7 +82,8 @@ class GenerationStats:
                 "acceptance_rate": self.acceptance_rate, "target_passes": self.target_passes,
                 "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
                 "accept_histogram": list(self.accept_histogram), "verifier_share": self.verifier_share,
-                "accepted_by_kind": dict(self.accepted_by_kind), "constraint_seconds": self.constraint_seconds}
+                "accepted_by_kind": dict(self.accepted_by_kind), "constraint_seconds": self.constraint_seconds,
+                "cached_tokens": self.cached_tokens}
 
 
 def combine(stats: Sequence[GenerationStats]) -> GenerationStats:
@@ -100,7 +102,8 @@ def combine(stats: Sequence[GenerationStats]) -> GenerationStats:
         sum(s.accepted_tokens for s in stats), sum(s.prompt_seconds for s in stats),
         sum(s.elapsed_seconds for s in stats), sum(s.draft_seconds for s in stats),
         sum(s.target_seconds for s in stats), sum(s.verify_seconds for s in stats), tuple(hist),
-        tuple(sorted(by_kind.items())), sum(s.constraint_seconds for s in stats))
+        tuple(sorted(by_kind.items())), sum(s.constraint_seconds for s in stats),
+        sum(s.cached_tokens for s in stats))
 
 
 @dataclass
@@ -118,12 +121,13 @@ class _Counters:
     hist: list[int] = field(default_factory=list)
     by_kind: dict[str, int] = field(default_factory=dict)
     constraint_s: float = 0.0
+    cached: int = 0
 
     def snapshot(self) -> GenerationStats:
         return GenerationStats(self.prompt_tokens, self.generated, self.passes, self.drafted,
                                self.accepted, self.prompt_s, time.perf_counter() - self.start,
                                self.draft_s, self.target_s, self.verify_s, tuple(self.hist),
-                               tuple(sorted(self.by_kind.items())), self.constraint_s)
+                               tuple(sorted(self.by_kind.items())), self.constraint_s, self.cached)
 
     def step(self, kind: str | None, drafted: int, accepted: int, seconds: tuple[float, float, float]) -> None:
         self.passes += 1
@@ -195,7 +199,7 @@ class Engine:
         t0 = time.perf_counter()
         if self.structured is not None:
             self.structured.before_prefill()  # the grammar's tokenizer is built during the prefill
-        self.sequence.start(prompt)  # keeps the cached prefix the last context shares with this one
+        self._counters.cached = self.sequence.start(prompt)  # keeps the prefix the cache shares with this prompt
         self._prefill(len(prompt) - 1)
         if self.structured is not None:
             self.structured.attach(prompt, [d for d in self.drafters if isinstance(d, ForcedDrafter)])

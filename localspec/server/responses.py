@@ -65,6 +65,7 @@ class Speculative(_Wire):
     verifier_share: float
     accepted_by_kind: dict[str, int]
     constraint_seconds: float
+    cached_tokens: int
 
     @classmethod
     def of(cls, config: GenerationConfig, stats: GenerationStats) -> Speculative:
@@ -73,15 +74,21 @@ class Speculative(_Wire):
         return cls.model_validate({**settings, **stats.as_dict()})
 
 
+class PromptTokensDetails(_Wire):
+    cached_tokens: int  # prompt tokens the KV cache held already (not prefilled again)
+
+
 class Usage(_Wire):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
     @classmethod
     def of(cls, stats: GenerationStats) -> Usage:
         return cls(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.generated_tokens,
-                   total_tokens=stats.prompt_tokens + stats.generated_tokens)
+                   total_tokens=stats.prompt_tokens + stats.generated_tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.cached_tokens))
 
 
 class ChatMessage(_Wire):
