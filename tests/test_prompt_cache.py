@@ -246,3 +246,25 @@ def test_cli_reports_cached_tokens_and_lists_the_cache(tiny_paths: tuple[Path, P
     assert cleared.exit_code == 0 and "removed 2" in cleared.stdout and not files(tmp_path)
     off = CliRunner().invoke(cli, [*base[:-1], "--prompt-cache", "off", "--json", DOC])
     assert off.exit_code == 0 and not files(tmp_path)
+
+
+def test_context_file_goes_first_so_questions_share_it(tiny_paths: tuple[Path, Path], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from localspec.cli import cli
+
+    doc = tmp_path / "doc.py"
+    doc.write_text(DOC)
+    base = ["-m", str(tiny_paths[0]), "-d", "none", "--threads", "1", "--prompt-cache", str(tmp_path / "c"),
+            "-t", "0", "-n", "4", "--json", "--context", str(doc)]
+    cached = []
+    for question in QUESTIONS:
+        r = CliRunner().invoke(cli, [*base, question])
+        assert r.exit_code == 0, r.output
+        cached.append(json.loads(r.stdout)["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert cached[0] == 0 and cached[1] >= 32
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"\xff\xfe")
+    for path in (str(bad), str(tmp_path / "missing.txt")):
+        r = CliRunner().invoke(cli, [*base[:-2], "--context", path, "q"])
+        assert r.exit_code == 2 and "--context" in r.output and "Traceback" not in r.output

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 import click
@@ -103,6 +104,26 @@ def _stdin_text() -> str:
         raise _utf8_problem(data, "the prompt on stdin") from None
 
 
+def read_context(path: str | None) -> str:
+    """The text of --context FILE (UTF-8), or "" without one."""
+    if path is None:
+        return ""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint="--context") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"{path} is not UTF-8 text (byte {exc.start})", param_hint="--context") from None
+
+
+def with_context(context: str, text: str) -> str:
+    """The prompt with a --context document first: prompts about one document share it as a
+    prefix, which the prompt cache restores instead of prefilling it again."""
+    return f"{context.rstrip()}\n\n{text}" if context.strip() else text
+
+
 def read_prompt(prompt: tuple[str, ...]) -> str:
     """The prompt argument, followed by piped stdin when there is any (`cat notes | localspec "Summarise:"`)."""
     text = _argument_text(prompt)
@@ -127,13 +148,16 @@ def read_prompt(prompt: tuple[str, ...]) -> str:
               help="Wrap the prompt in the model's chat template (when it has one).")
 @click.option("-s", "--system", default=None, help="System message (with --chat).")
 @click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
+@click.option("--context", "context_file", default=None, metavar="FILE",
+              help="A document to put before the prompt: questions about one file then share it as a "
+                   "prefix, which the prompt cache restores instead of reading it again.")
 @constraint_options
 @prompt_cache_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and stats.")
 @click.option("-u", "--usage", is_flag=True, help="Print statistics to stderr when done.")
 @user_errors
 def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat_template: bool,
-             system: str | None, as_json: bool, usage: bool, **options: Any) -> None:
+             system: str | None, context_file: str | None, as_json: bool, usage: bool, **options: Any) -> None:
     """Generate text from PROMPT (or stdin), streaming it to stdout.
 
     \b
@@ -141,6 +165,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     echo "Explain speculative decoding" | localspec -u
     localspec -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1 "..."
     localspec --drafter ngram -d none --raw -n 100 "$(cat file.py) # refactor:"
+    localspec --context report.md "What are the three main risks?"
     """
     from localspec.api import Generation
 
@@ -150,7 +175,8 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     if system is not None and not chat_template:
         raise click.BadParameter("a system message needs the chat template: drop --raw, or put the text "
                                  "in the prompt", param_hint="--system")
-    text = read_prompt(prompt)
+    context = read_context(context_file)
+    text = with_context(context, read_prompt(prompt))
     try:
         with sigterm_stops_generation():
             loaded = load_for(config, model, draft, options)
