@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -268,3 +269,30 @@ def test_context_file_goes_first_so_questions_share_it(tiny_paths: tuple[Path, P
     for path in (str(bad), str(tmp_path / "missing.txt")):
         r = CliRunner().invoke(cli, [*base[:-2], "--context", path, "q"])
         assert r.exit_code == 2 and "--context" in r.output and "Traceback" not in r.output
+
+
+def test_chat_save_and_resume(tiny_paths: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/save NAME keeps the messages and the KV state; --resume NAME answers the next message with
+    the history restored from the prompt cache, not read again."""
+    from click.testing import CliRunner
+
+    from localspec.cli import cli
+
+    monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path / "root"))
+    base = ["chat", "-m", str(tiny_paths[0]), "-d", "none", "--threads", "1", "--prompt-cache", str(tmp_path / "c"),
+            "-t", "0", "-n", "8"]
+    first = CliRunner().invoke(cli, base, input=DOC.replace("\n", " ") + "\n/save my-chat\n")
+    assert first.exit_code == 0, first.output
+    assert "saved chat my-chat (2 messages)" in first.stderr and "in the prompt cache" in first.stderr
+    saved = json.loads((tmp_path / "root" / "chats" / "my-chat.json").read_text())
+    assert [m["role"] for m in saved["history"]] == ["user", "assistant"]
+    resumed = CliRunner().invoke(cli, [*base, "--resume", "my-chat"], input="and then?\n/stats\n")
+    assert resumed.exit_code == 0, resumed.output
+    assert "resumed my-chat: 2 messages" in resumed.stderr
+    cached = re.search(r"prompt (\d+) tokens, (\d+) of them cached", resumed.stderr)
+    assert cached and int(cached.group(2)) >= 32, resumed.stderr  # the history came from the saved state
+    fresh = CliRunner().invoke(cli, [*base, "--prompt-cache", "off", "--resume", "my-chat"], input="and then?\n/stats\n")
+    assert fresh.exit_code == 0 and "of them cached" not in fresh.stderr  # negative control: read again
+    for bad, why in (("nope", "no saved chat 'nope'"), ("../x", "is not a chat name")):
+        r = CliRunner().invoke(cli, [*base, "--resume", bad], input="")
+        assert r.exit_code == 2 and why in r.output and "--resume" in r.output and "Traceback" not in r.output

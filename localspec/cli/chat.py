@@ -7,11 +7,16 @@ draft's KV caches keep the shared prefix, so a new turn only decodes what is new
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import re
 import signal
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import click
@@ -28,6 +33,7 @@ from localspec.cli.options import (
     user_errors,
 )
 from localspec.config import GenerationConfig
+from localspec.errors import ConfigError
 from localspec.loading import Loaded
 from localspec.decoding.profiles import Profiles
 from localspec.cli.report import describe_speculation, format_stats
@@ -40,6 +46,7 @@ HELP = """\
 /help    this list
 /stats   statistics of the last reply and totals for the session
 /reset   forget the conversation (the system message stays)
+/save NAME  keep the conversation (and its KV state in the prompt cache): localspec chat --resume NAME
 /exit    leave (also /quit, Ctrl-D)
 Ctrl-C   stop the reply being written (it stays in the history, marked as interrupted);
          press it twice at the prompt to leave
@@ -222,9 +229,75 @@ def _command(line: str, session: Session, loaded: Loaded, config: GenerationConf
         _note("conversation cleared" + (" (system message kept)" if session.system else ""))
     elif name == "/stats":
         _show_stats(session, loaded, config)
+    elif name == "/save":
+        _save(line.split()[1:], session, loaded)
     else:
         _note(f"unknown command {name}; /help lists the commands (start a message with // to send a leading /)")
     return True
+
+
+# ---------------------------------------------------------------- saved chats
+
+CHAT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
+
+
+def chats_dir() -> Path:
+    """Where /save keeps conversations: <cache root>/chats (private: they hold the user's messages)."""
+    from localspec.llama import registry
+
+    return registry.cache_root() / "chats"
+
+
+def chat_path(name: str, param: str = "name") -> Path:
+    if not CHAT_NAME.fullmatch(name):
+        raise ConfigError(f"{name!r} is not a chat name: use up to 64 letters, digits, '_', '-' or '.'", param)
+    return chats_dir() / f"{name}.json"
+
+
+def _save(args: list[str], session: Session, loaded: Loaded) -> None:
+    """/save NAME: the messages as JSON, and the KV state of the conversation in the prompt cache."""
+    if len(args) != 1:
+        _note("usage: /save NAME (then: localspec chat --resume NAME)")
+        return
+    try:
+        path = chat_path(args[0])
+    except ConfigError as exc:
+        _note(str(exc))
+        return
+    data = json.dumps({"version": 1, "model": str(loaded.target.path), "system": session.system,
+                       "history": session.history}, ensure_ascii=False, indent=1)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _note(f"could not save the chat to {path}: {exc.strerror or exc}")
+        return
+    seq = loaded.target.sequence
+    kept = session.prompt_cache.save(loaded.target, seq.tokens[: seq.n_cached]) if session.prompt_cache else None
+    state = "its KV state is in the prompt cache" if kept or (session.prompt_cache and seq.n_cached) else \
+        "no KV state saved (the prompt cache is off or the conversation is short)"
+    _note(f"saved chat {args[0]} ({len(session.history)} messages) to {path}; {state}")
+
+
+def load_chat(name: str) -> dict:
+    """A conversation /save kept (ConfigError naming --resume when it is missing or unreadable)."""
+    path = chat_path(name, "resume")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        history = data["history"]
+        if not isinstance(history, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                    and isinstance(m.get("content"), str) for m in history):
+            raise ValueError("its history is not a list of messages")
+    except FileNotFoundError:
+        saved = sorted(p.stem for p in chats_dir().glob("*.json")) if chats_dir().is_dir() else []
+        raise ConfigError(f"no saved chat {name!r} (saved: {', '.join(saved) or 'none'}); /save NAME in a chat "
+                          "keeps one", "resume") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"cannot read the saved chat {path}: {exc}", "resume") from None
+    return {"system": data.get("system") if isinstance(data.get("system"), str) else None, "history": history}
 
 
 def _context_note(loaded: Loaded) -> str:
@@ -342,8 +415,10 @@ def ctrl_c_raises() -> Iterator[None]:
 @click.option("-s", "--system", default=None, help="System message, kept across /reset.")
 @constraint_options
 @prompt_cache_option
+@click.option("--resume", default=None, metavar="NAME",
+              help="Continue a conversation kept with /save NAME (its KV state comes from the prompt cache).")
 @user_errors
-def chat(model: str | None, draft: str | None, system: str | None, **options: Any) -> None:
+def chat(model: str | None, draft: str | None, system: str | None, resume: str | None, **options: Any) -> None:
     """Chat with the model in the terminal, using its chat template.
 
     Replies stream to stdout as they are generated; the banner, notes and
@@ -354,6 +429,7 @@ def chat(model: str | None, draft: str | None, system: str | None, **options: An
       /help    the commands
       /stats   statistics of the last reply and of the session
       /reset   forget the conversation (the system message stays)
+      /save N  keep the conversation as N (resume it with --resume N)
       /exit    leave (also /quit and Ctrl-D)
     Ctrl-C stops a reply being written (the partial reply stays in the
     history, marked as interrupted); at the prompt, press Ctrl-C twice
@@ -367,9 +443,15 @@ def chat(model: str | None, draft: str | None, system: str | None, **options: An
     """
     cache = prompt_cache_of(options)
     config = generation_config(options)
+    saved = load_chat(resume) if resume is not None else None
+    if saved is not None and system is None:
+        system = saved["system"]
     loaded = load_for(config, model, draft, options)
     try:
         session = Session(system, prompt_cache=cache)
+        if saved is not None:  # the system message is the saved one unless -s gives another
+            session.history += [m for m in saved["history"] if m["role"] != "system"]
+            _note(f"resumed {resume}: {len(session.history)} messages")
         config = _validate(loaded, config, system, session.profiles)
         if _interactive():
             with contextlib.suppress(ImportError):

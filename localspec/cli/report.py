@@ -28,8 +28,9 @@ def format_stats(stats: Any, speculative: bool, one_token_seconds: float = 0.0) 
     """Human-readable generation statistics (for stderr). With the target's measured one-token
     step cost, a speedup estimate."""
     lines = [f"{stats.generated_tokens} tokens in {stats.elapsed_seconds:.2f} s: "
-             f"{stats.tokens_per_second:.1f} tok/s (prompt {stats.prompt_tokens} tokens, "
-             f"{stats.prompt_seconds:.2f} s)"]
+             f"{stats.tokens_per_second:.1f} tok/s (prompt {stats.prompt_tokens} tokens"
+             + (f", {stats.cached_tokens} of them cached" if stats.cached_tokens else "")
+             + f", {stats.prompt_seconds:.2f} s)"]
     if not speculative:
         lines.append("the target alone: nothing drafted")
     elif stats.target_passes and not stats.drafted_tokens:
