@@ -296,3 +296,33 @@ def test_chat_save_and_resume(tiny_paths: tuple[Path, Path], tmp_path: Path, mon
     for bad, why in (("nope", "no saved chat 'nope'"), ("../x", "is not a chat name")):
         r = CliRunner().invoke(cli, [*base, "--resume", bad], input="")
         assert r.exit_code == 2 and why in r.output and "--resume" in r.output and "Traceback" not in r.output
+
+
+def test_server_conversations_in_turn_restore_from_memory(model: Model, tmp_path: Path) -> None:
+    """Two conversations served in turn: each keeps its prefix (from the in-memory states, the
+    disk entries gone), reported as OpenAI's cached_tokens; another API key's server shares nothing."""
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from localspec.server import ServerLimits
+    from localspec.server.app import create_app
+
+    def ask(client: TestClient, doc: str, key: str | None = None) -> int:
+        r = client.post("/v1/completions", json={"prompt": doc + QUESTIONS[0], "max_tokens": 2, "temperature": 0},
+                        headers={"Authorization": f"Bearer {key}"} if key else {})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    a, b = "# a\n" + DOC, "# b\n" + DOC.replace("add", "mul")
+    cache = PromptCache(tmp_path, memory=64 << 20)
+    with TestClient(create_app(model, None, model_id="tiny", prompt_cache=cache)) as client:
+        assert ask(client, a) == 0 and ask(client, b) < 32  # b shares only a few tokens with a
+        cache.clear()  # the disk entries are gone: what follows comes from memory
+        assert ask(client, a) >= 32 and ask(client, b) >= 32
+    keyed = PromptCache(tmp_path, memory=0, namespace="sekret")
+    with TestClient(create_app(model, None, model_id="tiny", prompt_cache=keyed,
+                               limits=ServerLimits(api_key="sekret"))) as client:
+        model.clear()
+        assert ask(client, a, "sekret") == 0  # the keyless server's entries are not this key's
+        model.clear()
+        assert ask(client, a, "sekret") >= 32  # its own are

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from localspec.cli.options import (
+    prompt_cache_option,
     generation_config,
     model_kwargs,
     model_options,
@@ -61,8 +62,13 @@ def check_loaded_pair(loaded: Any) -> None:
               help="Seconds a connection may take to send a request head (idle connections are closed).")
 @click.option("--body-timeout", type=click.FloatRange(0, min_open=True), default=ServerLimits.body_timeout,
               show_default=True, help="Seconds a request may take to send its body (408 after that).")
+@prompt_cache_option
+@click.option("--prompt-cache-memory", type=click.IntRange(0), default=1024, show_default=True, metavar="MB",
+              help="Prompt states also kept in memory, so that conversations served in turn restore theirs "
+                   "without reading the disk (0: disk only).")
 @user_errors
-def serve(model: str | None, draft: str | None, host: str, port: int, api_key: str | None, **options: Any) -> None:
+def serve(model: str | None, draft: str | None, host: str, port: int, api_key: str | None,
+          prompt_cache_memory: int, **options: Any) -> None:
     """Serve the model pair over an OpenAI-compatible HTTP API.
 
     Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions
@@ -98,6 +104,10 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     server.require_server_deps()
     from localspec.server.run import base_url, bind_socket, serve as run_server
 
+    from localspec.llama.prompt_cache import PromptCache
+
+    cache = PromptCache.from_setting(options.pop("prompt_cache", None), memory=prompt_cache_memory << 20,
+                                     namespace=api_key or None)  # one key's prompts are not another's
     defaults = generation_config(options)
     limits = ServerLimits(api_key=api_key or None, **{k: options[k] for k in LIMITS})
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
@@ -123,7 +133,8 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
         click.echo(f"localspec: serving {model_id} on {base_url(sock)}", err=True)
         click.echo(f"localspec: {speculation}; Ctrl-C stops", err=True)
         stopped = run_server(loaded.target, loaded.draft, model_id=model_id, sock=sock, defaults=defaults,
-                             limits=limits, verbose=logging.getLogger().getEffectiveLevel() <= logging.INFO)
+                             limits=limits, verbose=logging.getLogger().getEffectiveLevel() <= logging.INFO,
+                             prompt_cache=cache)
     finally:
         sock.close()
         if stopped:

@@ -27,6 +27,7 @@ import os
 import struct
 import tempfile
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -102,15 +103,23 @@ def parse_limit(text: str) -> int:
 class PromptCache:
     """Saved prompt prefixes under `root`, at most `limit` bytes (see the module docstring)."""
 
-    def __init__(self, root: str | os.PathLike, limit: int = DEFAULT_LIMIT, min_tokens: int = MIN_TOKENS) -> None:
+    def __init__(self, root: str | os.PathLike, limit: int = DEFAULT_LIMIT, min_tokens: int = MIN_TOKENS,
+                 memory: int = 0, namespace: str | None = None) -> None:
+        """`memory`: bytes of states also kept in this process (a server's conversations restore
+        from memory first); `namespace`: entries of another namespace are never used (a server's
+        API key: its clients' prompts are not another key's)."""
         self.root = Path(root).expanduser()
         self.limit = limit
         self.min_tokens = min_tokens
+        self.memory_limit = memory
+        self.namespace = hashlib.sha256(namespace.encode()).hexdigest()[:16] if namespace else None
+        self._memory: OrderedDict[tuple[str, tuple[int, ...]], bytes] = OrderedDict()
         self.disabled: str | None = None  # why the cache stopped working in this process (warned once)
         self._refused: set[str] = set()  # models whose state cannot be cached (warned once each)
 
     @classmethod
-    def from_setting(cls, value: str | os.PathLike | None = None, limit: str | int | None = None) -> PromptCache | None:
+    def from_setting(cls, value: str | os.PathLike | None = None, limit: str | int | None = None,
+                     **options: Any) -> PromptCache | None:
         """The cache a setting names: a directory, "off" (None), or None for the environment's
         LOCALSPEC_PROMPT_CACHE or else ``<cache root>/prompts``."""
         from localspec.llama import registry
@@ -120,12 +129,13 @@ class PromptCache:
             return None
         root = Path(value).expanduser() if value is not None else registry.cache_root() / "prompts"
         limit = os.environ.get(LIMIT_ENV) if limit is None else limit
-        return cls(root, parse_limit(str(limit)) if limit is not None else DEFAULT_LIMIT)
+        return cls(root, parse_limit(str(limit)) if limit is not None else DEFAULT_LIMIT, **options)
 
     # ------------------------------------------------------------------ reading
 
     def _dir(self, model: StatefulModel) -> Path:
-        return self.root / model_key(model.state_options)
+        key = model_key(model.state_options)
+        return self.root / f"{self.namespace}-{key}" if self.namespace else self.root / key
 
     def entries(self, directory: Path | None = None) -> list[Entry]:
         """Every readable entry (of one model's directory, or of all); unreadable files are
@@ -215,12 +225,14 @@ class PromptCache:
         directory = self._dir(model)
         options = model.state_options
         tokens = tuple(int(t) for t in tokens)
+        if self.memory_limit > 0 and not self._in_memory(model, tokens):
+            self._remember(model, tokens, model.seq_state())
         for entry in self.entries(directory):
             if entry.options == options and entry.tokens[: len(tokens)] == tokens:
                 with contextlib.suppress(OSError):
                     os.utime(entry.path)
                 return None
-        data = model.seq_state()
+        data = self._memory.get((model_key(options), tokens)) or model.seq_state()
         header = json.dumps({"format": FORMAT, "options": options, "tokens": list(tokens),
                              "state_bytes": len(data), "state_sha256": hashlib.sha256(data).hexdigest(),
                              "saved": time.time()}).encode()
@@ -274,13 +286,50 @@ class PromptCache:
     def size(self) -> int:
         return sum(e.size for e in self.entries())
 
+    # ------------------------------------------------------------------ in memory
+
+    def _in_memory(self, model: StatefulModel, tokens: tuple[int, ...]) -> bool:
+        key = model_key(model.state_options)
+        return any(k == key and t[: len(tokens)] == tokens for k, t in self._memory)
+
+    def _remember(self, model: StatefulModel, tokens: tuple[int, ...], data: bytes) -> None:
+        """Keep a state in memory, dropping the least recently used past memory_limit bytes."""
+        self._memory[(model_key(model.state_options), tokens)] = data
+        total = sum(len(d) for d in self._memory.values())
+        while total > self.memory_limit and self._memory:
+            total -= len(self._memory.popitem(last=False)[1])
+
+    def _memory_best(self, model: StatefulModel, prompt: Sequence[int]) -> tuple[tuple[int, ...], int] | None:
+        key = model_key(model.state_options)
+        found: tuple[tuple[int, ...], int] | None = None
+        for k, tokens in self._memory:
+            if k == key and len(tokens) <= model.n_ctx:
+                keep = min(_common(tokens, prompt), len(prompt) - 1)
+                if keep >= self.min_tokens and (found is None or keep > found[1]):
+                    found = (tokens, keep)
+        return found
+
     # ------------------------------------------------------------------ restoring
 
     def restore(self, model: Any, prompt: Sequence[int]) -> int:
-        """Restore into the model's sequence the longest saved prefix of `prompt` when it is longer
-        than what the cache already holds of it; returns the prompt tokens the cache holds after."""
+        """Restore into the model's sequence the longest saved prefix of `prompt` (from memory,
+        else from disk) when it is longer than what the cache already holds of it; returns the
+        prompt tokens the cache holds after."""
         sequence = model.sequence
         held = _common(sequence.tokens[: sequence.n_cached], prompt[: len(prompt) - 1])
+        if self._off(model):
+            return held
+        in_memory = self._memory_best(model, prompt) if self._memory else None
+        if in_memory is not None and in_memory[1] > held:
+            tokens, keep = in_memory
+            key = (model_key(model.state_options), tokens)
+            self._memory.move_to_end(key)
+            data = self._memory[key]
+            if sequence.restore(tokens, lambda: model.set_seq_state(data), keep):
+                log.info("prompt cache: restored %d of %d prompt tokens from memory", keep, len(prompt))
+                return keep
+            del self._memory[key]
+            held = 0
         found = self.best(model, prompt)
         if found is None or found[1] <= held:
             return held
@@ -291,6 +340,8 @@ class PromptCache:
         if not sequence.restore(entry.tokens, lambda: model.set_seq_state(data), keep):
             self._discard(entry.path, "llama.cpp refused its state")
             return 0
+        if self.memory_limit > 0:
+            self._remember(model, entry.tokens, data)
         log.info("prompt cache: restored %d of %d prompt tokens from %s", keep, len(prompt), entry.path.name)
         return keep
 

@@ -171,10 +171,10 @@ def uvicorn_config(app: Any, limits: ServerLimits, verbose: bool = False) -> uvi
 
 def serve(target: Model, draft: Model | None, *, model_id: str, sock: socket.socket,
           defaults: GenerationConfig = DEFAULTS, limits: ServerLimits = ServerLimits(),
-          verbose: bool = False) -> bool:
+          verbose: bool = False, prompt_cache: Any = None) -> bool:
     """Serve until interrupted (Ctrl-C: a graceful shutdown, waiting at most 3 s for open requests).
     Returns True when no generation is left running, so the models may be closed."""
-    app = create_app(target, draft, model_id=model_id, defaults=defaults, limits=limits)
+    app = create_app(target, draft, model_id=model_id, defaults=defaults, limits=limits, prompt_cache=prompt_cache)
     worker: ModelWorker = app.state.worker
 
     class Server(uvicorn.Server):

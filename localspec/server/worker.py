@@ -47,9 +47,10 @@ class ModelWorker:
     """Runs jobs one at a time, in arrival order, on one thread that owns the models and the cost
     profiles their generations refine (saved after each one)."""
 
-    def __init__(self, target: Model, draft: Model | None, max_queue: int) -> None:
+    def __init__(self, target: Model, draft: Model | None, max_queue: int, prompt_cache: Any = None) -> None:
         self.target = target
         self.draft = draft
+        self.prompt_cache = prompt_cache  # a PromptCache (with states kept in memory too), or None: off
         self.profiles = Profiles()
         self.max_queue = max_queue
         self._jobs: queue.Queue[Job | None] = queue.Queue()
@@ -108,7 +109,8 @@ class ModelWorker:
     def _run(self, job: Job) -> None:
         stream = None
         try:
-            stream = iter(Generation(self.target, self.draft, job.prompt, job.config, self.profiles))
+            stream = iter(Generation(self.target, self.draft, job.prompt, job.config, self.profiles,
+                                     self.prompt_cache or False))
             for r in stream:
                 job.emit("token", r)
                 if r.finish_reason is None and (job.cancel.is_set() or self._closed):
