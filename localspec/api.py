@@ -234,6 +234,9 @@ class Generation:
         t0 = time.perf_counter()
         if cache is not None:
             self.restored = cache.restore(self.target, self.prompt)
+            draft = self._loaded_draft()
+            if draft is not None:  # it catches up on the rest of the prompt when it first drafts
+                cache.restore(draft, self.prompt)
         t1 = time.perf_counter()
         self.engine.start(self.prompt)
         t2 = time.perf_counter()
@@ -241,7 +244,27 @@ class Generation:
             cache.save(self.target, self.prompt[:-1])
         self.cache_seconds = (t1 - t0) + (time.perf_counter() - t2)
 
+    def _loaded_draft(self) -> Model | None:
+        """The draft model when it is loaded (a lazy draft the planner has not loaded: None)."""
+        draft = self._models[1] if len(self._models) > 1 else None
+        if isinstance(draft, Model):
+            return draft
+        return draft.get() if draft is not None and getattr(draft, "loaded", False) else None
+
+    def _save_draft(self) -> None:
+        """The draft's state of what it caught up on (the prompt and the answer so far): a later
+        prompt sharing a prefix with it restores that much (the draft catches up only once it drafts,
+        so its state is saved at the end, not after the target's prefill)."""
+        draft = self._loaded_draft()
+        if self.prompt_cache is not None and draft is not None:
+            t0 = time.perf_counter()
+            seq = draft.sequence
+            if seq.n_cached >= len(self.prompt) - 1 and seq.tokens[: len(self.prompt) - 1] == self.prompt[:-1]:
+                self.prompt_cache.save(draft, seq.tokens[: seq.n_cached])
+            self.cache_seconds += time.perf_counter() - t0
+
     def _finish(self) -> None:
+        self._save_draft()
         self.engine.finish()
         if self._owns_profiles:
             self.profiles.save()  # what this generation measured, for the next run

@@ -326,3 +326,19 @@ def test_server_conversations_in_turn_restore_from_memory(model: Model, tmp_path
         assert ask(client, a, "sekret") == 0  # the keyless server's entries are not this key's
         model.clear()
         assert ask(client, a, "sekret") >= 32  # its own are
+
+
+def test_the_draft_models_state_is_cached_too(tiny_paths: tuple[Path, Path], tmp_path: Path) -> None:
+    cache = PromptCache(tmp_path)
+    settings = GenerationConfig.from_options(temperature=0.0, max_tokens=8, drafter="model", plan="fixed",
+                                             num_draft_tokens=3)
+    with load(tiny_paths[0]) as target, load(tiny_paths[1]) as draft:
+        prompt = tokens_of(target, DOC + QUESTIONS[0])
+        first = [r.token for r in Generation(target, draft, prompt, settings, Profiles.in_memory(), cache)]
+        assert len({p.parent for p in files(tmp_path)}) == 2  # the target's entry and the draft's
+        target.clear()
+        draft.clear()
+        again = [r.token for r in Generation(target, draft, prompt, settings, Profiles.in_memory(), cache)]
+        assert draft.sequence.tokens[: len(prompt) - 1] == prompt[:-1] and again == first
+        draft.clear()
+        assert cache.restore(draft, prompt) == len(prompt) - 1  # the whole prompt, from the draft's entry
