@@ -208,7 +208,8 @@ class Generation:
         self._models = [m for m in (target, draft) if m is not None]
         self.scanner = StopScanner(target, self.config.stop)
         self.restored = 0  # prompt tokens restored from the prompt cache
-        self.cache_seconds = 0.0  # restoring and saving the prompt's state
+        self.restore_seconds = 0.0  # restoring the prompt's saved prefix (target and draft)
+        self.save_seconds = 0.0  # saving the prompt's state (and the draft's at the end)
 
     def __iter__(self) -> Iterator[Response]:
         with contextlib.ExitStack() as held:
@@ -242,7 +243,7 @@ class Generation:
         t2 = time.perf_counter()
         if cache is not None:
             cache.save(self.target, self.prompt[:-1])
-        self.cache_seconds = (t1 - t0) + (time.perf_counter() - t2)
+        self.restore_seconds, self.save_seconds = t1 - t0, time.perf_counter() - t2
 
     def _loaded_draft(self) -> Model | None:
         """The draft model when it is loaded (a lazy draft the planner has not loaded: None)."""
@@ -261,7 +262,7 @@ class Generation:
             seq = draft.sequence
             if seq.n_cached >= len(self.prompt) - 1 and seq.tokens[: len(self.prompt) - 1] == self.prompt[:-1]:
                 self.prompt_cache.save(draft, seq.tokens[: seq.n_cached])
-            self.cache_seconds += time.perf_counter() - t0
+            self.save_seconds += time.perf_counter() - t0
 
     def _finish(self) -> None:
         self._save_draft()

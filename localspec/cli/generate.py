@@ -263,7 +263,8 @@ def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loa
     if as_json:
         click.echo(json.dumps(response_json("".join(parts), last.finish_reason, last.stats,
                                             loaded.target_name, config,
-                                            timings_json(entered, loaded, last.stats, profiles.io_seconds, generation.cache_seconds),
+                                            timings_json(entered, loaded, last.stats, profiles.io_seconds,
+                                                         (generation.restore_seconds, generation.save_seconds)),
                                             last.constraint_satisfied)))
     if config.constraint is not None and last.finish_reason != "stop" and not last.constraint_satisfied:
         click.echo(f"warning: the output is truncated ({last.finish_reason}): it does not match "

@@ -68,13 +68,15 @@ def response_json(text: str, finish: str | None, stats: Any, model: str, config:
     return out
 
 
-def timings_json(entered: float, loaded: Any, stats: Any, profile_io: float, prompt_cache: float = 0.0) -> dict:
+def timings_json(entered: float, loaded: Any, stats: Any, profile_io: float,
+                 prompt_cache: tuple[float, float] = (0.0, 0.0)) -> dict:
     """Where the process's time went (seconds; `entered`: when the command started, epoch;
-    `profile_io`: reading and writing cost profiles; `prompt_cache`: restoring and saving prompt
-    state)."""
+    `profile_io`: reading and writing cost profiles; `prompt_cache`: restoring and saving the
+    prompt's state)."""
     draft_load = loaded.load_seconds[1]
     if draft_load is None:
         draft_load = getattr(loaded.draft, "load_seconds", None)  # a lazy draft the planner loaded
     return {"command_started": entered, "target_load": loaded.load_seconds[0], "draft_load": draft_load,
-            "profile_io": profile_io, "prompt_cache": prompt_cache, "prefill": stats.prompt_seconds,
+            "profile_io": profile_io, "prompt_cache_restore": prompt_cache[0], "prompt_cache_save": prompt_cache[1],
+            "prefill": stats.prompt_seconds,
             "decode": stats.elapsed_seconds}
