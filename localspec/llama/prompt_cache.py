@@ -219,7 +219,9 @@ class PromptCache:
 
     def save(self, model: StatefulModel, tokens: Sequence[int]) -> Path | None:
         """Save the model's sequence-0 state, which holds exactly `tokens`, unless it is too short
-        or an entry already holds these tokens (or more of them). None: nothing written."""
+        or an entry already holds all but fewer than min_tokens of them (a question after a saved
+        document: restoring that entry and prefilling the rest costs about what a save would, and
+        the disk keeps one copy of the document). None: nothing written."""
         if len(tokens) < self.min_tokens or self._off(model):
             return None
         directory = self._dir(model)
@@ -227,8 +229,8 @@ class PromptCache:
         tokens = tuple(int(t) for t in tokens)
         if self.memory_limit > 0 and not self._in_memory(model, tokens):
             self._remember(model, tokens, model.seq_state())
-        for entry in self.entries(directory):
-            if entry.options == options and entry.tokens[: len(tokens)] == tokens:
+        for entry in self.entries(directory):  # an entry sharing all but a few of these tokens is enough
+            if entry.options == options and len(tokens) - _common(entry.tokens, tokens) < self.min_tokens:
                 with contextlib.suppress(OSError):
                     os.utime(entry.path)
                 return None
@@ -289,8 +291,9 @@ class PromptCache:
     # ------------------------------------------------------------------ in memory
 
     def _in_memory(self, model: StatefulModel, tokens: tuple[int, ...]) -> bool:
+        """Whether a state in memory holds all but fewer than min_tokens of `tokens`."""
         key = model_key(model.state_options)
-        return any(k == key and t[: len(tokens)] == tokens for k, t in self._memory)
+        return any(k == key and len(tokens) - _common(t, tokens) < self.min_tokens for k, t in self._memory)
 
     def _remember(self, model: StatefulModel, tokens: tuple[int, ...], data: bytes) -> None:
         """Keep a state in memory, dropping the least recently used past memory_limit bytes."""
