@@ -119,6 +119,12 @@ def host_header() -> list[str]:
             f"llama.cpp `{m['build'].strip().rstrip('|').strip()}`; CPU extra buffer types: {extra}.", ""]
 
 
+def native_llama_tools() -> Path:
+    """llama.cpp's tools built natively (the CPU kernels localspec runs), once, in the bench cache."""
+    return build_llama_tools(Path.home() / ".cache" / "localspec-bench", llama_cpp_version(), os.cpu_count() or 1,
+                             native=True)
+
+
 def build_llama_tools(cache: Path, version: str, jobs: int, native: bool = False) -> Path:
     """llama.cpp's llama-speculative-simple and llama-completion, built from the llama.cpp that
     llama-cpp-python==version vendors: portable by default, `native` as llama-cpp-python's own

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from head_to_head import build_llama_tools, host_header, llama_cpp_version  # noqa: E402
+from head_to_head import host_header, native_llama_tools  # noqa: E402
 from whole_process import TARGET_ALONE, Run, chat_text, llama_completion, localspec, progress  # noqa: E402
 
 QUESTIONS = ("What does Engine.step return? Answer in one sentence.",
@@ -151,8 +151,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    bindir = None if args.no_llama_completion else build_llama_tools(
-        Path.home() / ".cache" / "localspec-bench", llama_cpp_version(), os.cpu_count() or 1, native=True)
+    bindir = None if args.no_llama_completion else native_llama_tools()
     with tempfile.TemporaryDirectory(prefix="localspec-prompt-cache-") as tmp:
         root = Path(tmp)
         doc = root / "document.py"

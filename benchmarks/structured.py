@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from head_to_head import build_llama_tools, host_header, llama_cpp_version  # noqa: E402
+from head_to_head import host_header, native_llama_tools  # noqa: E402
 from whole_process import (TARGET_ALONE, Run, chat_text, default_target, llama_completion,  # noqa: E402
                            localspec, progress)
 
@@ -286,8 +285,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    bindir = None if args.no_llama_completion else build_llama_tools(
-        Path.home() / ".cache" / "localspec-bench", llama_cpp_version(), os.cpu_count() or 1, native=True)
+    bindir = None if args.no_llama_completion else native_llama_tools()
     with tempfile.TemporaryDirectory(prefix="localspec-structured-") as tmp:
         print("\n".join(host_header()))
         print("\n".join(setup_cost()))

@@ -34,7 +34,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from head_to_head import (GROUNDED, PROMPTS as H2H_PROMPTS, add_prompts_option, build_llama_tools,  # noqa: E402
-                          check_prompts, host_header, llama_cpp_version)
+                          check_prompts, host_header, llama_cpp_version, native_llama_tools)
 
 PROMPTS = dict(H2H_PROMPTS)
 PROMPTS["rename"] = ("Rename the variable `tmp` to `total` in this code and show the whole code:\n\n"
@@ -286,8 +286,7 @@ def llama_completion(bindir: Path, text: str, tokens: int, threads: int | None,
 def completion_table(args: argparse.Namespace, root: Path) -> list[str]:
     """Whole process against llama.cpp's own llama-completion (native build, the same vendored
     commit), alternated with localspec's default (warm profile) and the target alone, T = 0."""
-    bindir = build_llama_tools(Path.home() / ".cache" / "localspec-bench", llama_cpp_version(),
-                               os.cpu_count() or 1, native=True)
+    bindir = native_llama_tools()
     common = ["-n", str(args.tokens), "-t", "0", "--seed", "1"]
     lines = [f"llama-completion flags: `{' '.join(completion_flags())}`, on the rendered chat prompt; "
              "the ratio is of wall time per generated token.", "",
