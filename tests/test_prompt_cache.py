@@ -215,7 +215,7 @@ def test_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert PromptCache.from_setting(None).root == tmp_path / "env"
     assert PromptCache.from_setting(None, "1G").limit == 1 << 30
     assert parse_limit("512M") == 512 << 20 and parse_limit("100") == 100
-    with pytest.raises(ConfigError, match="not a size"):
+    with pytest.raises(ConfigError, match="LOCALSPEC_PROMPT_CACHE_LIMIT='lots' is not a size"):
         parse_limit("lots")
 
 
@@ -344,3 +344,18 @@ def test_the_draft_models_state_is_cached_too(tiny_paths: tuple[Path, Path], tmp
         assert draft.sequence.tokens[: len(prompt) - 1] == prompt[:-1] and again == first
         draft.clear()
         assert cache.restore(draft, prompt) == len(prompt) - 1  # the whole prompt, from the draft's entry
+
+
+def test_a_state_llama_cpp_cannot_write_turns_the_cache_off(model: Model, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    from localspec.errors import ModelError
+
+    def broken() -> bytes:
+        raise ModelError("llama.cpp wrote 0 of 10 bytes")
+
+    monkeypatch.setattr(model, "seq_state", broken)
+    cache = PromptCache(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        out, _ = run(model, tokens_of(model, DOC), cache)
+    assert out and cache.disabled and "prompt cache: off" in caplog.text and not files(tmp_path)

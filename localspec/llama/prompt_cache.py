@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-from localspec.errors import ConfigError
+from localspec.errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def parse_limit(text: str) -> int:
     except ValueError:
         n = -1
     if not n >= 0 or n != n:
-        raise ConfigError(f"{text!r} is not a size (e.g. 4G, 512M or a number of bytes)", "prompt_cache_limit")
+        raise ConfigError(f"{LIMIT_ENV}={text!r} is not a size (e.g. 4G, 512M or a number of bytes)")
     return int(n)
 
 
@@ -228,13 +228,21 @@ class PromptCache:
         options = model.state_options
         tokens = tuple(int(t) for t in tokens)
         if self.memory_limit > 0 and not self._in_memory(model, tokens):
-            self._remember(model, tokens, model.seq_state())
+            try:
+                self._remember(model, tokens, model.seq_state())
+            except ModelError as exc:
+                self._disable(str(exc))
+                return None
         for entry in self.entries(directory):  # an entry sharing all but a few of these tokens is enough
             if entry.options == options and len(tokens) - _common(entry.tokens, tokens) < self.min_tokens:
                 with contextlib.suppress(OSError):
                     os.utime(entry.path)
                 return None
-        data = self._memory.get((model_key(options), tokens)) or model.seq_state()
+        try:
+            data = self._memory.get((model_key(options), tokens)) or model.seq_state()
+        except ModelError as exc:  # llama.cpp could not serialise the state: no cache, never a failed run
+            self._disable(str(exc))
+            return None
         header = json.dumps({"format": FORMAT, "options": options, "tokens": list(tokens),
                              "state_bytes": len(data), "state_sha256": hashlib.sha256(data).hexdigest(),
                              "saved": time.time()}).encode()
