@@ -359,3 +359,19 @@ def test_a_state_llama_cpp_cannot_write_turns_the_cache_off(model: Model, tmp_pa
     with caplog.at_level(logging.WARNING):
         out, _ = run(model, tokens_of(model, DOC), cache)
     assert out and cache.disabled and "prompt cache: off" in caplog.text and not files(tmp_path)
+
+
+def test_files_being_written_and_odd_files_are_left_alone(model: Model, tmp_path: Path) -> None:
+    """Another process's file in progress is not read (nor removed); a FIFO named like an entry
+    does not block the lookup; clear removes leftovers of a crashed write."""
+    cache = PromptCache(tmp_path)
+    prompt = tokens_of(model, DOC)
+    run(model, prompt, cache)
+    directory = files(tmp_path)[0].parent
+    partial = directory / ".tmp-abc.part"
+    partial.write_bytes(MAGIC + b"\x00")
+    os.mkfifo(directory / "fifo.kv")
+    model.clear()
+    _, g = run(model, prompt, cache)
+    assert g.restored == len(prompt) - 1 and partial.exists()
+    assert cache.clear() == 2 and not partial.exists() and not files(tmp_path)  # the entry and the FIFO

@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import struct
 import tempfile
 import time
@@ -41,6 +42,7 @@ FORMAT = 1
 HEADER = struct.Struct("<8sI")
 MAX_HEADER = 4 << 20  # a header longer than this is no file localspec wrote
 SUFFIX = ".kv"
+TEMP_PREFIX = ".tmp-"  # a file being written (renamed to its entry's name when whole)
 MIN_TOKENS = 32  # shorter prefixes: prefilling them costs about what saving and restoring does
 DEFAULT_LIMIT = 4 << 30  # bytes on disk
 ENV = "LOCALSPEC_PROMPT_CACHE"  # a directory, or "off"
@@ -145,7 +147,7 @@ class PromptCache:
         for d in dirs:
             with contextlib.suppress(OSError):
                 for path in d.iterdir():
-                    if path.suffix == SUFFIX:
+                    if path.suffix == SUFFIX and not path.name.startswith("."):
                         entry = self._read_header(path)
                         if entry is not None:
                             out.append(entry)
@@ -159,6 +161,9 @@ class PromptCache:
 
     def _read_header(self, path: Path) -> Entry | None:
         try:
+            if not stat.S_ISREG(path.stat().st_mode):  # a FIFO or a device would block or never end
+                log.warning("prompt cache: ignoring %s: not a regular file", path)
+                return None
             with path.open("rb") as f:
                 st = os.fstat(f.fileno())
                 magic, n = HEADER.unpack(f.read(HEADER.size))
@@ -251,7 +256,7 @@ class PromptCache:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             with contextlib.suppress(OSError):
                 os.chmod(self.root, 0o700)
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=SUFFIX)  # mode 0600
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=".part")  # mode 0600; no entry yet
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(HEADER.pack(MAGIC, len(header)))
@@ -285,10 +290,10 @@ class PromptCache:
         for d in self._subdirs():
             with contextlib.suppress(OSError):
                 for path in d.iterdir():
-                    if path.suffix == SUFFIX:
+                    if path.suffix == SUFFIX or path.name.startswith(TEMP_PREFIX):  # and writes a crash left
                         with contextlib.suppress(OSError):
                             path.unlink()
-                            removed += 1
+                            removed += path.suffix == SUFFIX
                 with contextlib.suppress(OSError):
                     d.rmdir()
         return removed
