@@ -277,7 +277,8 @@ def _save(args: list[str], session: Session, loaded: Loaded) -> None:
         return
     seq = loaded.target.sequence
     kept = session.prompt_cache.save(loaded.target, seq.tokens[: seq.n_cached]) if session.prompt_cache else None
-    state = "its KV state is in the prompt cache" if kept or (session.prompt_cache and seq.n_cached) else \
+    cached = session.prompt_cache is not None and seq.n_cached >= session.prompt_cache.min_tokens
+    state = "its KV state is in the prompt cache" if kept or cached else \
         "no KV state saved (the prompt cache is off or the conversation is short)"
     _note(f"saved chat {args[0]} ({len(session.history)} messages) to {path}; {state}")
 
