@@ -188,6 +188,18 @@ static inline uint32_t nonfinite(float v)
     return (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
 }
 
+/* Offer logit `value` of token `id` to the min-heap of the k largest keys (keys[0] the smallest);
+ * returns the heap's new floor (the logit below which nothing can enter). */
+static inline float heap_offer(uint64_t *keys, int32_t k, float value, int32_t id, float floor_logit)
+{
+    const uint64_t key = logit_key(value, id);
+    if (key <= keys[0])
+        return floor_logit;
+    keys[0] = key;
+    heap_sift_down(keys, k, 0);
+    return unsortable_f32((uint32_t)(keys[0] >> 32));
+}
+
 /* The k largest keys of the row into keys[0..k), the k-th largest into *kth, fused with the
  * max/argmax scan and the NaN/Inf check (-1). A 64-logit chunk is only visited when one of its
  * logits beats the current k-th (equal logits come later, i.e. with higher ids, and lose). */
@@ -219,12 +231,7 @@ static LS_HOT int top_k_scan(ls_row *row, int32_t V, int32_t k, uint64_t *keys, 
         for (int32_t i = lo; i < hi; i++) {
             if (!(l[i] > floor_logit))
                 continue;
-            const uint64_t key = logit_key(l[i], i);
-            if (key > keys[0]) {
-                keys[0] = key;
-                heap_sift_down(keys, k, 0);
-                floor_logit = unsortable_f32((uint32_t)(keys[0] >> 32));
-            }
+            floor_logit = heap_offer(keys, k, l[i], i, floor_logit);
         }
     }
     if (bad)
@@ -263,12 +270,7 @@ static LS_HOT int32_t top_k_masked(const ls_row *row, int32_t V, int32_t k, uint
         for (int32_t i = lo; i < hi; i++) {
             if (!(l[i] > floor_logit) || !ls_allowed(m, i))
                 continue;
-            const uint64_t key = logit_key(l[i], i);
-            if (key > keys[0]) {
-                keys[0] = key;
-                heap_sift_down(keys, k, 0);
-                floor_logit = unsortable_f32((uint32_t)(keys[0] >> 32));
-            }
+            floor_logit = heap_offer(keys, k, l[i], i, floor_logit);
         }
     }
     return k;
