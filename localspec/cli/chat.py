@@ -23,7 +23,7 @@ import click
 
 from localspec.cli.options import (
     constraint_options,
-    prompt_cache_of,
+    pop_prompt_cache,
     prompt_cache_option,
     generation_config,
     load_for,
@@ -442,7 +442,7 @@ def chat(model: str | None, draft: str | None, system: str | None, resume: str |
     localspec chat -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1
     printf 'Write fizzbuzz\\n/stats\\n' | localspec chat -t 0
     """
-    cache = prompt_cache_of(options)
+    cache = pop_prompt_cache(options)
     config = generation_config(options)
     saved = load_chat(resume) if resume is not None else None
     if saved is not None and system is None:

@@ -20,7 +20,7 @@ import click
 from localspec.llama import rpc
 from localspec.cli.options import (
     constraint_options,
-    prompt_cache_of,
+    pop_prompt_cache,
     prompt_cache_option,
     generation_config,
     load_for,
@@ -170,7 +170,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     from localspec.api import Generation
 
     entered = time.time()
-    cache = prompt_cache_of(options)
+    cache = pop_prompt_cache(options)
     config = generation_config(options)
     if system is not None and not chat_template:
         raise click.BadParameter("a system message needs the chat template: drop --raw, or put the text "

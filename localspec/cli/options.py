@@ -69,7 +69,7 @@ def _options(f: Callable, options: list[Callable]) -> Callable:
 
 def prompt_cache_option(f: Callable) -> Callable:
     """--prompt-cache: where prompt prefixes' KV state is saved and restored (the cache is a
-    setting of the process, not of a generation: popped from the options by prompt_cache_of)."""
+    setting of the process, not of a generation: popped from the options by pop_prompt_cache)."""
     from localspec.llama.prompt_cache import ENV
 
     return click.option("--prompt-cache", envvar=ENV, default=None, metavar="DIR|off",
@@ -77,11 +77,12 @@ def prompt_cache_option(f: Callable) -> Callable:
                              "prompts (default: on, under the user cache directory; 'off': never).")(f)
 
 
-def prompt_cache_of(options: dict) -> Any:
-    """The PromptCache the --prompt-cache option names (removed from `options`), or None (off)."""
+def pop_prompt_cache(options: dict, **cache_options: Any) -> Any:
+    """The PromptCache the --prompt-cache option names (removed from `options`), or None (off);
+    `cache_options`: PromptCache's keywords (a server's memory and namespace)."""
     from localspec.llama.prompt_cache import PromptCache
 
-    return PromptCache.from_setting(options.pop("prompt_cache", None))
+    return PromptCache.from_setting(options.pop("prompt_cache", None), **cache_options)
 
 
 def model_options(f: Callable) -> Callable:

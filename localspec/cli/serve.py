@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from localspec.cli.options import (
+    pop_prompt_cache,
     prompt_cache_option,
     generation_config,
     model_kwargs,
@@ -104,10 +105,8 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     server.require_server_deps()
     from localspec.server.run import base_url, bind_socket, serve as run_server
 
-    from localspec.llama.prompt_cache import PromptCache
-
-    cache = PromptCache.from_setting(options.pop("prompt_cache", None), memory=prompt_cache_memory << 20,
-                                     namespace=api_key or None)  # one key's prompts are not another's
+    cache = pop_prompt_cache(options, memory=prompt_cache_memory << 20,
+                             namespace=api_key or None)  # one key's prompts are not another's
     defaults = generation_config(options)
     limits = ServerLimits(api_key=api_key or None, **{k: options[k] for k in LIMITS})
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
