@@ -18,6 +18,7 @@ and iterating over it runs the generation; ``stream_generate`` and ``generate`` 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -33,7 +34,8 @@ from localspec.loading import load_model, load_pair
 from localspec.llama.model import Model
 from localspec.decoding.profiles import Profiles
 from localspec.llama.prompt_cache import PromptCache
-from localspec.prompt import Prompt, prompt_tokens
+from localspec.prompt import Prompt, prompt_tokens, supports_tools
+from localspec.tools import ToolCall, ToolCallParser, ToolSet, call_tokens
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +48,16 @@ class Response:
 
     text: str
     token: int | None
-    finish_reason: str | None  # None while generating; "stop" (EOS or a stop string) or "length"
+    finish_reason: str | None  # None while generating; "stop" (EOS or a stop string), "length", "tool_calls"
     stats: GenerationStats
     # with a constraint, on the last response: whether the text is a complete answer of it ("stop"
     # always is; "length" is truncated unless the text happened to be complete); None otherwise
     constraint_satisfied: bool | None = None
+    # the part of `text` that is the answer's content: with tools, the tool-call markup is left
+    # out (and whitespace before a call); without tools, `text` itself
+    content: str = ""
+    # on the last response (finish_reason "tool_calls"): the calls the model made, all complete
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 def default_pair(*, draft_n_gpu_layers: int | None = None, draft_rpc: str | None = None,
@@ -192,14 +199,19 @@ class Generation:
     of the prompt is restored before the prefill and the prompt's state saved after it."""
 
     def __init__(self, target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig,
-                 profiles: Profiles | None = None, prompt_cache: PromptCacheSetting = None) -> None:
+                 profiles: Profiles | None = None, prompt_cache: PromptCacheSetting = None,
+                 tools: ToolSet | None = None) -> None:
         _check_arguments(target, draft, config, profiles)
         self.prompt_cache = prompt_cache_of(prompt_cache)
         self.target = target
+        self.tools = tools
+        self._parser = _tool_parser(target, prompt, tools)
+        if tools is not None:
+            config = _with_tools(config, tools)
         self.config = applied_config(config, draft is not None)
         self._owns_profiles = profiles is None
         self.profiles = Profiles() if profiles is None else profiles
-        self.prompt = prompt_tokens(target, prompt)
+        self.prompt = prompt_tokens(target, prompt, tools.specs() if tools is not None else None)
         if len(self.prompt) >= target.n_ctx:
             raise PromptError(f"the prompt has {len(self.prompt)} tokens but the context holds {target.n_ctx}; "
                              "shorten the prompt or raise --ctx-size")
@@ -275,7 +287,7 @@ class Generation:
         while True:
             new = engine.step()
             if not new:  # the context is full
-                yield Response(scanner.flush(), None, "length", engine.stats(), engine.constraint_satisfied)
+                yield self._response(scanner.flush(), None, "length")
                 return
             pieces = scanner.take()  # what the step committed, cut after a stop string
             for i, (tok, text) in enumerate(pieces):
@@ -283,14 +295,59 @@ class Generation:
                 finish = "stop" if last and scanner.stopped else engine.finish_reason if i == len(new) - 1 else None
                 if finish and not scanner.stopped:
                     text += scanner.flush()
-                yield Response(text, tok, finish, engine.stats(), engine.constraint_satisfied if finish else None)
+                yield self._response(text, tok, finish)
                 if finish:
                     return
+
+    def _response(self, text: str, token: int | None, finish: str | None) -> Response:
+        """The Response of one token; with tools, its content and, at the end, the calls made
+        (finish_reason "tool_calls" only when every call is complete: a call cut off by the length
+        limit or a stop string is never reported)."""
+        engine, parser = self.engine, self._parser
+        satisfied = engine.constraint_satisfied if finish else None
+        if parser is None:
+            return Response(text, token, finish, engine.stats(), satisfied, text)
+        content = parser.push(token, text)
+        calls: tuple[ToolCall, ...] = ()
+        if finish:
+            content += parser.flush()
+            if finish == "stop" and parser.complete:
+                finish, calls = "tool_calls", tuple(parser.calls)
+        return Response(text, token, finish, engine.stats(), satisfied, content, calls)
+
+
+def _tool_parser(target: Model, prompt: Prompt, tools: ToolSet | None) -> ToolCallParser | None:
+    """The parser of a generation's tool calls (None without tools); ConfigError when the model
+    cannot call tools or the prompt is not a chat."""
+    if tools is None:
+        return None
+    if not isinstance(tools, ToolSet):
+        raise ConfigError(f"tools must be a localspec.tools.ToolSet (ToolSet.parse(tools, tool_choice)), got "
+                          f"{type(tools).__name__}", "tools")
+    if isinstance(prompt, (str, bytes)) or not any(isinstance(m, dict) for m in prompt):
+        raise ConfigError("tools need a chat prompt (a list of messages): the chat template renders them", "tools")
+    template = target.chat_template
+    if not template or not supports_tools(template):
+        raise ConfigError(f"the chat template of {target.path.name} has no support for tools; localspec calls "
+                          "tools with the model's own template (Qwen 2.5 and Hermes-style models have one)", "tools")
+    return ToolCallParser(*call_tokens(target)) if tools.calls_allowed else None
+
+
+def _with_tools(config: GenerationConfig, tools: ToolSet) -> GenerationConfig:
+    """The config with the grammar of the answer under the tool choice (tool_choice "none" with
+    a response format keeps that format)."""
+    if config.constraint is not None:
+        if tools.calls_allowed:
+            raise ConfigError(f"{config.constraint.describe()} cannot be combined with tool calls; send "
+                              "tool_choice \"none\" to answer in that format, or leave it out", "tools")
+        return config
+    return dataclasses.replace(config, constraint=tools.constraint())
 
 
 def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig | None = None,
                     *, profiles: Profiles | None = None, prompt_cache: PromptCacheSetting = None,
-                    **options: Any) -> Iterator[Response]:
+                    tools: Sequence[dict] | ToolSet | None = None, tool_choice: Any = None,
+                    parallel_tool_calls: bool | None = None, **options: Any) -> Iterator[Response]:
     """Yield one Response per generated token; the last one carries the finish reason.
 
     Settings come from `config` and/or the flat keywords of the CLI flags (max_tokens,
@@ -304,13 +361,19 @@ def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: 
     plan="auto" (default) drafts at most num_draft_tokens levels and picks each step's depth, or
     no speculation at all, from measured step costs and acceptance; plan="fixed" always drafts
     the full shape. `profiles`: the cost profiles to plan with; `prompt_cache`: a directory,
-    "off", or the default (LOCALSPEC_PROMPT_CACHE, else the user cache) (see Generation)."""
+    "off", or the default (LOCALSPEC_PROMPT_CACHE, else the user cache) (see Generation).
+    Tool calling: `tools` (OpenAI's tool definitions, with a chat prompt), `tool_choice` ("auto",
+    "none", "required" or {"type": "function", "function": {"name": ...}}) and
+    `parallel_tool_calls`; the last Response has finish_reason "tool_calls" and the calls in
+    `tool_calls` when the model called tools, and `content` is the text without the call markup."""
+    toolset = tools if isinstance(tools, ToolSet) else ToolSet.parse(tools, tool_choice, parallel_tool_calls)
     return iter(Generation(target, draft, prompt, GenerationConfig.from_options(config, **options), profiles,
-                           prompt_cache))
+                           prompt_cache, toolset))
 
 
 def generate(target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig | None = None,
              *, profiles: Profiles | None = None, prompt_cache: PromptCacheSetting = None, **options: Any) -> str:
-    """The whole completion as a string (see stream_generate for the settings)."""
+    """The whole completion as a string (see stream_generate for the settings; with tools, use
+    stream_generate, whose last Response carries the calls)."""
     return "".join(r.text for r in stream_generate(target, draft, prompt, config, profiles=profiles,
                                                    prompt_cache=prompt_cache, **options))

@@ -29,7 +29,12 @@ class ModelError(LocalspecError, RuntimeError):
 class PromptError(ModelError):
     """The caller's prompt or messages cannot be used (empty, malformed, not valid Unicode text,
     longer than the context, a chat for a model without a chat template): the input is at fault,
-    not the model (HTTP 400 naming the field)."""
+    not the model (HTTP 400 naming the field: `param` where it is known, e.g.
+    ``messages[2].tool_calls[0].function.arguments``)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ConstraintError(ModelError):

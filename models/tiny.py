@@ -26,6 +26,9 @@ that follows a special token (``<|im_start|>user`` -> ``<|im_start|>``, ``▁``,
 
 - ``spm406`` (default): 40 base characters (``▁``, ``a``-``z``, ``.,:;!?()=_-'"``) and
   105 BPE merges learnt from a built-in English + Python text; 406 tokens. Uppercase letters, digits and anything else go through byte fallback.
+- ``spm406t``: ``spm406`` plus ``<tool_call>`` and ``</tool_call>`` (ids 406 and 407, USER_DEFINED
+  as in Qwen 2.5's vocabulary) and Qwen 2.5's chat template, which renders tools, tool calls and
+  tool results: the models of the tool-calling tests.
 - ``spm512``: a different piece list (``A``-``Z`` and digits as extra base characters, base
   characters before the 182 merges); 512 tokens. Ids 0..258 coincide with ``spm406`` and the
   sizes differ by less than llama.cpp's 128-token tolerance, so only a token-by-token comparison
@@ -57,6 +60,7 @@ if TYPE_CHECKING:
 SPACE = "\u2581"  # SentencePiece's word-boundary marker "▁"
 SPECIAL_PIECES = ("<unk>", "<s>", "</s>")
 CHAT_PIECES = ("<|im_start|>", "<|im_end|>")
+TOOL_PIECES = ("<tool_call>", "</tool_call>")  # USER_DEFINED, as in Qwen 2.5's vocabulary
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 FIRST_BYTE_ID = 3
 FIRST_PIECE_ID = FIRST_BYTE_ID + 256
@@ -66,6 +70,36 @@ CHATML_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Qwen 2.5's template (tools in the system turn, calls as <tool_call> JSON, results as user turns)
+TOOLS_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}"
+    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
+    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
+    "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
+    "{%- else %}{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- endif %}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
+    "(message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 _TEXT_EN = """
@@ -109,11 +143,13 @@ class VocabSpec:
     text: str
     n_merges: int
     merges_first: bool = True  # SentencePiece BPE order; False puts base characters first
+    tool_tokens: bool = False  # <tool_call> and </tool_call> after the chat pieces, and Qwen 2.5's template
 
     @property
     def size(self) -> int:
         """Number of tokens in the vocabulary."""
-        return FIRST_PIECE_ID + 1 + len(self.base_chars) + self.n_merges + len(CHAT_PIECES)
+        return (FIRST_PIECE_ID + 1 + len(self.base_chars) + self.n_merges + len(CHAT_PIECES)
+                + (len(TOOL_PIECES) if self.tool_tokens else 0))
 
 
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
@@ -123,7 +159,9 @@ VOCABS: dict[str, VocabSpec] = {
     "spm406": VocabSpec("spm406", _LOWER + ".,:;!?()=_-'\"", _TEXT_EN + _TEXT_CODE, 105),
     "spm512": VocabSpec("spm512", _UPPER + "0123456789" + _LOWER + ".,:()=", _TEXT_CODE + _TEXT_EN, 182,
                         merges_first=False),
+    "spm406t": VocabSpec("spm406t", _LOWER + ".,:;!?()=_-'\"", _TEXT_EN + _TEXT_CODE, 105, tool_tokens=True),
 }
+TOOLS_VOCAB = "spm406t"
 DEFAULT_VOCAB = "spm406"
 MISMATCHED_VOCAB = "spm512"
 LLAMA_LIKE_ARCHS = ("llama", "qwen2")  # llama.cpp loads llama's tensors + hparams under these names
@@ -235,6 +273,10 @@ def build_vocab(name: str = DEFAULT_VOCAB) -> Vocab:
     scores = [0.0] * FIRST_PIECE_ID
     scores += [-float(i) for i in range(len(merges) + len(base))]
     scores += [0.0] * len(CHAT_PIECES)
+    if spec.tool_tokens:
+        pieces += list(TOOL_PIECES)
+        types += [T.USER_DEFINED] * len(TOOL_PIECES)
+        scores += [0.0] * len(TOOL_PIECES)
     if not len(pieces) == len(set(pieces)) == spec.size:
         raise ValueError(f"vocab {name}: {len(pieces)} pieces, {len(set(pieces))} distinct, "
                          f"expected {spec.size}")
@@ -256,7 +298,7 @@ def _add_vocab(writer: gguf.GGUFWriter, vocab: Vocab, chat_template: bool) -> No
     writer.add_add_eos_token(False)
     writer.add_add_space_prefix(True)
     if chat_template:
-        writer.add_chat_template(CHATML_TEMPLATE)
+        writer.add_chat_template(TOOLS_TEMPLATE if TOOL_PIECES[0] in vocab.pieces else CHATML_TEMPLATE)
 
 
 @dataclass(frozen=True)
@@ -310,6 +352,17 @@ def _llama_tensors(shape: LlamaShape, rng: np.random.Generator) -> dict[str, np.
     tensors["output_norm.weight"] = norm()
     tensors["output.weight"] = linear(shape.n_vocab, e, OUTPUT_GAIN)
     return tensors
+
+
+TOOL_CALL_GAIN = 1.5  # how strongly a tool model opens a call after a newline (see below)
+
+
+def _favour_calls_after_newline(tensors: dict[str, np.ndarray], call_id: int) -> None:
+    """Make ``<tool_call>`` likely after a newline, as in a model trained to call tools: its
+    output row points along the newline's embedding, which dominates the last hidden state there
+    (the reply starts after the template's "assistant\\n", so a call often opens at once)."""
+    newline = tensors["token_embd.weight"][FIRST_BYTE_ID + ord("\n")]
+    tensors["output.weight"][call_id] = (TOOL_CALL_GAIN * newline / np.sqrt(newline.size)).astype(np.float32)
 
 
 def _add_noise(tensors: dict[str, np.ndarray], noise: float, rng: np.random.Generator) -> None:
@@ -376,6 +429,8 @@ def write_tiny_model(
     shape = LlamaShape(len(voc.pieces), n_layer, n_embd, n_head, n_head_kv, n_ff)
     base_rng, noise_rng = _rngs(seed)
     tensors = _llama_tensors(shape, base_rng)
+    if TOOL_PIECES[0] in voc.pieces:
+        _favour_calls_after_newline(tensors, voc.pieces.index(TOOL_PIECES[0]))
     if noise > 0:
         _add_noise(tensors, noise, noise_rng)
 
@@ -420,14 +475,18 @@ def quantize(source: str | Path, dest: str | Path, ftype: int) -> Path:
     return dest
 
 
-def make_pair(directory: str | Path, *, seed: int = 0, noise: float = 0.05) -> tuple[Path, Path]:
+def make_pair(directory: str | Path, *, seed: int = 0, noise: float = 0.05,
+              vocab: str = DEFAULT_VOCAB) -> tuple[Path, Path]:
     """Write a target and its draft (same seed, same vocab) into ``directory``; return both paths.
 
-    The files are ``tiny-target-s<seed>.gguf`` and ``tiny-draft-s<seed>-n<noise>.gguf``.
+    The files are ``tiny-target-s<seed>.gguf`` and ``tiny-draft-s<seed>-n<noise>.gguf`` (with
+    ``-<vocab>`` before ``.gguf`` for a vocabulary other than the default).
     """
     directory = Path(directory)
-    target = write_tiny_model(directory / f"tiny-target-s{seed}.gguf", seed=seed)
-    draft = write_tiny_model(directory / f"tiny-draft-s{seed}-n{noise:g}.gguf", seed=seed, noise=noise)
+    tail = "" if vocab == DEFAULT_VOCAB else f"-{vocab}"
+    target = write_tiny_model(directory / f"tiny-target-s{seed}{tail}.gguf", seed=seed, vocab=vocab)
+    draft = write_tiny_model(directory / f"tiny-draft-s{seed}-n{noise:g}{tail}.gguf", seed=seed, noise=noise,
+                             vocab=vocab)
     return target, draft
 
 

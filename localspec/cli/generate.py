@@ -27,6 +27,8 @@ from localspec.cli.options import (
     model_options,
     sampling_options,
     spec_options,
+    tool_options,
+    toolset_from_flags,
     user_errors,
 )
 from localspec.config import GenerationConfig
@@ -152,6 +154,7 @@ def read_prompt(prompt: tuple[str, ...]) -> str:
               help="A document to put before the prompt: questions about one file then share it as a "
                    "prefix, which the prompt cache restores instead of reading it again.")
 @constraint_options
+@tool_options
 @prompt_cache_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and stats.")
 @click.option("-u", "--usage", is_flag=True, help="Print statistics to stderr when done.")
@@ -166,20 +169,24 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     localspec -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1 "..."
     localspec --drafter ngram -d none --raw -n 100 "$(cat file.py) # refactor:"
     localspec --context report.md "What are the three main risks?"
+    localspec --tools tools.json "What is the weather in Paris?"
     """
     from localspec.api import Generation
 
     entered = time.time()
     cache = pop_prompt_cache(options)
+    tools = toolset_from_flags(options)
     config = generation_config(options)
     if system is not None and not chat_template:
         raise click.BadParameter("a system message needs the chat template: drop --raw, or put the text "
                                  "in the prompt", param_hint="--system")
+    if tools is not None and not chat_template:
+        raise click.BadParameter("tools are rendered by the chat template: drop --raw", param_hint="--tools")
     context = read_context(context_file)
     text = with_context(context, read_prompt(prompt))
     try:
         with sigterm_stops_generation():
-            loaded = load_for(config, model, draft, options)
+            loaded = load_for(config, model, draft, options, grammar=tools is not None and tools.calls_allowed)
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM while loading: nothing generated, said so
         _stopped_before_output(stop, as_json, model or "", config, prompt_tokens=0)
     try:
@@ -187,9 +194,10 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
             raise click.BadParameter(f"{loaded.target_name} has no chat template, so a system message cannot "
                                      "be given; put the text in the prompt", param_hint="--system")
         message: Any = text
-        if chat_template and loaded.target.chat_template:
+        if chat_template and (loaded.target.chat_template or tools is not None):
             message = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        generation = Generation(loaded.target, loaded.draft, message, config, prompt_cache=cache or False)
+        generation = Generation(loaded.target, loaded.draft, message, config, prompt_cache=cache or False,
+                                tools=tools)
         parts: list[str] = []
         unregister = rpc.on_fatal(lambda error: _remote_failed(parts, as_json, loaded, config, error))
         try:
@@ -238,9 +246,9 @@ def _stream(generation: Any, as_json: bool, parts: list[str]) -> tuple[Any, Keyb
     try:
         for r in stream:
             last = r
-            parts.append(r.text)
-            if not as_json and r.text:
-                click.echo(r.text, nl=False)
+            parts.append(r.content)
+            if not as_json and r.content:
+                click.echo(r.content, nl=False)
                 sys.stdout.flush()
     except KeyboardInterrupt as stop:
         click.echo("\nterminated" if isinstance(stop, Terminated) else "\ninterrupted", err=True)
@@ -254,8 +262,11 @@ def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loa
             entered: float) -> None:
     """After generation: the final newline or the JSON object on stdout, the statistics on stderr."""
     config, profiles = generation.config, generation.profiles
-    if not as_json and parts:
+    calls = [c.as_dict() for c in last.tool_calls] if last is not None else []
+    if not as_json and "".join(parts):
         click.echo("")
+    if not as_json and calls:
+        click.echo(json.dumps(calls, ensure_ascii=False, indent=2))
     if last is None:  # stopped before the first token (in the prefill): the JSON object all the same
         if as_json:
             click.echo(json.dumps(_empty_json(loaded.target_name, config, len(generation.prompt))))
@@ -265,8 +276,12 @@ def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loa
                                             loaded.target_name, config,
                                             timings_json(entered, loaded, last.stats, profiles.io_seconds,
                                                          (generation.restore_seconds, generation.save_seconds)),
-                                            last.constraint_satisfied)))
-    if config.constraint is not None and last.finish_reason != "stop" and not last.constraint_satisfied:
+                                            last.constraint_satisfied, calls if generation.tools else None)))
+    if generation.tools is not None and last.finish_reason == "length" and generation.tools.calls_allowed:
+        click.echo("warning: the answer was cut off by the length limit; a tool call it was writing is not "
+                   "reported; raise --max-tokens", err=True)
+    elif config.constraint is not None and last.finish_reason not in ("stop", "tool_calls") \
+            and not last.constraint_satisfied:
         click.echo(f"warning: the output is truncated ({last.finish_reason}): it does not match "
                    f"{config.constraint.describe()} yet; raise --max-tokens", err=True)
     if usage:

@@ -8,6 +8,7 @@ from here; this module imports no command.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -187,6 +188,52 @@ def constraint_options(f: Callable) -> Callable:
 CONSTRAINT_FLAGS = ("json_schema", "json_object", "regex", "grammar")  # constraint_options' parameter names
 
 
+def tool_options(f: Callable) -> Callable:
+    """Tool calling: the functions the model may call, and whether it must."""
+    return _options(f, [
+        click.option("--tools", "tools", default=None, metavar="FILE.json",
+                     help="Functions the model may call: a JSON array of tools in OpenAI's shape "
+                          "([{\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": {...}}}]). "
+                          "Calls are printed as one JSON array of OpenAI tool calls."),
+        click.option("--tool-choice", "tool_choice", default=None, metavar="auto|none|required|NAME",
+                     help="auto (default): text or calls; required: at least one call; none: text only; "
+                          "NAME: a call of that function."),
+        click.option("--parallel-tool-calls/--no-parallel-tool-calls", "parallel_tool_calls", default=True,
+                     show_default=True, help="Allow several calls in one answer."),
+    ])
+
+
+def toolset_from_flags(options: dict) -> Any:
+    """The ToolSet --tools, --tool-choice and --parallel-tool-calls ask for (removed from
+    `options`), checked now: a bad file or tool is a usage error naming its flag."""
+    from localspec.tools import CHOICES, ToolSet
+
+    path, choice = options.pop("tools", None), options.pop("tool_choice", None)
+    parallel = options.pop("parallel_tool_calls", True)
+    if path is None:
+        if choice is not None:
+            raise ConfigError("--tool-choice needs --tools FILE.json", "tool_choice")
+        return None
+    try:
+        tools = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}", "tools") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not a JSON file: {exc}", "tools") from None
+    if isinstance(tools, dict) and "tools" in tools:  # a request body's tools
+        tools = tools["tools"]
+    if isinstance(tools, dict):  # one tool
+        tools = [tools]
+    if choice is not None and choice not in CHOICES:
+        choice = {"type": "function", "function": {"name": choice}}
+    try:
+        return ToolSet.parse(tools, choice, parallel)
+    except ConfigError as exc:
+        where = exc.param or ""
+        param = "tool_choice" if where.startswith("tool_choice") else "tools"
+        raise ConfigError(f"{path}: {exc}" if param == "tools" else str(exc), param) from None
+
+
 def constraint_from_flags(options: dict) -> Constraint | None:
     """The constraint the flags ask for (removed from `options`), compiled and validated now, so a
     bad schema or grammar is a usage error naming its flag before any model loads."""
@@ -237,11 +284,13 @@ def generation_config(options: dict) -> GenerationConfig:
     return GenerationConfig.from_options(**settings, constraint=constraint)
 
 
-def load_for(config: GenerationConfig, model: str | None, draft: str | None, options: dict) -> Loaded:
-    """The pair a generation config needs (localspec.loading.draft_loading decides about the draft)."""
+def load_for(config: GenerationConfig, model: str | None, draft: str | None, options: dict,
+             grammar: bool = False) -> Loaded:
+    """The pair a generation config needs (localspec.loading.draft_loading decides about the draft);
+    `grammar`: the generation will be constrained (tool calls) even if the config is not yet."""
     need, lazy = draft_loading(config.drafter, draft_named=False)
-    return load_pair(model, draft, need_draft=need, lazy_draft=lazy, grammar=config.constraint is not None,
-                     **model_kwargs(options))
+    return load_pair(model, draft, need_draft=need, lazy_draft=lazy,
+                     grammar=grammar or config.constraint is not None, **model_kwargs(options))
 
 
 def model_kwargs(options: dict) -> dict:

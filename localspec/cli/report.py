@@ -56,15 +56,18 @@ def format_stats(stats: Any, speculative: bool, one_token_seconds: float = 0.0) 
 
 
 def response_json(text: str, finish: str | None, stats: Any, model: str, config: GenerationConfig,
-                  timings: dict | None = None, constraint_satisfied: bool | None = None) -> dict:
+                  timings: dict | None = None, constraint_satisfied: bool | None = None,
+                  tool_calls: list[dict] | None = None) -> dict:
     """The --json object; with a constraint, "constraint_satisfied" says whether the text is a
-    complete answer of it (false: truncated)."""
+    complete answer of it (false: truncated); with tools, "tool_calls" (OpenAI's shape)."""
     out = {"model": model, "text": text, "finish_reason": finish, "settings": config.options(),
            "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
                      "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}},
            "stats": stats.as_dict(), "timings": timings or {}}
     if config.constraint is not None:
         out["constraint_satisfied"] = bool(constraint_satisfied)
+    if tool_calls is not None:
+        out["tool_calls"] = tool_calls
     return out
 
 

@@ -74,7 +74,7 @@ def error_response(exc: BaseException, chat: bool) -> HTTPResponse:
         return json_response(error_body(f"generation failed: {exc}", kind="server_error"), status)
     param = getattr(exc, "param", None)
     if isinstance(exc, PromptError):
-        param = "messages" if chat else "prompt"
+        param = exc.param or ("messages" if chat else "prompt")
     return json_response(error_body(str(exc), param), status)
 
 
@@ -218,10 +218,12 @@ async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterat
         while kind != "end":
             if kind == "token":
                 last = value
-                if value.text:
-                    yield _event(reply.chunk(value.text))
+                text = value.content if reply.chat else value.text
+                if text:
+                    yield _event(reply.chunk(text))
                 if value.finish_reason:
-                    for chunk in reply.final_chunks(value.finish_reason, value.stats):
+                    for chunk in reply.tool_call_chunks(value.tool_calls) + \
+                            reply.final_chunks(value.finish_reason, value.stats):
                         yield _event(chunk)
             elif kind == "error":
                 log.warning("stream of %s ended by an error: %s", reply.id, value)
@@ -253,9 +255,9 @@ async def _respond_full(request: Request, job: Job, reply: Reply) -> HTTPRespons
         else:
             return error_response(error or RuntimeError("no output"), reply.chat)
     last = responses[-1]
-    text = "".join(r.text for r in responses)
+    text = "".join(r.content if reply.chat else r.text for r in responses)
     # finish_reason None: the server is shutting down (or an error) ended the generation early
-    return json_response(reply.full(text, last.finish_reason or "length", last.stats))
+    return json_response(reply.full(text, last.finish_reason or "length", last.stats, last.tool_calls))
 
 
 # ---------------------------------------------------------------- the app
@@ -286,9 +288,11 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
     async def generate(request: Request, chat: bool) -> HTTPResponse:
         req = schemas.parse(parse_json(await read_body(request, limits), limits, chat), chat)
         config = req.config(defaults)
-        prompt = req.prompt() if isinstance(req, schemas.ChatRequest) else req.prompt_value()
+        chat_request = isinstance(req, schemas.ChatRequest)
+        prompt = req.prompt() if chat_request else req.prompt_value()
+        tools = req.toolset() if chat_request else None
         reply = Reply(chat, req.include_usage, applied_config(config, draft is not None), model_id)
-        job = Job(prompt, config, asyncio.get_running_loop())
+        job = Job(prompt, config, asyncio.get_running_loop(), tools)
         worker.submit(job)
         log.info("%s: %s, %d queued", reply.id, "stream" if req.stream else "request", worker.pending())
         try:
@@ -314,7 +318,10 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
     async def http_error(request: Request, exc: Exception) -> HTTPResponse:
         assert isinstance(exc, HTTPException)
         method, path = request.method, request.url.path
-        if exc.status_code == 404:
+        if exc.status_code == 404 and path.rstrip("/") == "/v1/responses":
+            message = ("OpenAI's Responses API (/v1/responses) is not supported; localspec serves Chat "
+                       f"Completions, tool calls included: use POST /v1/chat/completions ({ROUTES_HELP})")
+        elif exc.status_code == 404:
             message = f"unknown route {method} {path}; this server offers {ROUTES_HELP}"
         elif exc.status_code == 405:
             allow = (exc.headers or {}).get("Allow", "")

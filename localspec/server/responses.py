@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model
 from localspec import __version__
 from localspec.config import GenerationConfig
 from localspec.decoding.engine import GenerationStats
+from localspec.tools import ToolCall
 
 FINGERPRINT = f"localspec-{__version__}"
 
@@ -91,9 +92,45 @@ class Usage(_Wire):
                    prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.cached_tokens))
 
 
+class FunctionCall(_Wire):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallOut(_Wire):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    @classmethod
+    def of(cls, call: ToolCall) -> ToolCallOut:
+        return cls(id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
+
+
 class ChatMessage(_Wire):
+    """The reply: its text (null when it is only tool calls) and the calls, sent only when made."""
+
+    omit_unless_given = frozenset({"tool_calls"})
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class FunctionDelta(_Wire):
+    omit_unless_given = frozenset({"name"})
+    name: str | None = None
+    arguments: str
+
+
+class ToolCallDelta(_Wire):
+    """A piece of a streamed tool call: the first of each call carries its id, type and name
+    with empty arguments; the later ones its index and argument fragments (OpenAI's stream)."""
+
+    omit_unless_given = frozenset({"id", "type"})
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
 
 
 class ChatChoice(_Wire):
@@ -104,11 +141,13 @@ class ChatChoice(_Wire):
 
 
 class Delta(_Wire):
-    """What a chat chunk adds: the role (first chunk), text, or nothing (the last chunk: `{}`)."""
+    """What a chat chunk adds: the role (first chunk), text, a piece of a tool call, or nothing
+    (the last chunk: `{}`)."""
 
-    omit_unless_given = frozenset({"role", "content"})
+    omit_unless_given = frozenset({"role", "content", "tool_calls"})
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(_Wire):
@@ -227,11 +266,14 @@ class Reply:
     def _head(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "model": self.model_id}
 
-    def full(self, text: str, finish: str, stats: GenerationStats) -> ChatCompletion | TextCompletion:
+    def full(self, text: str, finish: str, stats: GenerationStats,
+             tool_calls: tuple[ToolCall, ...] = ()) -> ChatCompletion | TextCompletion:
         usage, spec = Usage.of(stats), Speculative.of(self.config, stats)
         if self.chat:
+            message = (ChatMessage(content=text or None, tool_calls=[ToolCallOut.of(c) for c in tool_calls])
+                       if tool_calls else ChatMessage(content=text))
             return ChatCompletion(**self._head(), usage=usage, speculative=spec,
-                                  choices=[ChatChoice(message=ChatMessage(content=text), finish_reason=finish)])
+                                  choices=[ChatChoice(message=message, finish_reason=finish)])
         return TextCompletion(**self._head(), usage=usage, speculative=spec,
                               choices=[TextChoice(text=text, finish_reason=finish)])
 
@@ -246,6 +288,22 @@ class Reply:
             return ChatCompletionChunk(**self._head(), **extra,
                                        choices=[ChunkChoice(delta=delta, finish_reason=finish)])
         return TextCompletionChunk(**self._head(), **extra, choices=[TextChoice(text=text or "", finish_reason=finish)])
+
+    def tool_call_chunks(self, calls: tuple[ToolCall, ...]) -> list[Chunk]:
+        """The chunks of complete tool calls, as OpenAI streams them: per call, a first delta with
+        its index, id, type, name and empty arguments, then one per argument fragment."""
+        chunks: list[Chunk] = []
+        for call in calls:
+            deltas = [ToolCallDelta(index=call.index, id=call.id, type="function",
+                                    function=FunctionDelta(name=call.name, arguments=""))]
+            deltas += [ToolCallDelta(index=call.index, function=FunctionDelta(arguments=f))
+                       for f in call.fragments or (call.arguments,)]
+            chunks += [self._delta_chunk(Delta(tool_calls=[d])) for d in deltas]
+        return chunks
+
+    def _delta_chunk(self, delta: Delta) -> ChatCompletionChunk:
+        extra = {"usage": None} if self.include_usage else {}
+        return ChatCompletionChunk(**self._head(), **extra, choices=[ChunkChoice(delta=delta)])
 
     def final_chunks(self, finish: str, stats: GenerationStats) -> list[Chunk]:
         spec = Speculative.of(self.config, stats)

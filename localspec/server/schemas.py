@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from localspec.config import SETTING_KEYS, GenerationConfig, unknown_names
 from localspec.errors import ConfigError, RequestError
 from localspec.prompt import ROLE_RE
+from localspec.tools import ToolSet
 
 # parameters this server cannot honour: accepted only at their no-op values, never silently
 # ignored (the text would differ from what the client asked for). OpenAI's, then the samplers of
@@ -24,13 +25,13 @@ from localspec.prompt import ROLE_RE
 UNSUPPORTED: dict[str, Any] = {
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
     "best_of": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-    "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
+    "logit_bias": (None, {}), "functions": (None, []),
     "repeat_penalty": (None, 1), "repetition_penalty": (None, 1), "penalty_last_n": (None, 0),
     "mirostat": (None, 0), "mirostat_mode": (None, 0), "typical_p": (None, 1), "tfs_z": (None, 1),
     "dry_multiplier": (None, 0), "xtc_probability": (None, 0), "top_n_sigma": (None, -1),
     "dynatemp_range": (None, 0), "min_keep": (None, 0), "n_probs": (None, 0), "ignore_eos": (None, False),
     # OpenAI's, whose other values would change the text or its form
-    "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"), "modalities": (None, ["text"]),
+    "function_call": (None, "none", "auto"), "modalities": (None, ["text"]),
     "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "verbosity": (None,),
     "web_search_options": (None,), "min_tokens": (None, 0), "lenience": (None, 0),  # lenience: the Python API's
 }
@@ -59,12 +60,22 @@ class TextPart(_Strict):
 
 
 class Message(_Open):
+    """A chat message; an assistant message may carry tool_calls (and content null), a tool
+    message the tool_call_id it answers (checked by localspec.prompt.check_messages)."""
+
     role: str = Field(pattern=ROLE_RE.pattern)
-    content: Union[str, list[TextPart]]
+    content: Union[str, list[TextPart], None] = Field(default=None, validate_default=False)
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def as_dict(self) -> dict:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": self.role, "content": text}
+        text = self.content if not isinstance(self.content, list) else "".join(p.text for p in self.content)
+        out: dict[str, Any] = {"role": self.role, "content": text}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
 
 class StreamOptions(_Strict):
@@ -139,7 +150,7 @@ class _Request(_Open):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     cache_prompt: bool | None = None  # llama.cpp's: localspec keeps no prompt cache between requests
-    parallel_tool_calls: bool | None = None  # only with tools, which are refused
+    parallel_tool_calls: bool | None = None  # with tools (chat only); without them it has no effect
 
     def check_supported(self) -> None:
         for name, no_ops in UNSUPPORTED.items():
@@ -203,15 +214,40 @@ class ChatRequest(_Request):
         for i, message in enumerate(self.messages):
             for name in message.unknown():
                 raise RequestError(f"'messages[{i}].{name}' is not supported by localspec's server: the chat "
-                                   "template sees only 'role' and 'content' (leave it out, or send null)",
-                                   f"messages[{i}].{name}")
+                                   "template sees 'role', 'content', 'tool_calls', 'tool_call_id' and 'name' "
+                                   "(leave it out, or send null)", f"messages[{i}].{name}")
+            if message.content is None and not message.tool_calls:
+                raise RequestError(f"'messages[{i}].content': Field required (only an assistant message with "
+                                   "'tool_calls' may leave it out)", f"messages[{i}].content")
+            allowed = {"tool_calls": message.role == "assistant", "tool_call_id": message.role == "tool",
+                       "name": message.role == "tool"}
+            for name, ok in allowed.items():
+                if getattr(message, name) not in (None, "", []) and not ok:
+                    owner = "an assistant" if name == "tool_calls" else "a tool"
+                    raise RequestError(f"'messages[{i}].{name}' is not supported on a {message.role} message: the "
+                                       f"chat template renders it only on {owner} message (leave it out, or send "
+                                       "null)", f"messages[{i}].{name}")
 
     def prompt(self) -> list[dict]:
         return [m.as_dict() for m in self.messages]
 
+    def toolset(self) -> ToolSet | None:
+        """The request's tools, tool_choice and parallel_tool_calls (RequestError naming the field)."""
+        try:
+            return ToolSet.parse(self.tools, self.tool_choice, self.parallel_tool_calls)
+        except ConfigError as exc:
+            raise RequestError(str(exc), exc.param) from None
+
 
 class CompletionRequest(_Request):
     prompt: Union[str, list[str], list[int]]
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        for name in ("tools", "tool_choice", "parallel_tool_calls"):
+            if getattr(self, name) is not None:
+                raise RequestError(f"'{name}' belongs to POST /v1/chat/completions (tool calls need chat messages)",
+                                   name)
 
     def prompt_value(self) -> str | list[int]:
         p = self.prompt

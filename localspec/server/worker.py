@@ -18,6 +18,7 @@ from localspec.config import GenerationConfig
 from localspec.decoding.profiles import Profiles
 from localspec.errors import LocalspecError, RequestError
 from localspec.llama.model import Model
+from localspec.tools import ToolSet
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ class Job:
     prompt: Any
     config: GenerationConfig
     loop: asyncio.AbstractEventLoop
+    tools: ToolSet | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
 
@@ -110,7 +112,7 @@ class ModelWorker:
         stream = None
         try:
             stream = iter(Generation(self.target, self.draft, job.prompt, job.config, self.profiles,
-                                     self.prompt_cache or False))
+                                     self.prompt_cache or False, job.tools))
             for r in stream:
                 job.emit("token", r)
                 if r.finish_reason is None and (job.cancel.is_set() or self._closed):

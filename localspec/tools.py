@@ -1,0 +1,304 @@
+"""Tool calling: OpenAI's ``tools`` and ``tool_choice``, the grammar of the model's own tool-call
+syntax, and the calls parsed back out of what it generates.
+
+The syntax is the one Qwen 2.5 and Hermes-style models are trained on, where ``<tool_call>`` and
+``</tool_call>`` are single (user-defined) tokens of the vocabulary::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Parallel calls follow each other, separated by a newline; text before the first call is the
+answer's content. :class:`ToolSet` turns a request's tools into a grammar
+(:meth:`ToolSet.constraint`): with ``required`` or a named function the whole answer is calls
+(the name one of the tools', the arguments valid for that function's JSON schema); with ``auto``
+the answer is text or text followed by calls, and once a call opens the rest of it is
+constrained; with ``none`` it is text and the call token is forbidden. The grammar names the
+call tokens as tokens, so a model writing the *text* "<tool_call>" never opens a call.
+:class:`ToolCallParser` reads the generated tokens back into content and :class:`ToolCall` objects.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
+
+from localspec.config import JSON_LAYOUT, Constraint
+from localspec.errors import ConfigError
+
+NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+CHOICES = ("none", "auto", "required")
+MAX_TOOLS = 128  # OpenAI's limit on the number of functions in one request
+EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+Mode = Literal["none", "auto", "required", "function"]
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One function the model may call: its name, description and JSON schema of arguments
+    (``spec`` is the tool as the client sent it, which the chat template renders)."""
+
+    name: str
+    parameters_json: str  # the arguments' JSON schema, as JSON text (hashable)
+    spec_json: str
+
+    @property
+    def parameters(self) -> Any:
+        return json.loads(self.parameters_json)
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return json.loads(self.spec_json)
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> "Tool":
+        """A tool in OpenAI's shape ({"type": "function", "function": {"name", "description",
+        "parameters", "strict"}}); ConfigError naming the field otherwise."""
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} must be an object ({{\"type\": \"function\", \"function\": {{...}}}}), "
+                              f"not {_json_type(value)}", where)
+        if value.get("type") != "function":
+            raise ConfigError(f"{where}.type must be \"function\" (the only kind of tool localspec calls), got "
+                              f"{value.get('type')!r}", f"{where}.type")
+        function = value.get("function")
+        if not isinstance(function, Mapping):
+            raise ConfigError(f"{where}.function must be an object with a \"name\", not {_json_type(function)}",
+                              f"{where}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise ConfigError(f"{where}.function.name must be 1 to 64 letters, digits, _ or - (OpenAI's rule), got "
+                              f"{name!r:.80}", f"{where}.function.name")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise ConfigError(f"{where}.function.description must be a string", f"{where}.function.description")
+        parameters = function.get("parameters")
+        if parameters is None:
+            parameters = EMPTY_PARAMETERS
+        if not isinstance(parameters, Mapping):
+            raise ConfigError(f"{where}.function.parameters must be a JSON schema object, not "
+                              f"{_json_type(parameters)}", f"{where}.function.parameters")
+        strict = function.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise ConfigError(f"{where}.function.strict must be a boolean", f"{where}.function.strict")
+        unknown = sorted(set(function) - {"name", "description", "parameters", "strict"})
+        if unknown:
+            raise ConfigError(f"{where}.function has unknown field {unknown[0]!r} (known: name, description, "
+                              "parameters, strict)", f"{where}.function.{unknown[0]}")
+        return cls(name, json.dumps(parameters, ensure_ascii=False), json.dumps(value, ensure_ascii=False))
+
+
+@dataclass(frozen=True)
+class ToolSet:
+    """The tools of one request and how the model may use them: ``mode`` none, auto, required,
+    or function (``function`` names the one to call); ``parallel``: several calls in one answer."""
+
+    tools: tuple[Tool, ...]
+    mode: Mode = "auto"
+    function: str | None = None
+    parallel: bool = True
+
+    @classmethod
+    def parse(cls, tools: Any, tool_choice: Any = None, parallel_tool_calls: Any = None) -> "ToolSet | None":
+        """OpenAI's tools, tool_choice and parallel_tool_calls, checked (ConfigError naming the
+        field); None when there are no tools (and no tool_choice asks for one)."""
+        if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+            raise ConfigError("parallel_tool_calls must be true or false", "parallel_tool_calls")
+        if tools is None or (isinstance(tools, (list, tuple)) and not tools):
+            if tool_choice not in (None, "none", "auto"):
+                raise ConfigError("tool_choice asks for a tool call but no tools are given; send 'tools'",
+                                  "tool_choice")
+            return None
+        if not isinstance(tools, (list, tuple)):
+            raise ConfigError(f"tools must be an array of tools, not {_json_type(tools)}", "tools")
+        if len(tools) > MAX_TOOLS:
+            raise ConfigError(f"tools holds {len(tools)} tools; at most {MAX_TOOLS} are accepted", "tools")
+        parsed = tuple(Tool.parse(t, f"tools[{i}]") for i, t in enumerate(tools))
+        seen: dict[str, int] = {}
+        for i, tool in enumerate(parsed):
+            if tool.name in seen:
+                raise ConfigError(f"tools[{i}].function.name {tool.name!r} is also the name of tools[{seen[tool.name]}];"
+                                  " function names must differ", f"tools[{i}].function.name")
+            seen[tool.name] = i
+        mode, function = cls._choice(tool_choice, seen)
+        toolset = cls(parsed, mode, function, True if parallel_tool_calls is None else parallel_tool_calls)
+        toolset.check_schemas()
+        return toolset
+
+    @staticmethod
+    def _choice(value: Any, names: Mapping[str, int]) -> tuple[Mode, str | None]:
+        if value is None:
+            return "auto", None
+        if isinstance(value, str):
+            if value not in CHOICES:
+                raise ConfigError(f"tool_choice must be one of {', '.join(CHOICES)} or {{\"type\": \"function\", "
+                                  f"\"function\": {{\"name\": ...}}}}, got {value!r:.80}", "tool_choice")
+            return value, None  # type: ignore[return-value]
+        if not isinstance(value, Mapping) or value.get("type") != "function" \
+                or not isinstance(value.get("function"), Mapping):
+            raise ConfigError('tool_choice must be "none", "auto", "required" or {"type": "function", "function": '
+                              '{"name": ...}}', "tool_choice")
+        name = value["function"].get("name")
+        if name not in names:
+            raise ConfigError(f"tool_choice names the function {name!r:.80}, which is not among the tools "
+                              f"({', '.join(names)})", "tool_choice.function.name")
+        return "function", name
+
+    def check_schemas(self) -> None:
+        """Each function's parameters compile as a JSON schema (ConfigError naming the tool and
+        where in its schema the problem is)."""
+        from localspec.decoding.constraint import compile_constraint
+
+        for i, tool in enumerate(self.tools):
+            compile_constraint(Constraint.json_schema(tool.parameters_json, param=f"tools[{i}].function.parameters"))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tools)
+
+    def specs(self) -> list[dict[str, Any]]:
+        """The tools as the chat template renders them (as the client sent them)."""
+        return [t.spec for t in self.tools]
+
+    @property
+    def calls_allowed(self) -> bool:
+        return self.mode != "none"
+
+    def constraint(self) -> Constraint:
+        """The grammar of an answer under this tool choice (see the module docstring)."""
+        return Constraint.grammar(tool_grammar(self), lark=True, param="tools")
+
+
+def _call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
+    """The JSON schema of a call's body: {"name": one of the tools', "arguments": its schema}."""
+    options = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, "x-guidance": JSON_LAYOUT}
+
+
+def tool_grammar(toolset: ToolSet) -> str:
+    """A Lark grammar (llguidance's) of the answer: text and/or calls in the model's syntax."""
+    tools = toolset.tools if toolset.mode != "function" else tuple(t for t in toolset.tools
+                                                                    if t.name == toolset.function)
+    calls = 'call ("\\n" call)*' if toolset.parallel and toolset.mode != "function" else "call"
+    start = {"none": "TEXT", "auto": "TEXT | TEXT? calls", "required": "calls", "function": "calls"}[toolset.mode]
+    return "\n".join([
+        "%llguidance {}",
+        f"start: {start}",
+        f"calls: {calls}",
+        f'call: {CALL_OPEN} "\\n" body "\\n" {CALL_CLOSE}',
+        f"body: %json {json.dumps(_call_schema(tools), ensure_ascii=False)}",
+        "TEXT: /(?s:.+)/",
+        "",
+    ])
+
+
+# ---------------------------------------------------------------- calls out of generated tokens
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model made: ``arguments`` is the JSON text it wrote (an object valid for the
+    function's schema); ``fragments`` are that text's pieces as the tokens came (for streaming)."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+    fragments: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """OpenAI's shape: {"id", "type": "function", "function": {"name", "arguments"}}."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def call_tokens(model: Any) -> tuple[int, int]:
+    """The ids of the model's <tool_call> and </tool_call> tokens (ConfigError when it has none)."""
+    ids = [model.tokenize(text, add_special=False, parse_special=True) for text in (CALL_OPEN, CALL_CLOSE)]
+    if any(len(i) != 1 for i in ids):
+        raise ConfigError(f"{model.path.name} has no {CALL_OPEN} token: localspec calls tools in the "
+                          f"{CALL_OPEN} format of Qwen 2.5 and Hermes-style models, which this model does not use",
+                          "tools")
+    return ids[0][0], ids[1][0]
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+class ToolCallParser:
+    """Splits generated (token, text) pairs into the answer's content and its tool calls. Content
+    is released as it comes, except trailing whitespace, held until more text follows (the
+    newline before a call belongs to the syntax, not to the content)."""
+
+    def __init__(self, open_token: int, close_token: int) -> None:
+        self.open_token, self.close_token = open_token, close_token
+        self.calls: list[ToolCall] = []
+        self.content = ""  # released so far
+        self._held = ""  # trailing whitespace of the content, not yet released
+        self._call: list[str] | None = None  # the text pieces of the call being written
+        self.in_call = False
+
+    def push(self, token: int | None, text: str) -> str:
+        """One generated token and its text; returns the content it releases."""
+        if token == self.open_token and self._call is None:
+            self._held = ""  # the newline before the first call is syntax
+            self._call = []
+            self.in_call = True
+            return ""
+        if token == self.close_token and self._call is not None:
+            self.calls.append(self._parse(self._call, len(self.calls)))
+            self._call = None
+            self.in_call = False
+            return ""
+        if self._call is not None:
+            self._call.append(text)
+            return ""
+        if self.calls:  # between or after calls: the syntax's newlines
+            return ""
+        text = self._held + text
+        kept = text.rstrip()
+        self._held = text[len(kept):]
+        self.content += kept
+        return kept
+
+    def flush(self) -> str:
+        """At the end of an answer without calls: the held whitespace."""
+        out, self._held = ("", "") if self.calls or self._call is not None else (self._held, "")
+        self.content += out
+        return out
+
+    @property
+    def complete(self) -> bool:
+        """Calls were made and none is cut off."""
+        return bool(self.calls) and self._call is None
+
+    @staticmethod
+    def _parse(pieces: list[str], index: int) -> ToolCall:
+        """A call from its text ('\\n{"name": ..., "arguments": {...}}\\n'), the grammar's layout."""
+        text = "".join(pieces)
+        body = json.loads(text)
+        name = body["name"]
+        head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+        start = text.index(head) + len(head)
+        end = text.rindex("}")  # the body's own closing brace
+        arguments = text[start:end]
+        if json.loads(arguments) != body["arguments"]:  # not the layout the grammar forces: re-serialise
+            arguments = json.dumps(body["arguments"], ensure_ascii=False)
+            return ToolCall(index, new_call_id(), name, arguments, (arguments,))
+        fragments, pos = [], 0
+        for piece in pieces:
+            a, b = max(pos, start), min(pos + len(piece), end)
+            if a < b:
+                fragments.append(text[a:b])
+            pos += len(piece)
+        return ToolCall(index, new_call_id(), name, arguments, tuple(fragments))
