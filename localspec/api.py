@@ -105,11 +105,14 @@ class _StopFilter:
 class StopScanner:
     """A follower of the target's sequence (localspec.llama.sequence.Follower): the text of the tokens
     generated since the prompt, cut at the first stop string. :meth:`take` hands out each token
-    with its text once; tokens rolled back before they were taken are forgotten."""
+    with its text once; tokens rolled back before they were taken are forgotten. With `calls`
+    (the ids of <tool_call> and </tool_call>), stop strings apply to the text outside tool
+    calls only: a call's JSON is the grammar's, not the answer's text."""
 
-    def __init__(self, target: Model, stops: Sequence[str]) -> None:
+    def __init__(self, target: Model, stops: Sequence[str], calls: tuple[int, int] | None = None) -> None:
         self.target = target
         self.stops = tuple(stops)
+        self.calls = calls
         self.reset(())
 
     def reset(self, tokens: Sequence[int]) -> None:
@@ -119,6 +122,7 @@ class StopScanner:
         self._taken = 0
         self._detok = self.target.detokenizer()
         self._filter = _StopFilter(self.stops)
+        self._in_call = False
 
     @property
     def stopped(self) -> bool:
@@ -129,7 +133,14 @@ class StopScanner:
             self.generated.append(tok)
             if self.stopped:
                 continue  # past a stop string: no text
-            text = "" if self.target.is_eog(tok) else self._filter.push(self._detok.add(tok))
+            if self.target.is_eog(tok):
+                text = ""
+            elif self.calls is not None and (self._in_call or tok == self.calls[0]):
+                # a call opens: the text held back before it can no longer start a stop string
+                text = ("" if self._in_call else self._filter.flush()) + self._detok.add(tok)
+                self._in_call = tok != self.calls[1]
+            else:
+                text = self._filter.push(self._detok.add(tok))
             self._pieces.append((tok, text))
 
     def rollback(self, n: int) -> None:
@@ -218,7 +229,7 @@ class Generation:
         drafters = make_drafters(target, draft, self.config, self.profiles)
         self.engine = Engine(target, drafters, self.config, self.profiles)
         self._models = [m for m in (target, draft) if m is not None]
-        self.scanner = StopScanner(target, self.config.stop)
+        self.scanner = StopScanner(target, self.config.stop, self._parser.tokens if self._parser else None)
         self.restored = 0  # prompt tokens restored from the prompt cache
         self.restore_seconds = 0.0  # restoring the prompt's saved prefix (target and draft)
         self.save_seconds = 0.0  # saving the prompt's state (and the draft's at the end)

@@ -496,7 +496,8 @@ class GenerationConfig:
                  "lenience (lossy over-acceptance) needs verifier 'token'")
         _require(self.constraint is None or isinstance(self.constraint, Constraint), "constraint",
                  f"constraint must be a localspec.config.Constraint (or None), got {type(self.constraint).__name__}")
-        _require(not (self.constraint is not None and self.stop), "stop",
+        # tool calling's grammar is text or calls, and stop strings apply to the text only (api.StopScanner)
+        _require(not (self.constraint is not None and self.constraint.param != "tools" and self.stop), "stop",
                  "stop strings cannot be combined with a constraint: the grammar decides where the output "
                  "ends, and text cut at a stop string would no longer match it")
         self._check_shape()

@@ -86,6 +86,12 @@ class Tool:
         if not isinstance(parameters, Mapping):
             raise ConfigError(f"{where}.function.parameters must be a JSON schema object, not "
                               f"{_json_type(parameters)}", f"{where}.function.parameters")
+        if "type" not in parameters:  # {} or {"properties": ...}: arguments are always an object (OpenAI's contract)
+            parameters = {"type": "object", **parameters}
+        elif parameters["type"] != "object":
+            raise ConfigError(f"{where}.function.parameters must describe an object (\"type\": \"object\"): "
+                              f"a call's arguments are a JSON object, not {parameters['type']!r:.40}",
+                              f"{where}.function.parameters")
         strict = function.get("strict")
         if strict is not None and not isinstance(strict, bool):
             raise ConfigError(f"{where}.function.strict must be a boolean", f"{where}.function.strict")
@@ -189,7 +195,11 @@ def tool_grammar(toolset: ToolSet) -> str:
     """A Lark grammar (llguidance's) of the answer: text and/or calls in the model's syntax."""
     tools = toolset.tools if toolset.mode != "function" else tuple(t for t in toolset.tools
                                                                     if t.name == toolset.function)
-    calls = 'call ("\\n" call)*' if toolset.parallel and toolset.mode != "function" else "call"
+    # a newline may end the calls (then only the end of the answer may follow): models trained on
+    # this syntax often write one after </tool_call>, and a newline that must open another call
+    # would force them into calling again and again
+    calls = 'call ("\\n" call)* "\\n"?' if toolset.parallel and toolset.mode != "function" else 'call "\\n"?'
+
     start = {"none": "TEXT", "auto": "TEXT | TEXT? calls", "required": "calls", "function": "calls"}[toolset.mode]
     return "\n".join([
         "%llguidance {}",
@@ -242,6 +252,7 @@ class ToolCallParser:
 
     def __init__(self, open_token: int, close_token: int) -> None:
         self.open_token, self.close_token = open_token, close_token
+        self.tokens = (open_token, close_token)
         self.calls: list[ToolCall] = []
         self.content = ""  # released so far
         self._held = ""  # trailing whitespace of the content, not yet released
