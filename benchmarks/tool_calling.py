@@ -9,7 +9,7 @@ left) with the target alone (``-d none -k 0``), fresh processes, T = 0, medians:
   target pass, whole-process seconds and the ratio.
 * **Server round trip**: ``localspec serve`` started fresh, then the official ``openai`` client
   sends the weather request (``tool_choice: required``), runs the "tool" and sends its result back
-  for the final answer (``tool_choice: auto``), then the server stops: seconds from spawning the
+  for the final answer (without the tools: see docs/server.md), then the server stops: seconds from spawning the
   server to the final answer, and the ratio. The transcript of the first default round trip is
   printed too (docs/server.md quotes it).
 
@@ -168,8 +168,9 @@ def round_trip(extra: Sequence[str], profile_dir: Path, args: argparse.Namespace
         messages.append(reply.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
         for call in reply.tool_calls or []:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(TOOL_RESULT)})
-        final = client.chat.completions.create(model="default", messages=messages, tools=[WEATHER],
-                                               max_tokens=args.tokens)
+        # the result goes back without the tools: with them in the prompt again, the default 1.5B
+        # coder model repeats its call as text instead of answering (docs/server.md)
+        final = client.chat.completions.create(model="default", messages=messages, max_tokens=args.tokens)
         seconds = time.perf_counter() - t0
         messages.append({"role": "assistant", "content": final.choices[0].message.content,
                          "finish_reason": final.choices[0].finish_reason})

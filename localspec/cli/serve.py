@@ -79,6 +79,8 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     (temperature, top_p, max_tokens, seed, stop, and the extensions top_k, min_p,
     verifier, num_draft_tokens, paths, tree, drafter, plan). Every response has a
     "speculative" object with the settings used and the acceptance statistics.
+    Structured output (response_format) and OpenAI's tool calling (tools,
+    tool_choice, parallel_tool_calls, tool messages) work as with OpenAI.
 
     Limits: request bodies, messages, JSON nesting, the queue and the time a
     client may take to send its request are bounded (the options below);
