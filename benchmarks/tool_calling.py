@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from head_to_head import host_header  # noqa: E402
