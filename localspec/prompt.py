@@ -22,7 +22,7 @@ import functools
 import json
 import numbers
 import re
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Iterable, Iterator, Sequence, Union
 
 import llama_cpp as lc
 
@@ -164,11 +164,14 @@ def render_chat(model: Model, messages: Sequence[dict], add_generation_prompt: b
     """The conversation (and the tools the model may call) as text, through the model's own chat
     template: llama.cpp's built-in renderer when it knows the template and there are no tools,
     else the template's Jinja as Hugging Face renders it."""
+    return _render(model, _template(model), check_messages(messages), add_generation_prompt, tools)
+
+
+def _template(model: Model) -> str:
     template = model.chat_template
     if not template:
         raise PromptError(f"{model.path.name} has no chat template; send a plain prompt instead")
-    messages = check_messages(messages)
-    return _render(model, template, messages, add_generation_prompt, tools)
+    return template
 
 
 def _render(model: Model, template: str, messages: list[dict], add_generation_prompt: bool,
@@ -190,9 +193,7 @@ def chat_tokens(model: Model, messages: Sequence[dict], tools: Sequence[dict] | 
     token or a marker such as ``<tool_call>`` in it is read as text, never as that token. (Each
     such marker is replaced by a placeholder before rendering; only the template's own text is
     read for tokens; the placeholders become the text again.)"""
-    template = model.chat_template
-    if not template:
-        raise PromptError(f"{model.path.name} has no chat template; send a plain prompt instead")
+    template = _template(model)
     checked = check_messages(messages)
     real = _render(model, template, checked, True, tools)
     marked = _render(model, template, _escape(model, checked), True, _escape(model, list(tools or [])) or None)
@@ -211,8 +212,24 @@ def _is_marker(model: Model, token: int) -> bool:
     attr = model.token_attr(token)
     if attr & _SPECIAL_ATTRS:
         return True
+    if not attr & lc.LLAMA_TOKEN_ATTR_USER_DEFINED:
+        return False
     text = model.token_text(token)
-    return bool(attr & lc.LLAMA_TOKEN_ATTR_USER_DEFINED) and text.startswith(b"<") and text.endswith(b">")
+    return text.startswith(b"<") and text.endswith(b">")
+
+
+def _marker_spans(model: Model, text: str) -> Iterator[tuple[int, int, int]]:
+    """Where llama.cpp's tokenizer (parse_special on) reads a marker in `text`: (token, start, end)."""
+    pos = 0
+    for tok in model.tokenize(text, add_special=False, parse_special=True):
+        if not _is_marker(model, tok):
+            continue
+        marker = model.token_text(tok).decode("utf-8", "replace")
+        at = text.find(marker, pos)
+        if at < 0:  # cannot happen: the tokenizer found it in this text
+            raise ModelError(f"marker token {marker!r} not found in the text it was read from")
+        pos = at + len(marker)
+        yield tok, at, pos
 
 
 def _escape(model: Model, value: Any) -> Any:
@@ -231,14 +248,9 @@ def _escape_text(model: Model, text: str) -> str:
     if _OPEN in text or _CLOSE in text:
         text = text.replace(_OPEN, f"{_OPEN}o{_CLOSE}").replace(_CLOSE, f"{_OPEN}c{_CLOSE}")
     out, pos = [], 0
-    for tok in model.tokenize(text, add_special=False, parse_special=True):
-        if not _is_marker(model, tok):
-            continue
-        marker = model.token_text(tok)
-        at = text.find(marker.decode("utf-8", "replace"), pos)
-        if at >= 0:
-            out += [text[pos:at], f"{_OPEN}x{marker.hex()}{_CLOSE}"]
-            pos = at + len(marker.decode("utf-8", "replace"))
+    for tok, at, end in _marker_spans(model, text):
+        out += [text[pos:at], f"{_OPEN}x{model.token_text(tok).hex()}{_CLOSE}"]
+        pos = end
     out.append(text[pos:])
     return "".join(out)
 
@@ -265,19 +277,13 @@ def _template_pieces(model: Model, text: str) -> list[int | str]:
     tokenizer with parse_special reads it (including whitespace a marker strips beside it)."""
     out: list[int | str] = []
     pos = 0
-    for tok in model.tokenize(text, add_special=False, parse_special=True):
-        if not _is_marker(model, tok):
-            continue
+    for tok, at, end in _marker_spans(model, text):
         attr = model.token_attr(tok)
-        marker = model.token_text(tok).decode("utf-8", "replace")
-        at = text.find(marker, pos)
-        if at < 0:  # cannot happen: the tokenizer found it in this text
-            raise ModelError(f"control token {marker!r} not found in the chat template's output")
         before = text[pos:at]
         if attr & lc.LLAMA_TOKEN_ATTR_LSTRIP:
             before = before.rstrip()
         out += [before, tok]
-        pos = at + len(marker)
+        pos = end
         if attr & lc.LLAMA_TOKEN_ATTR_RSTRIP:
             rest = text[pos:]
             pos += len(rest) - len(rest.lstrip())

@@ -48,16 +48,8 @@ class Tool:
     (``spec`` is the tool as the client sent it, which the chat template renders)."""
 
     name: str
-    parameters_json: str  # the arguments' JSON schema, as JSON text (hashable)
-    spec_json: str
-
-    @property
-    def parameters(self) -> Any:
-        return json.loads(self.parameters_json)
-
-    @property
-    def spec(self) -> dict[str, Any]:
-        return json.loads(self.spec_json)
+    parameters: Mapping[str, Any]  # the arguments' JSON schema (always of an object)
+    spec: Mapping[str, Any]
 
     @classmethod
     def parse(cls, value: Any, where: str) -> "Tool":
@@ -99,7 +91,7 @@ class Tool:
         if unknown:
             raise ConfigError(f"{where}.function has unknown field {unknown[0]!r} (known: name, description, "
                               "parameters, strict)", f"{where}.function.{unknown[0]}")
-        return cls(name, json.dumps(parameters, ensure_ascii=False), json.dumps(value, ensure_ascii=False))
+        return cls(name, parameters, value)
 
 
 @dataclass(frozen=True)
@@ -164,7 +156,7 @@ class ToolSet:
         from localspec.decoding.constraint import compile_constraint
 
         for i, tool in enumerate(self.tools):
-            compile_constraint(Constraint.json_schema(tool.parameters_json, param=f"tools[{i}].function.parameters"))
+            compile_constraint(Constraint.json_schema(tool.parameters, param=f"tools[{i}].function.parameters"))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -172,7 +164,7 @@ class ToolSet:
 
     def specs(self) -> list[dict[str, Any]]:
         """The tools as the chat template renders them (as the client sent them)."""
-        return [t.spec for t in self.tools]
+        return [dict(t.spec) for t in self.tools]
 
     @property
     def calls_allowed(self) -> bool:
@@ -251,25 +243,21 @@ class ToolCallParser:
     newline before a call belongs to the syntax, not to the content)."""
 
     def __init__(self, open_token: int, close_token: int) -> None:
-        self.open_token, self.close_token = open_token, close_token
         self.tokens = (open_token, close_token)
         self.calls: list[ToolCall] = []
         self.content = ""  # released so far
         self._held = ""  # trailing whitespace of the content, not yet released
         self._call: list[str] | None = None  # the text pieces of the call being written
-        self.in_call = False
 
     def push(self, token: int | None, text: str) -> str:
         """One generated token and its text; returns the content it releases."""
-        if token == self.open_token and self._call is None:
+        if token == self.tokens[0] and self._call is None:
             self._held = ""  # the newline before the first call is syntax
             self._call = []
-            self.in_call = True
             return ""
-        if token == self.close_token and self._call is not None:
+        if token == self.tokens[1] and self._call is not None:
             self.calls.append(self._parse(self._call, len(self.calls)))
             self._call = None
-            self.in_call = False
             return ""
         if self._call is not None:
             self._call.append(text)
