@@ -29,7 +29,8 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from head_to_head import host_header, native_llama_tools  # noqa: E402
-from whole_process import TARGET_ALONE, Run, chat_text, llama_completion, localspec, progress  # noqa: E402
+from whole_process import (TARGET_ALONE, Run, chat_text, checked_args, llama_completion, localspec,  # noqa: E402
+                           progress)
 
 QUESTIONS = ("What does Engine.step return? Answer in one sentence.",
              "Which class holds the running statistics of a generation? Answer in one sentence.",
@@ -143,10 +144,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--no-llama-completion", action="store_true", help="skip llama.cpp's llama-completion")
     p.add_argument("--skip-chat", action="store_true", help="no resumed-chat table")
-    args = p.parse_args(argv)
-    if args.repeat < 1 or args.tokens < 1:
-        p.error("--repeat and --tokens must be >= 1")
-    return args
+    return checked_args(p, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,8 +44,8 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from head_to_head import host_header, native_llama_tools  # noqa: E402
-from whole_process import (TARGET_ALONE, Run, chat_text, default_target, llama_completion,  # noqa: E402
-                           localspec, progress)
+from whole_process import (TARGET_ALONE, Run, chat_text, checked_args, default_target,  # noqa: E402
+                           llama_completion, localspec, progress, task_options)
 
 
 def _string(max_length: int) -> dict[str, Any]:
@@ -267,20 +267,10 @@ def setup_cost() -> list[str]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", type=lambda s: s.split(","), default=list(TASKS),
-                   help=f"comma list of tasks (default all: {','.join(TASKS)})")
-    p.add_argument("--repeat", type=int, default=3, help="alternated runs per cell (default 3)")
-    p.add_argument("--tokens", type=int, default=320, help="max tokens per run (default 320)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    task_options(p, TASKS, tokens=320)
     p.add_argument("--no-llama-completion", action="store_true",
                    help="skip llama.cpp's llama-completion (otherwise built natively once, a few minutes)")
-    args = p.parse_args(argv)
-    unknown = [t for t in args.tasks if t not in TASKS]
-    if unknown:
-        p.error(f"unknown task(s) {', '.join(unknown)} in --tasks; choose from {', '.join(TASKS)}")
-    if args.repeat < 1 or args.tokens < 1:
-        p.error("--repeat and --tokens must be >= 1")
-    return args
+    return checked_args(p, argv, TASKS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from head_to_head import host_header  # noqa: E402
-from whole_process import TARGET_ALONE, Run, localspec, progress  # noqa: E402
+from whole_process import TARGET_ALONE, Run, checked_args, localspec, progress, task_options  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -201,19 +201,9 @@ def server_rows(args: argparse.Namespace, root: Path) -> tuple[list[str], list[d
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", type=lambda s: s.split(","), default=list(TASKS),
-                   help=f"comma list of CLI tasks (default all: {','.join(TASKS)})")
-    p.add_argument("--repeat", type=int, default=3, help="alternated runs per cell (default 3)")
-    p.add_argument("--tokens", type=int, default=200, help="max tokens per answer (default 200)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    task_options(p, TASKS, tokens=200, per="answer")
     p.add_argument("--no-server", action="store_true", help="skip the server round trip")
-    args = p.parse_args(argv)
-    unknown = [t for t in args.tasks if t not in TASKS]
-    if unknown:
-        p.error(f"unknown task(s) {', '.join(unknown)} in --tasks; choose from {', '.join(TASKS)}")
-    if args.repeat < 1 or args.tokens < 1:
-        p.error("--repeat and --tokens must be >= 1")
-    return args
+    return checked_args(p, argv, TASKS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

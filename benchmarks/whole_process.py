@@ -342,6 +342,29 @@ def kernels_table(args: argparse.Namespace, root: Path) -> list[str]:
     return lines
 
 
+def task_options(p: argparse.ArgumentParser, tasks: Sequence[str], tokens: int, per: str = "run") -> None:
+    """--tasks (a comma list of `tasks`), --repeat, --tokens and --threads: the options of the
+    benchmarks that alternate fresh processes over named tasks (see checked_args)."""
+    p.add_argument("--tasks", type=lambda s: s.split(","), default=list(tasks),
+                   help=f"comma list of tasks (default all: {','.join(tasks)})")
+    p.add_argument("--repeat", type=int, default=3, help="alternated runs per cell (default 3)")
+    p.add_argument("--tokens", type=int, default=tokens, help=f"max tokens per {per} (default {tokens})")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+
+
+def checked_args(p: argparse.ArgumentParser, argv: Sequence[str] | None,
+                 tasks: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed arguments; a usage error for an unknown task (with `tasks`) or a --repeat or
+    --tokens below 1."""
+    args = p.parse_args(argv)
+    unknown = [t for t in args.tasks if t not in tasks] if tasks is not None else []
+    if unknown:
+        p.error(f"unknown task(s) {', '.join(unknown)} in --tasks; choose from {', '.join(tasks or ())}")
+    if args.repeat < 1 or args.tokens < 1:
+        p.error("--repeat and --tokens must be >= 1")
+    return args
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_prompts_option(p, PROMPTS)

@@ -30,10 +30,11 @@ from localspec.config import GenerationConfig
 from localspec.llama.model import Model
 from localspec.server import ServerLimits, schemas, worker
 from localspec.server.app import create_app
-from localspec.server.run import base_url, bind_socket, uvicorn_config
+from localspec.server.run import bind_socket, uvicorn_config
 
 from conftest import QUANTIZATIONS, load
 from greedy import assert_greedy_text
+from serving import uvicorn_thread
 
 PROMPT = "def add(a, b): return a"
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
@@ -63,24 +64,11 @@ class Served:
 @contextlib.contextmanager
 def serving(target: Model, draft: Model) -> Iterator[Served]:
     """uvicorn serving these models on a free port, in a background thread (closes them after)."""
-    import uvicorn
-
     app = create_app(target, draft, model_id="tiny-pair", defaults=DEFAULTS, limits=LIMITS)
-    sock = bind_socket("127.0.0.1", 0)
-    uv = uvicorn.Server(uvicorn_config(app, LIMITS))
-    thread = threading.Thread(target=uv.run, kwargs=dict(sockets=[sock]), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    s = Served(base_url(sock), app.state.worker)
-    yield s
-    s.http.close()
-    uv.should_exit = True
-    thread.join(10)
-    assert not thread.is_alive()
-    sock.close()
+    with uvicorn_thread(app, LIMITS) as url:
+        s = Served(url, app.state.worker)
+        yield s
+        s.http.close()
     target.close()
     draft.close()
 

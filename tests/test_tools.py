@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -40,8 +38,8 @@ from localspec.models import tiny
 from localspec.prompt import chat_tokens, render_chat
 from localspec.server import ServerLimits
 from localspec.server.app import create_app
-from localspec.server.run import base_url, bind_socket, uvicorn_config
 from localspec.tools import ToolSet, call_tokens
+from serving import uvicorn_thread
 
 # ---------------------------------------------------------------- tools with bounded arguments
 
@@ -205,27 +203,14 @@ DEFAULTS = GenerationConfig.from_options(temperature=1.0, max_tokens=200, plan="
 @contextlib.contextmanager
 def serving(target_path: Path, draft_path: Path) -> Iterator[Served]:
     """uvicorn serving the pair (its own instances) on a free port, in a background thread."""
-    import uvicorn
-
     with load_model(target_path, **EXACT) as t, load_model(draft_path, **EXACT) as d:
         app = create_app(t, d, model_id="tiny-tools", defaults=DEFAULTS, limits=ServerLimits())
-        sock = bind_socket("127.0.0.1", 0)
-        uv = uvicorn.Server(uvicorn_config(app, ServerLimits()))
-        thread = threading.Thread(target=uv.run, kwargs=dict(sockets=[sock]), daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not uv.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-        served = Served(base_url(sock))
-        try:
-            yield served
-        finally:
-            served.http.close()
-            uv.should_exit = True
-            thread.join(10)
-            sock.close()
-        assert not thread.is_alive()
+        with uvicorn_thread(app, ServerLimits()) as url:
+            served = Served(url)
+            try:
+                yield served
+            finally:
+                served.http.close()
 
 
 @pytest.fixture(scope="module")
