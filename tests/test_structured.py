@@ -310,7 +310,8 @@ def test_settings_round_trip() -> None:
 def test_no_constraint_loads_no_grammar(tiny_target: Model) -> None:
     g = Generation(tiny_target, None, PROMPT, GenerationConfig(max_tokens=4), Profiles.in_memory())
     assert g.engine.structured is None and not any(isinstance(d, type) for d in g.engine.drafters)
-    assert [r.constraint_satisfied for r in g] == [None] * 4
+    satisfied = [r.constraint_satisfied for r in g]  # a random seed: the model may end before 4 tokens
+    assert satisfied and all(s is None for s in satisfied)
     assert not any(isinstance(f, C.GrammarFollower) for f in tiny_target.sequence.followers)
 
 
