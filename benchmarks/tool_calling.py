@@ -8,7 +8,7 @@ left) with the target alone (``-d none -k 0``), fresh processes, T = 0, medians:
   they are valid for the functions' schemas, forced % (tokens the grammar forces), tokens per
   target pass, whole-process seconds and the ratio.
 * **Server round trip**: ``localspec serve`` started fresh, then the official ``openai`` client
-  sends the weather request (``tool_choice: required``), runs the "tool" and sends its result back
+  sends the weather request (``tool_choice`` left out: ``auto``), runs the "tool" and sends its result back
   for the final answer (without the tools: see docs/server.md), then the server stops: seconds from spawning the
   server to the final answer, and the ratio. The transcript of the first default round trip is
   printed too (docs/server.md quotes it).
@@ -65,10 +65,10 @@ class Task:
 
 
 TASKS = {
-    "weather": Task("What's the weather like in Paris today?", (WEATHER, SEARCH), "required"),
+    "weather": Task("What's the weather like in Paris today?", (WEATHER, SEARCH)),
     "event": Task("Put a meeting called 'Quarterly review' with Alice and Bob in my calendar on 2026-12-03 "
-                  "at 14:00.", (EVENT, WEATHER), "required"),
-    "parallel": Task("What's the weather in Paris and in Tokyo? Use celsius.", (WEATHER,), "required"),
+                  "at 14:00.", (EVENT, WEATHER)),
+    "parallel": Task("What's the weather in Paris and in Tokyo? Use celsius.", (WEATHER,)),
 }
 TOOL_RESULT = {"city": "Paris", "temperature": 8, "unit": "celsius", "conditions": "light rain"}
 
@@ -163,13 +163,13 @@ def round_trip(extra: Sequence[str], profile_dir: Path, args: argparse.Namespace
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         messages: list[dict] = [{"role": "user", "content": TASKS["weather"].prompt}]
         first = client.chat.completions.create(model="default", messages=messages, tools=[WEATHER],
-                                               tool_choice="required", max_tokens=args.tokens)
+                                               max_tokens=args.tokens)
         reply = first.choices[0].message
         messages.append(reply.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
         for call in reply.tool_calls or []:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(TOOL_RESULT)})
         # the result goes back without the tools: with them in the prompt again, the default 1.5B
-        # coder model repeats its call as text instead of answering (docs/server.md)
+        # coder model calls again instead of answering (docs/server.md)
         final = client.chat.completions.create(model="default", messages=messages, max_tokens=args.tokens)
         seconds = time.perf_counter() - t0
         messages.append({"role": "assistant", "content": final.choices[0].message.content,

@@ -35,7 +35,7 @@ from localspec.llama.model import Model
 from localspec.decoding.profiles import Profiles
 from localspec.llama.prompt_cache import PromptCache
 from localspec.prompt import Prompt, prompt_tokens, supports_tools
-from localspec.tools import ToolCall, ToolCallParser, ToolSet, call_tokens
+from localspec.tools import JsonCalls, ToolCall, ToolCallParser, ToolSet, call_tokens
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +341,9 @@ def _tool_parser(target: Model, prompt: Prompt, tools: ToolSet | None) -> ToolCa
     if not template or not supports_tools(template):
         raise ConfigError(f"the chat template of {target.path.name} has no support for tools; localspec calls "
                           "tools with the model's own template (Qwen 2.5 and Hermes-style models have one)", "tools")
-    return ToolCallParser(*call_tokens(target)) if tools.calls_allowed else None
+    if not tools.calls_allowed:
+        return None
+    return ToolCallParser(*call_tokens(target), JsonCalls(tools.tools) if tools.mode == "auto" else None)
 
 
 def _with_tools(config: GenerationConfig, tools: ToolSet) -> GenerationConfig:

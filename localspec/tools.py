@@ -15,6 +15,10 @@ answer's content. :class:`ToolSet` turns a request's tools into a grammar
 the answer is text or text followed by calls, and once a call opens the rest of it is
 constrained; with ``none`` it is text and the call token is forbidden. The grammar names the
 call tokens as tokens, so a model writing the *text* "<tool_call>" never opens a call.
+
+With ``auto`` a call may also be written as plain JSON, the whole answer being
+``{"name": ..., "arguments": {...}}`` (bare or in a Markdown code block): small models trained on
+the syntax above often call that way (:class:`JsonCalls`; llama.cpp's server reads these too).
 :class:`ToolCallParser` reads the generated tokens back into content and :class:`ToolCall` objects.
 """
 
@@ -184,24 +188,113 @@ def _call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
 
 
 def tool_grammar(toolset: ToolSet) -> str:
-    """A Lark grammar (llguidance's) of the answer: text and/or calls in the model's syntax."""
+    """A Lark grammar (llguidance's) of the answer: text and/or calls in the model's syntax (and,
+    with ``auto``, calls written as plain JSON: :class:`JsonCalls`)."""
     tools = toolset.tools if toolset.mode != "function" else tuple(t for t in toolset.tools
                                                                     if t.name == toolset.function)
     # a newline may end the calls (then only the end of the answer may follow): models trained on
     # this syntax often write one after </tool_call>, and a newline that must open another call
     # would force them into calling again and again
     calls = 'call ("\\n" call)* "\\n"?' if toolset.parallel and toolset.mode != "function" else 'call "\\n"?'
-
-    start = {"none": "TEXT", "auto": "TEXT | TEXT? calls", "required": "calls", "function": "calls"}[toolset.mode]
+    start = {"none": "TEXT", "auto": "TEXT | TEXT? calls | json_calls", "required": "calls",
+             "function": "calls"}[toolset.mode]
+    json_calls = JsonCalls(tools).rules(toolset.parallel) if toolset.mode == "auto" else []
+    text = "TEXT: /(?s:.+)/" + (f" & ~/(?s:{JsonCalls(tools).opening}.*)/" if toolset.mode == "auto" else "")
     return "\n".join([
         "%llguidance {}",
         f"start: {start}",
         f"calls: {calls}",
         f'call: {CALL_OPEN} "\\n" body "\\n" {CALL_CLOSE}',
         f"body: %json {json.dumps(_call_schema(tools), ensure_ascii=False)}",
-        "TEXT: /(?s:.+)/",
+        *json_calls,
+        text,
         "",
     ])
+
+
+_WS = "[ \\t\\r\\n]{0,64}"  # whitespace around a plain-JSON call's keys (bounded: a model cannot pad forever)
+_FENCE = "```(?:json)?\\n"  # a Markdown code block opening
+_FENCE_RE = re.compile(_FENCE)
+
+
+class JsonCalls:
+    """Calls written as plain JSON, ``{"name": "get_weather", "arguments": {...}}``, bare or in a
+    Markdown code block, from the very start of the answer: how small models trained on the
+    <tool_call> syntax often answer instead (llama.cpp's server accepts these too). With
+    ``auto``, once the answer opens with ``{"name": "<one of the tools>"`` (any whitespace, after
+    an optional `````json`` line), text is no longer possible: the rest is constrained as a call
+    (arguments valid for that function's schema), and more calls may follow, one per block."""
+
+    def __init__(self, tools: Sequence[Tool]) -> None:
+        self.tools = tuple(tools)
+        names = "|".join(re.escape(t.name) for t in self.tools)
+        # the same regex for the grammar (Rust's regex syntax) and the parser (Python's)
+        self.opening = f'(?:{_FENCE})?\\{{{_WS}"name"{_WS}:{_WS}"(?:{names})"'
+        self._opening = re.compile(self.opening)
+        self._prefix = re.compile(_prefix_pattern(self.tools))
+
+    def rules(self, parallel: bool) -> list[str]:
+        """The grammar's rules: ``json_calls`` and what it is made of."""
+        layout = {"whitespace_flexible": True, "whitespace_pattern": "[ \\t\\r\\n]{1,64}", "lenient": False}
+        arguments_key = f'/{_WS},{_WS}"arguments"{_WS}:{_WS}/'
+        rules, alternatives = [], []
+        for i, tool in enumerate(self.tools):
+            name = f'\\{{{_WS}"name"{_WS}:{_WS}"{re.escape(tool.name)}"'
+            rules += [f"json_call{i}: /{name}/ {arguments_key} arguments{i} /{_WS}\\}}/",
+                      f"fenced_call{i}: /{_FENCE}{name}/ {arguments_key} arguments{i} /{_WS}\\}}\\n```/",
+                      f"arguments{i}: %json {json.dumps({**tool.parameters, 'x-guidance': layout}, ensure_ascii=False)}"]
+            alternatives += [f"json_call{i}", f"fenced_call{i}"]
+        more = ' (/\\n\\n?/ json_call)*' if parallel else ""
+        return [f"json_calls: json_call{more} \"\\n\"?", "json_call: " + " | ".join(alternatives), *rules]
+
+    def opens(self, text: str) -> bool:
+        """Whether an answer starting with `text` has opened a call (the grammar allows no text then)."""
+        return self._opening.match(text) is not None
+
+    def may_open(self, text: str) -> bool:
+        """Whether an answer starting with `text` may still turn out to be a call."""
+        return self._prefix.fullmatch(text) is not None
+
+    @staticmethod
+    def parse(text: str) -> list[tuple[str, Any]] | None:
+        """The (name, arguments) of each call in the answer `text`, in the grammar's layout (calls,
+        each bare or in a code block, one or two newlines apart, perhaps a newline after the
+        last); None when it is not that, complete."""
+        decoder, calls, pos = json.JSONDecoder(), [], 0
+        while True:
+            fence = _FENCE_RE.match(text, pos)
+            try:
+                body, pos = decoder.raw_decode(text, fence.end() if fence else pos)
+            except json.JSONDecodeError:
+                return None
+            if fence and not text.startswith("\n```", pos):
+                return None
+            pos += 4 if fence else 0
+            if not isinstance(body, dict) or set(body) != {"name", "arguments"}:
+                return None
+            calls.append((body["name"], body["arguments"]))
+            if text[pos:] in ("", "\n"):
+                return calls
+            separator = len(text[pos:pos + 2]) - len(text[pos:pos + 2].lstrip("\n"))
+            if not separator:
+                return None
+            pos += separator
+
+
+def _prefix_pattern(tools: Sequence[Tool]) -> str:
+    """A regex matching every prefix of an opening (:attr:`JsonCalls.opening`), the empty one too."""
+    def literal(s: str) -> str:  # s, or any prefix of it
+        return "".join(f"(?:{re.escape(c)}" for c in s) + ")?" * len(s)
+
+    def then(first: str, first_prefix: str, rest: str) -> str:  # a prefix of `first` followed by `rest`
+        return f"(?:(?:{first}){rest}|{first_prefix})"
+
+    ws = _WS
+    names = "(?:" + "|".join(literal(t.name + '"') for t in tools) + ")"
+    tail = then("\\{", "", then(ws, ws, then('"name"', literal('"name"'), then(
+        ws, ws, then(":", "", then(ws, ws, then('"', "", names)))))))
+    fence = then("```json\\n|```\\n", literal("```json\n") + "|" + literal("```\n"), tail)
+    return f"(?:{fence}|{tail})"
 
 
 # ---------------------------------------------------------------- calls out of generated tokens
@@ -240,17 +333,39 @@ def new_call_id() -> str:
 class ToolCallParser:
     """Splits generated (token, text) pairs into the answer's content and its tool calls. Content
     is released as it comes, except trailing whitespace, held until more text follows (the
-    newline before a call belongs to the syntax, not to the content)."""
+    newline before a call belongs to the syntax, not to the content), and, with `json_calls`,
+    the answer's start while it may still be a call written as plain JSON (:class:`JsonCalls`)."""
 
-    def __init__(self, open_token: int, close_token: int) -> None:
+    def __init__(self, open_token: int, close_token: int, json_calls: JsonCalls | None = None) -> None:
         self.tokens = (open_token, close_token)
+        self.json_calls = json_calls
         self.calls: list[ToolCall] = []
         self.content = ""  # released so far
         self._held = ""  # trailing whitespace of the content, not yet released
         self._call: list[str] | None = None  # the text pieces of the call being written
+        self._start: str | None = "" if json_calls is not None else None  # the answer's start, held
+        self._json: list[str] | None = None  # the answer, once it opened a call written as plain JSON
 
     def push(self, token: int | None, text: str) -> str:
         """One generated token and its text; returns the content it releases."""
+        if self._json is not None:
+            self._json.append(text)
+            return ""
+        if self._start is None:
+            return self._push(token, text)
+        held, self._start = self._start, None
+        if token in self.tokens or self.json_calls is None:  # a call token: what was held is text before it
+            return self._text(held) + self._push(token, text)
+        start = held + text
+        if self.json_calls.opens(start):
+            self._json = [start]
+        elif self.json_calls.may_open(start):
+            self._start = start
+        else:
+            return self._text(start)
+        return ""
+
+    def _push(self, token: int | None, text: str) -> str:
         if token == self.tokens[0] and self._call is None:
             self._held = ""  # the newline before the first call is syntax
             self._call = []
@@ -264,6 +379,10 @@ class ToolCallParser:
             return ""
         if self.calls:  # between or after calls: the syntax's newlines
             return ""
+        return self._text(text)
+
+    def _text(self, text: str) -> str:
+        """Content, released but for its trailing whitespace."""
         text = self._held + text
         kept = text.rstrip()
         self._held = text[len(kept):]
@@ -271,15 +390,26 @@ class ToolCallParser:
         return kept
 
     def flush(self) -> str:
-        """At the end of an answer without calls: the held whitespace."""
-        out, self._held = ("", "") if self.calls or self._call is not None else (self._held, "")
-        self.content += out
-        return out
+        """At the end of the answer: the calls written as plain JSON, when they are complete, or
+        the content still held (the answer's start, trailing whitespace)."""
+        if self._json is not None:
+            calls = JsonCalls.parse("".join(self._json))
+            if calls is not None:
+                self._json = None
+                for name, arguments in calls:
+                    text = json.dumps(arguments, ensure_ascii=False)
+                    self.calls.append(ToolCall(len(self.calls), new_call_id(), name, text, (text,)))
+            return ""
+        out = self._text(self._start) if self._start else ""
+        self._start = None
+        held, self._held = ("", "") if self.calls or self._call is not None else (self._held, "")
+        self.content += held
+        return out + held
 
     @property
     def complete(self) -> bool:
         """Calls were made and none is cut off."""
-        return bool(self.calls) and self._call is None
+        return bool(self.calls) and self._call is None and self._json is None
 
     @staticmethod
     def _parse(pieces: list[str], index: int) -> ToolCall:

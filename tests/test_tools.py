@@ -38,7 +38,7 @@ from localspec.models import tiny
 from localspec.prompt import chat_tokens, render_chat
 from localspec.server import ServerLimits
 from localspec.server.app import create_app
-from localspec.tools import ToolSet, call_tokens
+from localspec.tools import JsonCalls, ToolCallParser, ToolSet, call_tokens
 from serving import uvicorn_thread
 
 # ---------------------------------------------------------------- tools with bounded arguments
@@ -428,6 +428,128 @@ def test_once_a_call_opens_the_rest_is_constrained(target: Model) -> None:
         grammar.reset([target.bos])
         assert grammar.forced()[:1] == [OPEN]
         assert not grammar.allows(target.tokenize("hello", add_special=False)[0])
+
+
+# ---------------------------------------------------------------- 3b. auto: calls written as plain JSON
+
+# how small models trained on the <tool_call> syntax often call instead (the default 1.5B coder
+# model does, measured): a JSON object, bare or in a Markdown code block, as the whole answer
+PLAIN_JSON_CALLS = [
+    ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris",\n    "unit": "c",\n'
+     '    "days": 2\n  }\n}\n```', [("get_weather", {"city": "Paris", "unit": "c", "days": 2})]),
+    ('{"name": "get_time", "arguments": {"zone": "utc"}}', [("get_time", {"zone": "utc"})]),
+    ('```\n{"name":"get_time","arguments":{"zone":"cet"}}\n```\n\n```json\n{"name": "get_weather", "arguments": '
+     '{"city": "Oslo", "unit": "f", "days": 7}}\n```\n',
+     [("get_time", {"zone": "cet"}), ("get_weather", {"city": "Oslo", "unit": "f", "days": 7})]),
+]
+# answers that are text: other code blocks, JSON that is no call of these tools, a call in prose
+PLAIN_TEXTS = ['```python\nprint(1)\n```', '{"name": "get_weatherman", "arguments": {}}',
+               '{"arguments": {"zone": "utc"}, "name": "get_time"}', '```json\n{"city": "Paris"}\n```',
+               'Sure: {"name": "get_time", "arguments": {"zone": "utc"}}', '{', '``']
+
+
+def answer_tokens(model: Model, text: str) -> list[int]:
+    """`text` as the tokens of an answer (no SentencePiece space put before its start)."""
+    sep = model.tokenize("\x01", add_special=False)
+    joined = model.tokenize("\x01" + text, add_special=False)
+    assert joined[: len(sep)] == sep
+    return joined[len(sep):]
+
+
+def auto_grammar(target: Model, tools: list[dict] = TOOLS[:2]) -> GrammarFollower:
+    grammar = GrammarFollower.for_model(ToolSet.parse(tools, "auto").constraint(), target)
+    grammar.reset([target.bos])
+    return grammar
+
+
+def parse_answer(target: Model, tokens: list[int], tools: list[dict] = TOOLS[:2]) -> ToolCallParser:
+    toolset = ToolSet.parse(tools, "auto")
+    parser = ToolCallParser(OPEN, CLOSE, JsonCalls(toolset.tools))
+    for token in tokens:
+        parser.push(token, text_of(target, [token]))
+    parser.flush()
+    return parser
+
+
+@pytest.mark.parametrize("text, calls", PLAIN_JSON_CALLS)
+def test_auto_reads_calls_written_as_plain_json(target: Model, text: str, calls: list) -> None:
+    """With "auto", an answer that is a call written as plain JSON (bare or in a code block,
+    several one after the other) is allowed by the grammar and read as calls, valid for their
+    schemas, with no content; cut off before its end it is no call at all."""
+    tokens = answer_tokens(target, text)
+    grammar = auto_grammar(target)
+    for token in tokens:
+        assert grammar.allows(token), (text_of(target, tokens[: tokens.index(token)]), token)
+        grammar.commit([token])
+    assert grammar.accepts_end()
+    parser = parse_answer(target, tokens)
+    assert parser.complete and parser.content == ""
+    assert [(c.index, c.name, json.loads(c.arguments)) for c in parser.calls] == \
+        [(i, name, arguments) for i, (name, arguments) in enumerate(calls)]
+    for call in parser.calls:
+        assert_valid_call(call.name, call.arguments, TOOLS[:2])
+        assert call.id.startswith("call_") and call.fragments == (call.arguments,)
+    cut = parse_answer(target, tokens[:-3])
+    assert not cut.complete and cut.calls == [] and cut.content == ""
+
+
+@pytest.mark.parametrize("text", PLAIN_TEXTS)
+def test_plain_json_that_is_no_call_stays_text(target: Model, text: str) -> None:
+    """Answers that only look like a plain-JSON call (another name, arguments first, prose
+    before it, other code) are text: the grammar lets them end and lets text go on, and the
+    parser gives them back whole as content (negative control for the test above)."""
+    tokens = answer_tokens(target, text)
+    grammar = auto_grammar(target)
+    grammar.commit(tokens)
+    assert grammar.accepts_end() and grammar.allows(answer_tokens(target, "x")[0])
+    parser = parse_answer(target, tokens)
+    assert parser.calls == [] and not parser.complete and parser.content == text.rstrip()
+
+
+def test_once_a_plain_json_call_opens_text_is_over(target: Model) -> None:
+    """Once the answer opens with {"name": "<one of the tools>", text is no longer possible: the
+    grammar forbids the end and prose and holds the arguments to the function's schema. Just
+    before the name is complete, text is still possible (the parser holds that start back
+    meanwhile, and releases it once it can no longer be a call)."""
+    opening = '```json\n{\n  "name": "get_time"'
+    x, eos = answer_tokens(target, "x")[0], target.eos
+    grammar = auto_grammar(target)
+    grammar.commit(answer_tokens(target, opening[:-3]))
+    assert grammar.allows(x) and grammar.accepts_end()  # '..."get_ti' may still be text
+    grammar = auto_grammar(target)
+    grammar.commit(answer_tokens(target, opening + ', "arguments": {"zone": "'))
+    assert not grammar.allows(eos) and not grammar.allows(x)
+    assert grammar.allows(answer_tokens(target, "u")[0]) and grammar.allows(answer_tokens(target, "c")[0])
+    calls = JsonCalls(ToolSet.parse(TOOLS[:2], "auto").tools)
+    prefixes = [opening[:i] for i in range(len(opening))]
+    assert all(calls.may_open(p) and not calls.opens(p) for p in prefixes) and calls.opens(opening)
+    assert not calls.may_open('```json\n{\n  "name": "get_x') and not calls.may_open("``` ")
+    # the parser agrees with the grammar at every token of every example: where it holds the
+    # start back or reads a call, the grammar may still (or must) make it a call; where it
+    # released text, the grammar lets text go on
+    for text in [t for t, _ in PLAIN_JSON_CALLS] + PLAIN_TEXTS:
+        tokens = answer_tokens(target, text)
+        for n in range(1, len(tokens) + 1):
+            start = text_of(target, tokens[:n])
+            grammar = auto_grammar(target)
+            grammar.commit(tokens[:n])
+            if calls.opens(start):  # a call: it may end exactly where it is complete
+                assert grammar.accepts_end() == (JsonCalls.parse(start) is not None), start
+            elif not calls.may_open(start):
+                assert grammar.allows(x) and grammar.accepts_end(), start
+
+
+def test_plain_json_calls_only_with_auto(target: Model) -> None:
+    """With "none" a plain-JSON call is text (there are no calls to make); with "required" the
+    answer opens with <tool_call> (plain JSON is not allowed)."""
+    tokens = answer_tokens(target, PLAIN_JSON_CALLS[1][0])
+    grammar = GrammarFollower.for_model(ToolSet.parse(TOOLS[:2], "none").constraint(), target)
+    grammar.reset([target.bos])
+    grammar.commit(tokens)
+    assert grammar.accepts_end()
+    grammar = GrammarFollower.for_model(ToolSet.parse(TOOLS[:2], "required").constraint(), target)
+    grammar.reset([target.bos])
+    assert not grammar.allows(tokens[0])
 
 
 # ---------------------------------------------------------------- 4. none
