@@ -107,12 +107,15 @@ class StopScanner:
     generated since the prompt, cut at the first stop string. :meth:`take` hands out each token
     with its text once; tokens rolled back before they were taken are forgotten. With `calls`
     (the ids of <tool_call> and </tool_call>), stop strings apply to the text outside tool
-    calls only: a call's JSON is the grammar's, not the answer's text."""
+    calls only: a call's JSON is the grammar's, not the answer's text; so with `json_calls`, to
+    an answer that is a call written as plain JSON (its start is held back while it may be)."""
 
-    def __init__(self, target: Model, stops: Sequence[str], calls: tuple[int, int] | None = None) -> None:
+    def __init__(self, target: Model, stops: Sequence[str], calls: tuple[int, int] | None = None,
+                 json_calls: JsonCalls | None = None) -> None:
         self.target = target
         self.stops = tuple(stops)
         self.calls = calls
+        self.json_calls = json_calls
         self.reset(())
 
     def reset(self, tokens: Sequence[int]) -> None:
@@ -123,6 +126,8 @@ class StopScanner:
         self._detok = self.target.detokenizer()
         self._filter = _StopFilter(self.stops)
         self._in_call = False
+        self._start: str | None = "" if self.json_calls is not None and self.stops else None  # held back
+        self._in_json = False  # the answer is a call written as plain JSON
 
     @property
     def stopped(self) -> bool:
@@ -137,11 +142,32 @@ class StopScanner:
                 text = ""
             elif self.calls is not None and (self._in_call or tok == self.calls[0]):
                 # a call opens: the text held back before it can no longer start a stop string
-                text = ("" if self._in_call else self._filter.flush()) + self._detok.add(tok)
+                text = ("" if self._in_call else self._release_start() + self._filter.flush()) + self._detok.add(tok)
                 self._in_call = tok != self.calls[1]
+            elif self._in_json:
+                text = self._detok.add(tok)
+            elif self._start is not None:
+                text = self._watch_start(self._detok.add(tok))
             else:
                 text = self._filter.push(self._detok.add(tok))
             self._pieces.append((tok, text))
+
+    def _watch_start(self, text: str) -> str:
+        """The answer's start, kept from the stop strings while it may be a call written as plain
+        JSON (then all of it is)."""
+        assert self.json_calls is not None and self._start is not None
+        start, self._start = self._start + text, None
+        if self.json_calls.opens(start):
+            self._in_json = True
+            return start
+        if self.json_calls.may_open(start):
+            self._start = start
+            return ""
+        return self._filter.push(start)
+
+    def _release_start(self) -> str:
+        start, self._start = self._start or "", None
+        return self._filter.push(start) if start and not self.stopped else ""
 
     def rollback(self, n: int) -> None:
         keep = self.generated[: len(self.generated) - n]
@@ -160,7 +186,11 @@ class StopScanner:
 
     def flush(self) -> str:
         """Text held back (a possible start of a stop string, an incomplete character)."""
-        return "" if self.stopped else self._filter.push(self._detok.flush()) + self._filter.flush()
+        if self.stopped:
+            return ""
+        if self._in_json:
+            return self._detok.flush()
+        return self._release_start() + self._filter.push(self._detok.flush()) + self._filter.flush()
 
 
 def _check_arguments(target: Any, draft: Any, config: Any, profiles: Any) -> None:
@@ -229,7 +259,9 @@ class Generation:
         drafters = make_drafters(target, draft, self.config, self.profiles)
         self.engine = Engine(target, drafters, self.config, self.profiles)
         self._models = [m for m in (target, draft) if m is not None]
-        self.scanner = StopScanner(target, self.config.stop, self._parser.tokens if self._parser else None)
+        parser = self._parser
+        self.scanner = StopScanner(target, self.config.stop, parser.tokens if parser else None,
+                                   parser.json_calls if parser else None)
         self.restored = 0  # prompt tokens restored from the prompt cache
         self.restore_seconds = 0.0  # restoring the prompt's saved prefix (target and draft)
         self.save_seconds = 0.0  # saving the prompt's state (and the draft's at the end)

@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from openai import BadRequestError, OpenAI
 
 from localspec import load_model
-from localspec.api import Response, stream_generate
+from localspec.api import Response, StopScanner, stream_generate
 from localspec.cli import cli
 from localspec.config import GenerationConfig
 from localspec.decoding.constraint import GrammarFollower
@@ -884,3 +884,23 @@ def test_stop_strings_cut_the_text_never_a_call(target: Model, draft: Model) -> 
         content = "".join(r.content for r in rs)
         assert "e" not in content and rs[-1].tool_calls == ()
         assert rs[-1].finish_reason in ("stop", "length")
+
+
+def scanned(target: Model, text: str, stops: list[str]) -> tuple[str, bool]:
+    """The text a StopScanner for an "auto" answer hands out for `text`, and whether it stopped."""
+    scanner = StopScanner(target, stops, (OPEN, CLOSE), JsonCalls(ToolSet.parse(TOOLS[:2], "auto").tools))
+    scanner.commit(answer_tokens(target, text))
+    out = "".join(t for _, t in scanner.take())
+    return out + scanner.flush(), scanner.stopped
+
+
+def test_stop_strings_never_cut_a_call_written_as_plain_json(target: Model) -> None:
+    """Stop strings that a plain-JSON call contains (its code fences, the blank line between two
+    calls, a quote) leave it whole; the same stops cut text that only starts like such a call
+    (negative control: "```python" is cut at the fence, a bare JSON object at its quote)."""
+    stops = ["```", "\n\n", '"']
+    for text, _ in PLAIN_JSON_CALLS:
+        assert scanned(target, text, stops) == (text, False)
+    assert scanned(target, "```python\nprint(1)\n```", stops) == ("", True)
+    assert scanned(target, '{"arguments": {}}', stops) == ("{", True)
+    assert scanned(target, "{", stops) == ("{", False)  # held back, then given out at the end
