@@ -196,8 +196,9 @@ def tool_options(f: Callable) -> Callable:
                           "([{\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": {...}}}]). "
                           "Calls are printed as one JSON array of OpenAI tool calls."),
         click.option("--tool-choice", "tool_choice", default=None, metavar="auto|none|required|NAME",
-                     help="auto (default): text or calls; required: at least one call; none: text only; "
-                          "NAME: a call of that function."),
+                     help="auto (default): text or calls (in the model's <tool_call> syntax, or written as "
+                          "plain JSON); required: at least one call; none: text only; NAME: a call of that "
+                          "function."),
         click.option("--parallel-tool-calls/--no-parallel-tool-calls", "parallel_tool_calls", default=True,
                      show_default=True, help="Allow several calls in one answer."),
     ])
