@@ -3,7 +3,7 @@
 Two tables, each alternating localspec's default settings (warm: the cost profile a first run
 left) with the target alone (``-d none -k 0``), fresh processes, T = 0, medians:
 
-* **CLI**: one ``localspec --tools FILE --json`` process per run, for a few tasks (a single call, a
+* **CLI**: one ``localspec --tools FILE --tool-choice CHOICE --json`` process per run, for a few tasks (a single call, a
   call with several typed arguments, two calls in parallel); columns: the calls made, whether
   they are valid for the functions' schemas, forced % (tokens the grammar forces), tokens per
   target pass, whole-process seconds and the ratio.
@@ -14,7 +14,7 @@ left) with the target alone (``-d none -k 0``), fresh processes, T = 0, medians:
   printed too (docs/server.md quotes it).
 
     python benchmarks/tool_calling.py                 # both tables, 3 repeats
-    python benchmarks/tool_calling.py --repeat 5 --no-server
+    python benchmarks/tool_calling.py --repeat 5 --no-server --tool-choice required
 
 Progress goes to stderr, the markdown to stdout.
 """
@@ -61,7 +61,6 @@ SEARCH = {"type": "function", "function": {
 class Task:
     prompt: str
     tools: tuple[dict, ...]
-    choice: str = "auto"
 
 
 TASKS = {
@@ -95,7 +94,7 @@ def cli_row(name: str, task: Task, args: argparse.Namespace, root: Path) -> str:
     tools_file = root / f"{name}.json"
     tools_file.write_text(json.dumps(list(task.tools)), encoding="utf-8")
     common = ["-n", str(args.tokens), "-t", "0", "--seed", "1", "--tools", str(tools_file),
-              "--tool-choice", task.choice]
+              "--tool-choice", args.tool_choice]
     progress(f"{name}: warm-up")
     localspec(common, task.prompt, root / "warm", args.threads)
     default: list[Run] = []
@@ -202,6 +201,9 @@ def server_rows(args: argparse.Namespace, root: Path) -> tuple[list[str], list[d
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     task_options(p, TASKS, tokens=200, per="answer")
+    p.add_argument("--tool-choice", choices=("auto", "required"), default="auto",
+                   help="tool_choice of the CLI tasks (default auto, as clients send it; the round trip "
+                        "always leaves it out)")
     p.add_argument("--no-server", action="store_true", help="skip the server round trip")
     return checked_args(p, argv, TASKS)
 

@@ -155,12 +155,11 @@ class StopScanner:
     def _watch_start(self, text: str) -> str:
         """The answer's start, kept from the stop strings while it may be a call written as plain
         JSON (then all of it is)."""
-        assert self.json_calls is not None and self._start is not None
-        start, self._start = self._start + text, None
-        if self.json_calls.opens(start):
+        start, self._start, calls = (self._start or "") + text, None, self.json_calls
+        if calls is not None and calls.opens(start):
             self._in_json = True
             return start
-        if self.json_calls.may_open(start):
+        if calls is not None and calls.may_open(start):
             self._start = start
             return ""
         return self._filter.push(start)

@@ -198,15 +198,16 @@ def tool_grammar(toolset: ToolSet) -> str:
     calls = 'call ("\\n" call)* "\\n"?' if toolset.parallel and toolset.mode != "function" else 'call "\\n"?'
     start = {"none": "TEXT", "auto": "TEXT | TEXT? calls | json_calls", "required": "calls",
              "function": "calls"}[toolset.mode]
-    json_calls = JsonCalls(tools).rules(toolset.parallel) if toolset.mode == "auto" else []
-    text = "TEXT: /(?s:.+)/" + (f" & ~/(?s:{JsonCalls(tools).opening}.*)/" if toolset.mode == "auto" else "")
+    plain = JsonCalls(tools) if toolset.mode == "auto" else None
+    # text cannot open a call written as plain JSON: once it does, only json_calls goes on
+    text = "TEXT: /(?s:.+)/" + (f" & ~/(?s:{plain.opening}.*)/" if plain else "")
     return "\n".join([
         "%llguidance {}",
         f"start: {start}",
         f"calls: {calls}",
         f'call: {CALL_OPEN} "\\n" body "\\n" {CALL_CLOSE}',
         f"body: %json {json.dumps(_call_schema(tools), ensure_ascii=False)}",
-        *json_calls,
+        *(plain.rules(toolset.parallel) if plain else []),
         text,
         "",
     ])
