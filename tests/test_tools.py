@@ -4,7 +4,9 @@ app, the Python API, the grammar of the calls, the prompt's rendering and the CL
 
 What is proved: with tool_choice "required" every answer is a call whose arguments are valid for
 its function's JSON schema; streamed deltas reassemble to the very calls of the non-streamed
-answer; "auto" gives text or calls (and once a call opens, the rest is constrained); "none" never
+answer; "auto" gives text or calls (and once a call opens, the rest is constrained), and reads a
+call written as plain JSON (bare or in a code block) as a call, never JSON that only looks like
+one; "none" never
 writes the call token; a call and its result fed back render as the template renders them; parallel
 calls are numbered 0..n-1 with distinct ids, and one call only without parallel_tool_calls; a call
 cut off by max_tokens is never reported; bad tool definitions are 400s naming the field; text
