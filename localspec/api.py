@@ -374,7 +374,7 @@ def _tool_parser(target: Model, prompt: Prompt, tools: ToolSet | None) -> ToolCa
                           "tools with the model's own template (Qwen 2.5 and Hermes-style models have one)", "tools")
     if not tools.calls_allowed:
         return None
-    return ToolCallParser(*call_tokens(target), JsonCalls(tools.tools) if tools.mode == "auto" else None)
+    return ToolCallParser(*call_tokens(target), tools.json_calls)
 
 
 def _with_tools(config: GenerationConfig, tools: ToolSet) -> GenerationConfig:

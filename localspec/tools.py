@@ -24,6 +24,7 @@ the syntax above often call that way (:class:`JsonCalls`; llama.cpp's server rea
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -174,6 +175,11 @@ class ToolSet:
     def calls_allowed(self) -> bool:
         return self.mode != "none"
 
+    @functools.cached_property
+    def json_calls(self) -> "JsonCalls | None":
+        """Calls written as plain JSON, which only ``auto`` reads as calls (None otherwise)."""
+        return JsonCalls(self.tools) if self.mode == "auto" else None
+
     def constraint(self) -> Constraint:
         """The grammar of an answer under this tool choice (see the module docstring)."""
         return Constraint.grammar(tool_grammar(self), lark=True, param="tools")
@@ -198,7 +204,7 @@ def tool_grammar(toolset: ToolSet) -> str:
     calls = 'call ("\\n" call)* "\\n"?' if toolset.parallel and toolset.mode != "function" else 'call "\\n"?'
     start = {"none": "TEXT", "auto": "TEXT | TEXT? calls | json_calls", "required": "calls",
              "function": "calls"}[toolset.mode]
-    plain = JsonCalls(tools) if toolset.mode == "auto" else None
+    plain = toolset.json_calls
     # text cannot open a call written as plain JSON: once it does, only json_calls goes on
     text = "TEXT: /(?s:.+)/" + (f" & ~/(?s:{plain.opening}.*)/" if plain else "")
     return "\n".join([
