@@ -218,9 +218,8 @@ async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterat
         while kind != "end":
             if kind == "token":
                 last = value
-                text = value.content if reply.chat else value.text
-                if text:
-                    yield _event(reply.chunk(text))
+                if value.content:  # the text without tool-call markup (all of it, without tools)
+                    yield _event(reply.chunk(value.content))
                 if value.finish_reason:
                     for chunk in reply.tool_call_chunks(value.tool_calls) + \
                             reply.final_chunks(value.finish_reason, value.stats):
@@ -255,7 +254,7 @@ async def _respond_full(request: Request, job: Job, reply: Reply) -> HTTPRespons
         else:
             return error_response(error or RuntimeError("no output"), reply.chat)
     last = responses[-1]
-    text = "".join(r.content if reply.chat else r.text for r in responses)
+    text = "".join(r.content for r in responses)
     # finish_reason None: the server is shutting down (or an error) ended the generation early
     return json_response(reply.full(text, last.finish_reason or "length", last.stats, last.tool_calls))
 
