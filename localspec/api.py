@@ -282,6 +282,11 @@ class Generation:
                 raise
             self._finish()
 
+    @property
+    def call_cut_off(self) -> bool:
+        """Whether the answer ended inside a tool call (which is then not reported)."""
+        return self._parser is not None and self._parser.writing
+
     def _start(self) -> None:
         """The prompt into the target's cache: restored from the prompt cache as far as it has it,
         the rest prefilled, then saved for later runs."""

@@ -414,9 +414,14 @@ class ToolCallParser:
         return out + held
 
     @property
+    def writing(self) -> bool:
+        """A call is open and not complete (at the end: one was cut off)."""
+        return self._call is not None or self._json is not None
+
+    @property
     def complete(self) -> bool:
         """Calls were made and none is cut off."""
-        return bool(self.calls) and self._call is None and self._json is None
+        return bool(self.calls) and not self.writing
 
     @staticmethod
     def _parse(pieces: list[str], index: int) -> ToolCall:

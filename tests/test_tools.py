@@ -863,6 +863,25 @@ def test_cli_prints_the_calls_as_json(tool_paths: tuple[Path, Path], tmp_path: P
     assert r.exit_code == 2 and "--tools" in r.output, r.output
 
 
+
+def test_cli_warns_when_a_call_is_cut_off(tool_paths: tuple[Path, Path], tmp_path: Path) -> None:
+    """`-n` ending inside a call warns on stderr that the call is not reported; a text answer cut
+    by `-n` gets no such warning, with "none" and with "auto" (over 16 seeds some "auto" answer is
+    still text after 3 tokens: the model opens a call at the first token with p ≈ 0.57, so a
+    correct implementation misses one with chance below 0.57**16 ≈ 1e-4)."""
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps([TIME, WEATHER]))
+    base = ["-m", str(tool_paths[0]), "-d", str(tool_paths[1]), "--ctx-size", str(CTX), "--threads", "1",
+            "--cache-type", "f32", "--prompt-cache", "off", "-n", "3", "--seed", "1", "--tools", str(path), "--json"]
+    warning = "a tool call it was writing is not reported"
+    cut = run_cli(*base, "--tool-choice", "required", "hi")
+    assert json.loads(cut.stdout)["finish_reason"] == "length" and warning in cut.stderr, cut.stderr
+    text = run_cli(*base, "--tool-choice", "none", "hi")
+    assert json.loads(text.stdout)["finish_reason"] == "length" and warning not in text.stderr, text.stderr
+    runs = [run_cli(*base, "--seed", str(seed), "--tool-choice", "auto", "hi") for seed in range(16)]
+    quiet = [r for r in runs if json.loads(r.stdout)["finish_reason"] == "length" and warning not in r.stderr]
+    assert any(json.loads(r.stdout)["text"] for r in quiet), [r.stdout for r in runs]
+
 # ---------------------------------------------------------------- stop strings apply to the text only
 
 

@@ -277,7 +277,7 @@ def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loa
                                             timings_json(entered, loaded, last.stats, profiles.io_seconds,
                                                          (generation.restore_seconds, generation.save_seconds)),
                                             last.constraint_satisfied, calls if generation.tools else None)))
-    if generation.tools is not None and last.finish_reason == "length" and generation.tools.calls_allowed:
+    if last.finish_reason == "length" and generation.call_cut_off:
         click.echo("warning: the answer was cut off by the length limit; a tool call it was writing is not "
                    "reported; raise --max-tokens", err=True)
     elif config.constraint is not None and last.finish_reason not in ("stop", "tool_calls") \
