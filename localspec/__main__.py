@@ -1,5 +1,5 @@
-"""``python -m localspec`` runs the command line."""
+"""``python -m localspec`` runs the command line, as the ``localspec`` command does."""
 
-from localspec.cli import main
+from localspec.resident.client import main
 
 main()

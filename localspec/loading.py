@@ -58,6 +58,46 @@ def is_none(value: str | None) -> bool:
     return value is not None and value.lower() in ("none", "")
 
 
+@dataclass(frozen=True)
+class PairNames:
+    """The target and draft a command names, with the registry's default pair filled in."""
+
+    target: str
+    draft: str | None  # None: no draft model
+    paired: bool  # the registry's own pair (its vocabularies are known to match)
+
+
+def pair_names(model: str | None, draft: str | None) -> PairNames:
+    """The models -m/-d name: the default pair's when -m is not given; -d none: no draft."""
+    from localspec.llama import registry
+
+    reg = registry.load_registry()
+    pair = reg.pairs[reg.default_pair]
+    target = model or pair.target
+    draft_name = None if is_none(draft) else (draft or (None if model else pair.draft))
+    return PairNames(target, draft_name, draft_name == pair.draft and target == pair.target)
+
+
+def draft_options(options: dict, draft_n_gpu_layers: int | None, draft_rpc: str | None) -> dict:
+    """The draft's load options: the target's, on this machine unless draft_rpc names servers,
+    with its own GPU layers when given."""
+    out = dict(options, rpc=draft_rpc)
+    if draft_n_gpu_layers is not None:
+        out["n_gpu_layers"] = draft_n_gpu_layers
+    return out
+
+
+def load_draft(names: PairNames, options: dict, lazy: bool) -> Any:
+    """The draft model of `names` (fetched if needed): a Model, or a LazyModel loaded on first use."""
+    from localspec.llama import registry
+    from localspec.decoding.pairing import LazyModel
+
+    assert names.draft is not None
+    if lazy:
+        return LazyModel(registry.resolve(names.draft), ModelOptions.from_options(options), names.paired)
+    return load_model(names.draft, **options)
+
+
 def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int | None = None,
               draft_rpc: str | None = None, need_draft: bool = True, lazy_draft: bool = False,
               grammar: bool = False, **options: Any) -> Loaded:
@@ -66,32 +106,21 @@ def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int |
     grammar: a constrained generation follows; the target's grammar tokenizer is built from its
     vocabulary while its weights load."""
     from localspec.llama import registry
-    from localspec.decoding.pairing import LazyModel
 
     ModelOptions.from_options(options)  # bad options are reported before anything loads
-    reg = registry.load_registry()
-    pair = reg.pairs[reg.default_pair]
-    target_name = model or pair.target
-    draft_name = None if (is_none(draft) or not need_draft) else (draft or (None if model else pair.draft))
+    names = pair_names(model, draft)
     t0 = time.perf_counter()
     if grammar:
         from localspec.decoding.constraint import prestart_tokenizer
 
-        prestart_tokenizer(registry.resolve(target_name))
-    target = load_model(target_name, **options)
+        prestart_tokenizer(registry.resolve(names.target))
+    target = load_model(names.target, **options)
     t1 = time.perf_counter()
     try:
         dm = None
-        if draft_name:
-            draft_options = dict(options, rpc=draft_rpc)
-            if draft_n_gpu_layers is not None:
-                draft_options["n_gpu_layers"] = draft_n_gpu_layers
-            paired = draft_name == pair.draft and target_name == pair.target  # the registry vouches for it
-            dm = (LazyModel(registry.resolve(draft_name), ModelOptions.from_options(draft_options), paired)
-                  if lazy_draft else load_model(draft_name, **draft_options))
+        if names.draft and need_draft:
+            dm = load_draft(names, draft_options(options, draft_n_gpu_layers, draft_rpc), lazy_draft)
     except BaseException:
         target.close()
         raise
-    return Loaded(target, dm, target_name, (t1 - t0, None if dm is None or lazy_draft else time.perf_counter() - t1))
-
-
+    return Loaded(target, dm, names.target, (t1 - t0, None if dm is None or lazy_draft else time.perf_counter() - t1))

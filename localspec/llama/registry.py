@@ -25,6 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import BinaryIO, Iterator, Sequence
 
+from localspec import environment
+from localspec import locations
 from localspec.errors import FetchError, ModelNotFound
 
 log = logging.getLogger(__name__)
@@ -100,16 +102,8 @@ def _model_from_json(entry: dict) -> ModelSpec:
 
 
 def cache_root() -> Path:
-    """localspec's cache: $LOCALSPEC_CACHE_DIR, else the user cache directory (which follows
-    $XDG_CACHE_HOME), e.g. ~/.cache/localspec. Models and cost profiles live below it."""
-    override = os.environ.get(CACHE_ENV)
-    if override:
-        return Path(override).expanduser()
-    try:
-        import platformdirs
-    except ImportError:  # declared dependency; keep working if an install skipped it
-        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localspec"
-    return Path(platformdirs.user_cache_dir("localspec"))
+    """localspec's cache (see :func:`localspec.locations.cache_root`)."""
+    return locations.cache_root()
 
 
 def cache_dir() -> Path:
@@ -198,7 +192,7 @@ def fetch(model: str | ModelSpec, *, progress: bool = True,
         return path
     directory = _writable_cache_dir(spec)
     final = directory / spec.filename
-    args = [*shlex.split(os.environ.get(PIP_ARGS_ENV, "")), *pip_args]
+    args = [*environment.get(PIP_ARGS_ENV), *pip_args]
     with _locked(final.with_name(final.name + ".lock")):
         if (path := cached_path(spec)) is not None:  # another process finished it meanwhile
             return path

@@ -1,0 +1,38 @@
+"""Where localspec keeps its files: the cache root (models, profiles, prompts, chats) and the
+runtime directory of resident services. A leaf (the standard library, :mod:`localspec.environment`),
+so that the ``localspec`` client finds a running service without importing anything heavy."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from localspec import environment
+
+CACHE_ENV = "LOCALSPEC_CACHE_DIR"
+RUNTIME_ENV = "XDG_RUNTIME_DIR"
+
+
+def cache_root() -> Path:
+    """localspec's cache: $LOCALSPEC_CACHE_DIR, else the user cache directory (which follows
+    $XDG_CACHE_HOME), e.g. ~/.cache/localspec. Models and cost profiles live below it."""
+    override = environment.get(CACHE_ENV)
+    if override:
+        return Path(override).expanduser()
+    if sys.platform.startswith("linux"):  # platformdirs' rule on Linux, without importing it
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localspec"
+    try:
+        import platformdirs
+    except ImportError:  # declared dependency; keep working if an install skipped it
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localspec"
+    return Path(platformdirs.user_cache_dir("localspec"))
+
+
+def runtime_dir() -> Path:
+    """Where resident services put their sockets and records: $XDG_RUNTIME_DIR/localspec (a
+    per-user directory the system clears at logout), else <cache root>/run."""
+    runtime = os.environ.get(RUNTIME_ENV)
+    if runtime and os.path.isabs(runtime):
+        return Path(runtime) / "localspec"
+    return cache_root() / "run"
