@@ -56,7 +56,8 @@ class Response:
     # the part of `text` that is the answer's content: with tools, the tool-call markup is left
     # out (and whitespace before a call); without tools, `text` itself
     content: str = ""
-    # on the last response (finish_reason "tool_calls"): the calls the model made, all complete
+    # on the last response: the calls the model made, each complete (finish_reason "tool_calls"),
+    # or, with finish_reason "length", the calls it completed before the limit cut it off
     tool_calls: tuple[ToolCall, ...] = ()
 
 
@@ -284,7 +285,8 @@ class Generation:
 
     @property
     def call_cut_off(self) -> bool:
-        """Whether the answer ended inside a tool call (which is then not reported)."""
+        """Whether the answer ended inside a tool call (which is then not reported; the calls
+        completed before it are)."""
         return self._parser is not None and self._parser.writing
 
     def _start(self) -> None:
@@ -348,8 +350,8 @@ class Generation:
 
     def _response(self, text: str, token: int | None, finish: str | None) -> Response:
         """The Response of one token; with tools, its content and, at the end, the calls made
-        (finish_reason "tool_calls" only when every call is complete: a call cut off by the length
-        limit or a stop string is never reported)."""
+        (finish_reason "tool_calls" only when every call is complete; with "length", the calls
+        completed before the limit: a call cut off is never reported, nor one completed lost)."""
         engine, parser = self.engine, self._parser
         satisfied = engine.constraint_satisfied if finish else None
         if parser is None:
@@ -360,6 +362,8 @@ class Generation:
             content += parser.flush()
             if finish == "stop" and parser.complete:
                 finish, calls = "tool_calls", tuple(parser.calls)
+            elif finish == "length":
+                calls = tuple(parser.calls)
         return Response(text, token, finish, engine.stats(), satisfied, content, calls)
 
 
@@ -414,7 +418,8 @@ def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: 
     Tool calling: `tools` (OpenAI's tool definitions, with a chat prompt), `tool_choice` ("auto",
     "none", "required" or {"type": "function", "function": {"name": ...}}) and
     `parallel_tool_calls`; the last Response has finish_reason "tool_calls" and the calls in
-    `tool_calls` when the model called tools, and `content` is the text without the call markup."""
+    `tool_calls` when the model called tools (finish_reason "length": the calls it completed
+    before the limit), and `content` is the text without the call markup."""
     toolset = tools if isinstance(tools, ToolSet) else ToolSet.parse(tools, tool_choice, parallel_tool_calls)
     return iter(Generation(target, draft, prompt, GenerationConfig.from_options(config, **options), profiles,
                            prompt_cache, toolset))

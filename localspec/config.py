@@ -47,6 +47,8 @@ MAX_BRANCHES = 64  # root-to-leaf paths of one draft (KV sequences)
 SEED_LIMIT = 2**64
 INT32_MAX = 2**31 - 1  # what llama.cpp's int32 counts (tokens, threads, layers, top-k) hold
 MIN_TEMPERATURE = 1e-4  # below, logits / temperature overflows float32: use 0 (greedy)
+MAX_TEMPERATURE = 1e6
+MIN_PROBABILITY = 2.0**-126  # smallest top_p and min_p > 0: the smallest normal float32 (C's FLT_MIN)
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256  # every token is scanned for every stop string
 MAX_THREADS = 1024
 
@@ -144,15 +146,19 @@ class SamplingParams:
         object.__setattr__(self, "top_k", _as_int(self.top_k))
         object.__setattr__(self, "top_p", _as_float(self.top_p))
         object.__setattr__(self, "min_p", _as_float(self.min_p))
-        t = self.temperature
-        _require(_is_number(t) and math.isfinite(t) and (t == 0 or MIN_TEMPERATURE <= t <= 1e6), "temperature",
-                 f"temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE:g}, 1e6], got {_show(t)}")
+        # the ranges of the C verifier, which holds these as float32 (native/verifier.h: ls_sampling)
+        t, p = self.temperature, self.min_p
+        _require(_is_number(t) and math.isfinite(t) and (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE),
+                 "temperature", f"temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE:g}, "
+                                f"{MAX_TEMPERATURE:g}], got {_show(t)}")
         _require(_is_int(self.top_k) and 0 <= self.top_k <= INT32_MAX, "top_k",
                  f"top_k must be an integer in [0, {INT32_MAX}] (0: off), got {_show(self.top_k)}")
-        _require(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p",
-                 f"top_p must lie in (0, 1] (1: off), got {_show(self.top_p)}")
-        _require(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p",
-                 f"min_p must lie in [0, 1] (0: off), got {_show(self.min_p)}")
+        _require(_is_number(self.top_p) and MIN_PROBABILITY <= self.top_p <= 1, "top_p",
+                 f"top_p must lie in (0, 1] (1: off) and be at least 2**-126 (about 1.2e-38, the smallest normal "
+                 f"float32: the sampler computes in float32), got {_show(self.top_p)}")
+        _require(_is_number(p) and (p == 0 or MIN_PROBABILITY <= p <= 1), "min_p",
+                 f"min_p must lie in [0, 1] (0: off) and be 0 or at least 2**-126 (about 1.2e-38, the smallest "
+                 f"normal float32: the sampler computes in float32), got {_show(p)}")
 
     @property
     def greedy(self) -> bool:
@@ -301,6 +307,9 @@ ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 LARK_MARKER = "%llguidance"
 LARK_SUFFIXES = (".lark",)
 MAX_GRAMMAR_CHARS = 1 << 20  # a grammar file or schema larger than this is refused, not compiled
+# JSON a setting holds (a schema, a tool) nests at most this deep ([] and {} are one level): the
+# JSON that llguidance reads nests at most 128 levels, and a tool's schema is nested in a call's
+MAX_JSON_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -328,6 +337,8 @@ class Constraint:
                               f"{MAX_GRAMMAR_CHARS} are accepted", self.param)
         if self.kind != "json_object" and not self.source.strip():
             raise ConfigError(f"{self.describe()} is empty", self.param)
+        if self.kind == "json_schema":
+            _schema_value(self.source, self.param)  # JSON, an object or a boolean, not too deep
 
     # ------------------------------------------------------------ constructors
 
@@ -335,14 +346,12 @@ class Constraint:
     def json_schema(cls, schema: Mapping[str, Any] | bool | str, name: str | None = None,
                     param: str = "json_schema") -> "Constraint":
         """A JSON schema (a mapping, or its JSON text)."""
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"the JSON schema is not valid JSON: {exc}", param) from None
-        if not isinstance(schema, (Mapping, bool)):
-            raise ConfigError(f"a JSON schema is an object (or true/false), not {json_type(schema)}", param)
-        return cls("json_schema", json.dumps(schema, ensure_ascii=False), name, param)
+        schema = _schema_value(schema, param)
+        try:
+            text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:  # a set, an object, NaN: not JSON
+            raise ConfigError(f"the JSON schema is not JSON: {exc}", param) from None
+        return cls("json_schema", text, name, param)
 
     @classmethod
     def json_object(cls, param: str = "response_format") -> "Constraint":
@@ -411,19 +420,52 @@ class Constraint:
 def grammar_from_file(path: str | os.PathLike, param: str = "grammar") -> Constraint:
     """A grammar file: Lark when it ends in ``.lark`` or its text starts with ``%llguidance``,
     GBNF otherwise (llama.cpp's ``.gbnf`` files)."""
+    from localspec.files import SPEC_LIMIT, read_user_text  # bounded while reading: /dev/zero ends at the limit
+
     file = Path(path).expanduser()
-    try:
-        if file.stat().st_size > MAX_GRAMMAR_CHARS * 4:
-            raise ConfigError(f"grammar file {file} is larger than {MAX_GRAMMAR_CHARS * 4} bytes", param)
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"grammar file not found: {file}", param) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"grammar file {file} is not UTF-8 text ({exc.reason} at byte {exc.start})", param) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read grammar file {file}: {exc.strerror or exc}", param) from None
+    text = read_user_text(file, param=param, limit=SPEC_LIMIT, what="the grammar file")
     lark = file.suffix.lower() in LARK_SUFFIXES or text.lstrip().startswith(LARK_MARKER)
     return Constraint.grammar(text, lark=lark, param=param)
+
+
+def json_depth(value: Any) -> int:
+    """How deep a JSON value (as Python's json module gives it) nests: a scalar is 0, [] or {} is 1;
+    counted up to MAX_JSON_DEPTH + 1 (too deep, whatever lies below), iteratively: never a
+    RecursionError, and a Python value that contains itself ends too."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, Mapping) else item if isinstance(item, (list, tuple)) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_JSON_DEPTH:  # deeper is too deep whatever lies below: stop there
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_json_depth(value: Any, what: str, param: str | None) -> None:
+    """ConfigError naming `param` when `value` nests deeper than MAX_JSON_DEPTH levels."""
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise ConfigError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels of JSON arrays and objects (the most "
+                          "localspec accepts)", param)
+
+
+def _schema_value(schema: Any, param: str | None) -> Any:
+    """A JSON schema (a mapping, a boolean, or JSON text of one) as a value, checked: valid JSON, an
+    object or a boolean, at most MAX_JSON_DEPTH levels deep."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"the JSON schema is not valid JSON: {exc}", param) from None
+        except RecursionError:  # deeper than Python's recursion limit
+            raise ConfigError(f"the JSON schema nests deeper than {MAX_JSON_DEPTH} levels of JSON arrays and "
+                              "objects (the most localspec accepts)", param) from None
+    if not isinstance(schema, (Mapping, bool)):
+        raise ConfigError(f"a JSON schema is an object (or true/false), not {json_type(schema)}", param)
+    check_json_depth(schema, "the JSON schema", param)
+    return schema
 
 
 def json_type(value: Any) -> str:

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator, Sequence, Union
 
 import llama_cpp as lc
 
+from localspec.config import MAX_JSON_DEPTH, json_depth
 from localspec.errors import ModelError, PromptError
 from localspec.llama.model import Model
 
@@ -135,15 +136,21 @@ def _template_call(call: object, where: str) -> dict:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise PromptError(f"{where}.function.name must be 1 to 64 letters, digits, _ or -, got {name!r:.80}",
                           f"{where}.function.name")
+    too_deep = PromptError(f"{where}.function.arguments nests deeper than {MAX_JSON_DEPTH} levels of JSON arrays "
+                           "and objects (the most localspec accepts)", f"{where}.function.arguments")
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as exc:
             raise PromptError(f"{where}.function.arguments is not valid JSON ({exc}); send the arguments the "
                               "model gave, a JSON object as a string", f"{where}.function.arguments") from None
+        except RecursionError:
+            raise too_deep from None
     if not isinstance(arguments, dict):
         raise PromptError(f"{where}.function.arguments must be a JSON object (as a string), got "
                           f"{type(arguments).__name__}", f"{where}.function.arguments")
+    if json_depth(arguments) > MAX_JSON_DEPTH:
+        raise too_deep
     call_id = call.get("id")
     if call_id is not None and not isinstance(call_id, str):
         raise PromptError(f"{where}.id must be a string", f"{where}.id")
@@ -245,8 +252,8 @@ def _escape(model: Model, value: Any) -> Any:
 
 
 def _escape_text(model: Model, text: str) -> str:
-    if _OPEN in text or _CLOSE in text:
-        text = text.replace(_OPEN, f"{_OPEN}o{_CLOSE}").replace(_CLOSE, f"{_OPEN}c{_CLOSE}")
+    if _OPEN in text or _CLOSE in text:  # in one pass: the second replacement must not see the first's
+        text = _PLACEHOLDER_CHARS.sub(lambda m: f"{_OPEN}{'o' if m.group() == _OPEN else 'c'}{_CLOSE}", text)
     out, pos = [], 0
     for tok, at, end in _marker_spans(model, text):
         out += [text[pos:at], f"{_OPEN}x{model.token_text(tok).hex()}{_CLOSE}"]
@@ -256,6 +263,7 @@ def _escape_text(model: Model, text: str) -> str:
 
 
 _ESCAPED = re.compile(f"{_OPEN}(x[0-9a-f]+|o|c){_CLOSE}")
+_PLACEHOLDER_CHARS = re.compile(f"[{_OPEN}{_CLOSE}]")
 
 
 def _unescape(text: str) -> str:
@@ -332,12 +340,27 @@ def _continuation(model: Model, text: str) -> list[int]:
     return text_tokens(model, text)
 
 
+def _nul_stand_in(template: str, messages: Sequence[dict]) -> str | None:
+    """What stands for NUL (U+0000) in the messages given to llama.cpp's built-in renderer, which
+    takes C strings (a NUL would end the message there, and the rest of it would be lost): a
+    placeholder found in no message and not in the template; None when no message holds a NUL."""
+    if not any("\0" in m["content"] for m in messages):
+        return None
+    texts = [template, *(m["content"] for m in messages)]
+    n = 0
+    while any(f"{_OPEN}nul{n}{_CLOSE}" in text for text in texts):
+        n += 1
+    return f"{_OPEN}nul{n}{_CLOSE}"
+
+
 def _render_builtin(template: str, messages: Sequence[dict], add_assistant: bool) -> str | None:
-    """llama.cpp's built-in template engine; None when it does not know this template."""
+    """llama.cpp's built-in template engine; None when it does not know this template. Message
+    text keeps its NUL characters (see _nul_stand_in)."""
+    nul = _nul_stand_in(template, messages)
     msgs = (lc.llama_chat_message * len(messages))()
     keep = []
     for i, m in enumerate(messages):
-        role, content = m["role"].encode(), m["content"].encode()
+        role, content = m["role"].encode(), (m["content"].replace("\0", nul) if nul else m["content"]).encode()
         keep += [role, content]
         msgs[i].role = role
         msgs[i].content = content
@@ -349,7 +372,8 @@ def _render_builtin(template: str, messages: Sequence[dict], add_assistant: bool
         n = lc.llama_chat_apply_template(template.encode(), msgs, len(messages), add_assistant, buf, n + 1)
     if n < 0:
         return None
-    return buf.raw[:n].decode("utf-8", "replace")
+    text = buf.raw[:n].decode("utf-8", "replace")
+    return text.replace(nul, "\0") if nul else text
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,

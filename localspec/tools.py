@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
-from localspec.config import JSON_LAYOUT, Constraint
+from localspec.config import JSON_LAYOUT, Constraint, check_json_depth
 from localspec.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -63,6 +63,7 @@ class Tool:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where} must be an object ({{\"type\": \"function\", \"function\": {{...}}}}), "
                               f"not {_json_type(value)}", where)
+        check_json_depth(value, where, where)
         if value.get("type") != "function":
             raise ConfigError(f"{where}.type must be \"function\" (the only kind of tool localspec calls), got "
                               f"{value.get('type')!r}", f"{where}.type")
@@ -185,12 +186,18 @@ class ToolSet:
         return Constraint.grammar(tool_grammar(self), lark=True, param="tools")
 
 
-def _call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
-    """The JSON schema of a call's body: {"name": one of the tools', "arguments": its schema}."""
-    options = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
-    schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
-    return {**schema, "x-guidance": JSON_LAYOUT}
+def _body_rules(tools: Sequence[Tool]) -> list[str]:
+    """The rules of a call's body, ``{"name": "<one of the tools'>", "arguments": {...}}`` in
+    JSON_LAYOUT (the layout llguidance gives such an object), the arguments valid for that
+    function's schema. Each schema is its own ``%json`` root, so its ``$ref``s resolve against the
+    parameters themselves (``#/$defs/...``, as openai.pydantic_function_tool writes them)."""
+    rules = ["body: " + " | ".join(f"body{i}" for i in range(len(tools)))]
+    for i, tool in enumerate(tools):
+        head = '{"name": ' + json.dumps(tool.name) + ', "arguments": '  # NAME_RE: nothing to escape
+        schema = {**tool.parameters, "x-guidance": JSON_LAYOUT}
+        rules += [f'body{i}: {json.dumps(head)} call_arguments{i} "}}"',
+                  f"call_arguments{i}: %json {json.dumps(schema, ensure_ascii=False)}"]
+    return rules
 
 
 def tool_grammar(toolset: ToolSet) -> str:
@@ -212,7 +219,7 @@ def tool_grammar(toolset: ToolSet) -> str:
         f"start: {start}",
         f"calls: {calls}",
         f'call: {CALL_OPEN} "\\n" body "\\n" {CALL_CLOSE}',
-        f"body: %json {json.dumps(_call_schema(tools), ensure_ascii=False)}",
+        *_body_rules(tools),
         *(plain.rules(toolset.parallel) if plain else []),
         text,
         "",
@@ -267,24 +274,32 @@ class JsonCalls:
         """The (name, arguments) of each call in the answer `text`, in the grammar's layout (calls,
         each bare or in a code block, one or two newlines apart, perhaps a newline after the
         last); None when it is not that, complete."""
+        calls, whole = JsonCalls.read(text)
+        return calls if whole else None
+
+    @staticmethod
+    def read(text: str) -> tuple[list[tuple[str, Any]], bool]:
+        """The (name, arguments) of the complete calls at the start of `text` (a call is complete
+        when its object closes, and its code block, if it opened one), and whether they are all of
+        it (False: the text goes on with a call cut off, or with what is no call)."""
         decoder, calls, pos = json.JSONDecoder(), [], 0
         while True:
             fence = _FENCE_RE.match(text, pos)
             try:
                 body, pos = decoder.raw_decode(text, fence.end() if fence else pos)
-            except json.JSONDecodeError:
-                return None
+            except (json.JSONDecodeError, RecursionError):
+                return calls, False
             if fence and not text.startswith("\n```", pos):
-                return None
+                return calls, False
             pos += 4 if fence else 0
             if not isinstance(body, dict) or set(body) != {"name", "arguments"}:
-                return None
+                return calls, False
             calls.append((body["name"], body["arguments"]))
             if text[pos:] in ("", "\n"):
-                return calls
+                return calls, True
             separator = len(text[pos:pos + 2]) - len(text[pos:pos + 2].lstrip("\n"))
             if not separator:
-                return None
+                return calls, False
             pos += separator
 
 
@@ -352,6 +367,7 @@ class ToolCallParser:
         self._call: list[str] | None = None  # the text pieces of the call being written
         self._start: str | None = "" if json_calls is not None else None  # the answer's start, held
         self._json: list[str] | None = None  # the answer, once it opened a call written as plain JSON
+        self._cut = False  # at the end, the answer's plain-JSON calls went on with one cut off
 
     def push(self, token: int | None, text: str) -> str:
         """One generated token and its text; returns the content it releases."""
@@ -397,15 +413,15 @@ class ToolCallParser:
         return kept
 
     def flush(self) -> str:
-        """At the end of the answer: the calls written as plain JSON, when they are complete, or
-        the content still held (the answer's start, trailing whitespace)."""
+        """At the end of the answer: the calls written as plain JSON that are complete (all of
+        them, or those before one the end cut off), or the content still held (the answer's
+        start, trailing whitespace)."""
         if self._json is not None:
-            calls = JsonCalls.parse("".join(self._json))
-            if calls is not None:
-                self._json = None
-                for name, arguments in calls:
-                    text = json.dumps(arguments, ensure_ascii=False)
-                    self.calls.append(ToolCall(len(self.calls), new_call_id(), name, text, (text,)))
+            calls, whole = JsonCalls.read("".join(self._json))
+            self._json, self._cut = None, not whole
+            for name, arguments in calls:
+                text = json.dumps(arguments, ensure_ascii=False)
+                self.calls.append(ToolCall(len(self.calls), new_call_id(), name, text, (text,)))
             return ""
         out = self._text(self._start) if self._start else ""
         self._start = None
@@ -416,7 +432,7 @@ class ToolCallParser:
     @property
     def writing(self) -> bool:
         """A call is open and not complete (at the end: one was cut off)."""
-        return self._call is not None or self._json is not None
+        return self._call is not None or self._json is not None or self._cut
 
     @property
     def complete(self) -> bool:

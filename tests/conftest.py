@@ -47,6 +47,34 @@ def prompt_cache_off() -> Iterator[None]:
         os.environ[PROMPT_CACHE_ENV] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_resident_services() -> Iterator[Path]:
+    """Commands run in their own process (LOCALSPEC_KEEP_ALIVE=0) unless a test asks for a
+    resident service (tests/test_resident.py), whose sockets live in a private runtime directory
+    of the session's (short: a socket's path holds 108 bytes). No service may outlive the session:
+    any still running at its end is stopped and the session fails."""
+    import shutil
+    import tempfile
+
+    from localspec.resident import control
+
+    runtime = Path(tempfile.mkdtemp(prefix="ls-rt-", dir="/tmp"))
+    saved = {name: os.environ.get(name) for name in ("LOCALSPEC_KEEP_ALIVE", "XDG_RUNTIME_DIR")}
+    os.environ["LOCALSPEC_KEEP_ALIVE"] = "0"
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+    yield runtime
+    left = control.services()
+    for record, _ in left:
+        control.stop_service(record, reason="the test session ended")
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(runtime, ignore_errors=True)
+    assert not left, f"resident services outlived the test session: {[r.data.get('target') for r, _ in left]}"
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("tiny-models")

@@ -5,6 +5,7 @@ none crashes by itself)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -211,9 +212,50 @@ def test_a_load_overlaps_the_check_and_reloads_when_it_fails(q4_0: Path, fresh_c
 
 def test_when_every_configuration_dies_the_error_says_so(q4_0: Path, fresh_checks: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """... and how to go on: the --cpu-kernels choice to try, the record, how to check again."""
     monkeypatch.setattr(kernels, "Check", Dies)
-    with pytest.raises(ModelError, match="every CPU kernel configuration failed its check on Q4_0/Q6_K weights"):
+    with pytest.raises(ModelError, match="every CPU kernel configuration failed its check on Q4_0/Q6_K weights") as info:
         kernels.resolve(q4_0, "auto")
+    message = str(info.value)
+    assert "try --cpu-kernels plain" in message and f"delete {kernels.Checks().path}" in message
+    assert kernels.Checks().path.is_file() and "timed out" not in message  # died: no retry promised
+
+
+class TimesOut(Dies):
+    """A check whose child never answers (a busy machine)."""
+
+    def wait(self) -> kernels.Verdict:
+        return kernels.Verdict(False, "no answer within 180 s", 180.0, timed_out=True)
+
+
+class Passes(Dies):
+    def wait(self) -> kernels.Verdict:
+        return kernels.Verdict(True, "fine", 0.1)
+
+
+def test_a_check_that_timed_out_is_checked_again_on_a_later_run(q4_0: Path, fresh_checks: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A timeout fails the configuration in this run only (recorded as timed out, not as a
+    verdict); a later run checks again, until it has timed out TIMEOUT_TRIES times. The
+    negative control: a configuration whose child died is never checked again (above)."""
+    first = kernels.candidates(kernels.read_weights(q4_0))[0][0]
+    key = kernels.check_key(first, ("Q4_0", "Q6_K"))
+    monkeypatch.setattr(kernels, "Check", TimesOut)
+    with pytest.raises(ModelError, match="checks that timed out run again by themselves"):
+        kernels.resolve(q4_0, "auto")
+    record = json.loads(kernels.Checks().path.read_text())
+    assert record[key]["timed_out"] is True and record[key]["timeouts"] == 1 and record[key]["ok"] is False
+    assert kernels.Checks().get(key) is None  # a later run: not a verdict
+    monkeypatch.setattr(kernels, "Check", Passes)
+    assert kernels.resolve(q4_0, "auto").config == first  # checked again, and it passes now
+    assert kernels.Checks().get(key) == kernels.Verdict(True, "fine", 0.1)
+    kernels.Checks().path.unlink()
+    monkeypatch.setattr(kernels, "Check", TimesOut)
+    for _ in range(kernels.TIMEOUT_TRIES):
+        with pytest.raises(ModelError):
+            kernels.resolve(q4_0, "auto")
+    verdict = kernels.Checks().get(key)
+    assert verdict is not None and not verdict.ok and "taken for a hang" in verdict.detail
 
 
 def test_child_that_computes_garbage_is_rejected() -> None:

@@ -477,7 +477,8 @@ def parse_answer(target: Model, tokens: list[int], tools: list[dict] = TOOLS[:2]
 def test_auto_reads_calls_written_as_plain_json(target: Model, text: str, calls: list) -> None:
     """With "auto", an answer that is a call written as plain JSON (bare or in a code block,
     several one after the other) is allowed by the grammar and read as calls, valid for their
-    schemas, with no content; cut off before its end it is no call at all."""
+    schemas, with no content; cut off inside its last call, the calls before that one are kept
+    (a single call cut off is no call at all)."""
     tokens = answer_tokens(target, text)
     grammar = auto_grammar(target)
     for token in tokens:
@@ -491,8 +492,9 @@ def test_auto_reads_calls_written_as_plain_json(target: Model, text: str, calls:
     for call in parser.calls:
         assert_valid_call(call.name, call.arguments, TOOLS[:2])
         assert call.id.startswith("call_") and call.fragments == (call.arguments,)
-    cut = parse_answer(target, tokens[:-3])
-    assert not cut.complete and cut.calls == [] and cut.content == ""
+    cut = parse_answer(target, tokens[:-3])  # inside the last call (or its code block)
+    assert not cut.complete and cut.writing and cut.content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in cut.calls] == calls[:-1]
 
 
 @pytest.mark.parametrize("text", PLAIN_TEXTS)
@@ -656,26 +658,71 @@ def test_parallel_calls(served: Served, parallel_answers: dict[int, Any]) -> Non
 
 
 def test_a_call_cut_off_by_max_tokens_is_never_reported(served: Served, target: Model, draft: Model) -> None:
-    """max_tokens ending inside a call (at 5 tokens, right before </tool_call>, right before the
-    end): finish_reason "length" and no tool_calls, streamed (no tool-call delta at all) or not,
-    and through the Python API."""
+    """max_tokens ending inside a call (at 5 tokens, right before </tool_call>): finish_reason
+    "length" and no tool_calls, streamed (no tool-call delta at all) or not, and through the
+    Python API; ending right after </tool_call> (before the end token), the call is complete and
+    kept: finish_reason "length" with that call, the full answer's."""
     kw = dict(tool_choice="required", parallel_tool_calls=False, temperature=0)
     full = chat(served, **kw)
     assert full.choices[0].finish_reason == "tool_calls"
+    want = [(c.function.name, c.function.arguments) for c in full.choices[0].message.tool_calls]
     n = full.usage.completion_tokens  # the end token included
     for cut in (5, n - 2, n - 1):
+        kept = want if cut == n - 1 else []
         r = chat(served, max_tokens=cut, **kw)
-        assert r.choices[0].finish_reason == "length" and r.choices[0].message.tool_calls is None, cut
-        assert r.choices[0].message.content in ("", None) and r.usage.completion_tokens == cut
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == cut, cut
+        assert [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls or []] == kept, cut
+        assert r.choices[0].message.content in ("", None)
         calls, finish, content = reassemble(stream_chunks(served, max_tokens=cut, **kw))
-        assert finish == "length" and calls == {} and content == "", cut
+        assert finish == "length" and [(c["name"], c["arguments"]) for c in calls.values()] == kept, cut
+        assert content == ""
     reference = generate(target, draft, tools=TOOLS, **kw)
     tokens = [r.token for r in reference]
     assert reference[-1].finish_reason == "tool_calls" and target.is_eog(tokens[-1]) and tokens[-2] == CLOSE
     for cut in (5, len(tokens) - 2, len(tokens) - 1):  # cut before </tool_call>, before the end
         rs = generate(target, draft, tools=TOOLS, max_tokens=cut, **kw)
-        assert rs[-1].finish_reason == "length" and rs[-1].tool_calls == () and len(rs) == cut
-        assert all(r.content == "" and r.tool_calls == () for r in rs)
+        kept = reference[-1].tool_calls if cut == len(tokens) - 1 else ()
+        assert rs[-1].finish_reason == "length" and len(rs) == cut
+        assert [(c.name, c.arguments) for c in rs[-1].tool_calls] == [(c.name, c.arguments) for c in kept], cut
+        assert all(r.content == "" and r.tool_calls == () for r in rs[:-1]) and rs[-1].content == ""
+
+
+CUT_SECOND_CALL = 70  # max_tokens: a get_time call takes 46-48 tokens, so a second one is cut off
+
+
+def test_calls_completed_before_the_length_limit_are_kept(served: Served, target: Model, draft: Model,
+                                                          parallel_answers: dict[int, Any]) -> None:
+    """Parallel calls cut off by max_tokens inside the second call: the first call, complete, is
+    reported with finish_reason "length", streamed or not (the same call as the full answer's
+    first: drafting is the same until 5 tokens before the limit), and through the Python API, where
+    every cut-off answer reports exactly the calls its tokens closed: none when the limit (30)
+    falls inside the first call, one when it falls inside the second (over 12 seeds, 3 answers
+    made a second call, measured; parallel_answers states the chance of one)."""
+    multi = [seed for seed, r in parallel_answers.items() if len(r.choices[0].message.tool_calls or []) > 1][:3]
+    kw = dict(tools=[TIME], tool_choice="required", parallel_tool_calls=True, temperature=PARALLEL_TEMPERATURE,
+              max_tokens=CUT_SECOND_CALL)
+    for seed in multi:
+        first = parallel_answers[seed].choices[0].message.tool_calls[0]
+        r = chat(served, seed=seed, **kw)
+        assert r.choices[0].finish_reason == "length", seed
+        assert [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls] == \
+            [(first.function.name, first.function.arguments)], seed
+        calls, finish, _ = reassemble(stream_chunks(served, seed=seed, **kw))
+        assert finish == "length" and [(c["name"], c["arguments"]) for c in calls.values()] == \
+            [(first.function.name, first.function.arguments)], seed
+    kept = {True: 0, False: 0}  # cut-off answers with and without a completed call
+    for seed, limit in [(seed, limit) for seed in range(12) for limit in (30, CUT_SECOND_CALL)]:
+        rs = generate(target, draft, seed=seed, **{**kw, "max_tokens": limit})
+        tokens = [r.token for r in rs]
+        if rs[-1].finish_reason != "length":
+            assert rs[-1].finish_reason == "tool_calls" and len(rs[-1].tool_calls) == tokens.count(CLOSE)
+            continue
+        assert len(rs[-1].tool_calls) == tokens.count(CLOSE), (seed, tokens.count(CLOSE))
+        assert all(r.tool_calls == () for r in rs[:-1])
+        for call in rs[-1].tool_calls:
+            assert_valid_call(call.name, call.arguments, [TIME])
+        kept[bool(rs[-1].tool_calls)] += 1
+    assert kept[True] >= 1 and kept[False] >= 1, kept
 
 
 # ---------------------------------------------------------------- 8. bad tool definitions

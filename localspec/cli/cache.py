@@ -7,13 +7,16 @@ import time
 
 import click
 
-from localspec.cli.options import prompt_cache_option
+from localspec.cli.options import prompt_cache_option, user_errors
 
 
 def _cache(prompt_cache: str | None):  # -> PromptCache | None
     from localspec.llama.prompt_cache import PromptCache
 
-    return PromptCache.from_setting(prompt_cache)
+    store = PromptCache.from_setting(prompt_cache)
+    if store is not None:
+        store.check()  # a directory that is not the user's is refused, the default one too
+    return store
 
 
 def _mb(n: int) -> str:
@@ -28,7 +31,9 @@ def cache() -> None:
     It lives in <cache>/prompts ($LOCALSPEC_PROMPT_CACHE, else under
     ~/.cache/localspec), holds your prompts (its files are readable by you
     alone) and keeps at most $LOCALSPEC_PROMPT_CACHE_LIMIT bytes (default 4G),
-    dropping the least recently used entries first.
+    dropping the least recently used entries first. It reads, touches and
+    removes only files it wrote, in private subdirectories it made: links
+    and other users' files are left alone.
 
     \b
     localspec cache list
@@ -40,13 +45,14 @@ def cache() -> None:
 @cache.command("list")
 @prompt_cache_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
 def list_cache(prompt_cache: str | None, as_json: bool) -> None:
     """The saved prefixes, most recently used first."""
     store = _cache(prompt_cache)
     if store is None:
         click.echo(json.dumps({"enabled": False}) if as_json else "the prompt cache is off")
         return
-    entries = sorted(store.entries(), key=lambda e: -e.used)
+    entries = sorted(store.entries(tidy=False), key=lambda e: -e.used)  # reads only: removes nothing
     if as_json:
         click.echo(json.dumps({"enabled": True, "dir": str(store.root), "bytes": sum(e.size for e in entries),
                                "limit": store.limit,
@@ -63,6 +69,7 @@ def list_cache(prompt_cache: str | None, as_json: bool) -> None:
 
 @cache.command("clear")
 @prompt_cache_option
+@user_errors
 def clear_cache(prompt_cache: str | None) -> None:
     """Remove every saved prefix."""
     store = _cache(prompt_cache)

@@ -9,11 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,10 +21,9 @@ import click
 
 from localspec.cli.options import (
     constraint_options,
-    pop_prompt_cache,
+    keep_alive_option,
     prompt_cache_option,
     generation_config,
-    load_for,
     model_options,
     sampling_options,
     spec_options,
@@ -34,9 +31,11 @@ from localspec.cli.options import (
 )
 from localspec.config import GenerationConfig
 from localspec.errors import ConfigError
+from localspec.files import TEXT_LIMIT, Foreign, StateDir, mib
 from localspec.loading import Loaded
 from localspec.decoding.profiles import Profiles
 from localspec.cli.report import describe_speculation, format_stats
+from localspec.cli import resources
 
 log = logging.getLogger(__name__)
 
@@ -180,12 +179,15 @@ def read_line(prompt: str) -> str:
     line that is not UTF-8 is refused alone, the next one is read normally)."""
     try:
         if _interactive():
-            return input(prompt)
+            return resources.current().input(prompt)
         click.echo(prompt, nl=False, err=True)
         stream = getattr(sys.stdin, "buffer", None)
-        raw = stream.readline() if stream is not None else sys.stdin.readline().encode()
+        raw = stream.readline(TEXT_LIMIT + 1) if stream is not None else sys.stdin.readline(TEXT_LIMIT + 1).encode()
         if not raw:
             raise EOFError
+        if len(raw) > TEXT_LIMIT:  # /dev/zero, or a file without line breaks: never read into memory whole
+            raise ConfigError(f"a line on stdin is longer than {mib(TEXT_LIMIT)}, the most localspec reads "
+                              "for one message")
         return raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
         raise NotText(f"that line is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x}); it was not sent") from None
@@ -248,6 +250,12 @@ def chats_dir() -> Path:
     return registry.cache_root() / "chats"
 
 
+def _store(create: bool) -> StateDir:
+    """The chat store, opened: ConfigError when it is refused (a link, another user's, open to
+    others), FileNotFoundError when absent and not `create`."""
+    return StateDir.open(chats_dir(), what="the chat store", create=create, private=True)
+
+
 def chat_path(name: str, param: str = "name") -> Path:
     if not CHAT_NAME.fullmatch(name):
         raise ConfigError(f"{name!r} is not a chat name: use up to 64 letters, digits, '_', '-' or '.'", param)
@@ -267,11 +275,14 @@ def _save(args: list[str], session: Session, loaded: Loaded) -> None:
     data = json.dumps({"version": 1, "model": str(loaded.target.path), "system": session.system,
                        "history": session.history}, ensure_ascii=False, indent=1)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        with _store(create=True) as store:  # written whole, 0600, in a 0700 directory of localspec's own
+            store.write(path.name, data.encode("utf-8"))
+    except ConfigError as exc:
+        _note(f"could not save the chat: {exc}")
+        return
+    except Foreign as exc:
+        _note(f"could not save the chat: {path} is {exc}, not a chat localspec saved; it was left as it is")
+        return
     except OSError as exc:
         _note(f"could not save the chat to {path}: {exc.strerror or exc}")
         return
@@ -287,16 +298,25 @@ def load_chat(name: str) -> dict:
     """A conversation /save kept (ConfigError naming --resume when it is missing or unreadable)."""
     path = chat_path(name, "resume")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with _store(create=False) as store:
+            try:
+                data = json.loads(store.read(path.name, TEXT_LIMIT).decode("utf-8"))
+            except FileNotFoundError:
+                saved = [n[:-5] for n in store.names() if n.endswith(".json") and not n.startswith(".")]
+                raise ConfigError(f"no saved chat {name!r} (saved: {', '.join(saved) or 'none'}); /save NAME in a "
+                                  "chat keeps one", "resume") from None
         history = data["history"]
         if not isinstance(history, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
                                                     and isinstance(m.get("content"), str) for m in history):
             raise ValueError("its history is not a list of messages")
     except FileNotFoundError:
-        saved = sorted(p.stem for p in chats_dir().glob("*.json")) if chats_dir().is_dir() else []
-        raise ConfigError(f"no saved chat {name!r} (saved: {', '.join(saved) or 'none'}); /save NAME in a chat "
-                          "keeps one", "resume") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"no saved chat {name!r} (saved: none); /save NAME in a chat keeps one", "resume") from None
+    except Foreign as exc:
+        raise ConfigError(f"cannot read the saved chat {path}: it is {exc}, not a chat localspec saved",
+                          "resume") from None
+    except ConfigError as exc:
+        raise ConfigError(str(exc), "resume") from None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ConfigError(f"cannot read the saved chat {path}: {exc}", "resume") from None
     return {"system": data.get("system") if isinstance(data.get("system"), str) else None, "history": history}
 
@@ -416,6 +436,7 @@ def ctrl_c_raises() -> Iterator[None]:
 @click.option("-s", "--system", default=None, help="System message, kept across /reset.")
 @constraint_options
 @prompt_cache_option
+@keep_alive_option
 @click.option("--resume", default=None, metavar="NAME",
               help="Continue a conversation kept with /save NAME (its KV state comes from the prompt cache).")
 @user_errors
@@ -442,14 +463,16 @@ def chat(model: str | None, draft: str | None, system: str | None, resume: str |
     localspec chat -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1
     printf 'Write fizzbuzz\\n/stats\\n' | localspec chat -t 0
     """
-    cache = pop_prompt_cache(options)
+    res = resources.current()
+    res.keep_alive(options.pop("keep_alive", None))
+    cache = res.prompt_cache(options.pop("prompt_cache", None))
     config = generation_config(options)
     saved = load_chat(resume) if resume is not None else None
     if saved is not None and system is None:
         system = saved["system"]
-    loaded = load_for(config, model, draft, options)
+    loaded = res.load_for(config, model, draft, options)
     try:
-        session = Session(system, prompt_cache=cache)
+        session = Session(system, profiles=res.session_profiles(), prompt_cache=cache)
         if saved is not None:  # the system message is the saved one unless -s gives another
             session.history += [m for m in saved["history"] if m["role"] != "system"]
             _note(f"resumed {resume}: {len(session.history)} messages")
@@ -461,5 +484,5 @@ def chat(model: str | None, draft: str | None, system: str | None, resume: str |
         with ctrl_c_raises():
             chat_loop(session, loaded, config)
     finally:
-        loaded.close()
+        res.release(loaded)
 

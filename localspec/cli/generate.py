@@ -7,6 +7,7 @@ first argument that is not a subcommand to ``generate``.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import signal
 import sys
@@ -20,10 +21,9 @@ import click
 from localspec.llama import rpc
 from localspec.cli.options import (
     constraint_options,
-    pop_prompt_cache,
+    keep_alive_option,
     prompt_cache_option,
     generation_config,
-    load_for,
     model_options,
     sampling_options,
     spec_options,
@@ -35,6 +35,7 @@ from localspec.config import GenerationConfig
 from localspec.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
 from localspec.loading import Loaded
 from localspec.cli.report import format_stats, response_json, timings_json
+from localspec.cli import resources
 
 if TYPE_CHECKING:
     from localspec.api import Generation
@@ -99,7 +100,11 @@ def _argument_text(prompt: tuple[str, ...]) -> str:
 
 
 def _stdin_text() -> str:
-    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    """The prompt piped on stdin, at most TEXT_LIMIT bytes (`localspec < /dev/zero` ends there)."""
+    from localspec.files import TEXT_LIMIT, read_stream
+
+    stream = getattr(sys.stdin, "buffer", None) or io.BytesIO(sys.stdin.read(TEXT_LIMIT + 1).encode())
+    data = read_stream(stream, limit=TEXT_LIMIT, what="the prompt on stdin")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -108,16 +113,9 @@ def _stdin_text() -> str:
 
 def read_context(path: str | None) -> str:
     """The text of --context FILE (UTF-8), or "" without one."""
-    if path is None:
-        return ""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint="--context") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise click.BadParameter(f"{path} is not UTF-8 text (byte {exc.start})", param_hint="--context") from None
+    from localspec.files import TEXT_LIMIT, read_user_text  # bounded while reading: a device or FIFO too
+
+    return "" if path is None else read_user_text(path, param="context", limit=TEXT_LIMIT, what="the context file")
 
 
 def with_context(context: str, text: str) -> str:
@@ -151,11 +149,12 @@ def read_prompt(prompt: tuple[str, ...]) -> str:
 @click.option("-s", "--system", default=None, help="System message (with --chat).")
 @click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
 @click.option("--context", "context_file", default=None, metavar="FILE",
-              help="A document to put before the prompt: questions about one file then share it as a "
-                   "prefix, which the prompt cache restores instead of reading it again.")
+              help="A document to put before the prompt (UTF-8, at most 32 MiB): questions about one file "
+                   "then share it as a prefix, which the prompt cache restores instead of reading it again.")
 @constraint_options
 @tool_options
 @prompt_cache_option
+@keep_alive_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and stats.")
 @click.option("-u", "--usage", is_flag=True, help="Print statistics to stderr when done.")
 @user_errors
@@ -173,8 +172,10 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     """
     from localspec.api import Generation
 
-    entered = time.time()
-    cache = pop_prompt_cache(options)
+    res = resources.current()
+    entered = res.entered
+    res.keep_alive(options.pop("keep_alive", None))
+    cache = res.prompt_cache(options.pop("prompt_cache", None))
     tools = toolset_from_flags(options)
     config = generation_config(options)
     if system is not None and not chat_template:
@@ -186,9 +187,9 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     text = with_context(context, read_prompt(prompt))
     try:
         with sigterm_stops_generation():
-            loaded = load_for(config, model, draft, options, grammar=tools is not None and tools.calls_allowed)
+            loaded = res.load_for(config, model, draft, options, grammar=tools is not None and tools.calls_allowed)
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM while loading: nothing generated, said so
-        _stopped_before_output(stop, as_json, model or "", config, prompt_tokens=0)
+        _stopped_before_output(stop, as_json, model or "", config, prompt_tokens=0, resident=res.resident)
     try:
         if system is not None and not loaded.target.chat_template:
             raise click.BadParameter(f"{loaded.target_name} has no chat template, so a system message cannot "
@@ -196,8 +197,8 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
         message: Any = text
         if chat_template and (loaded.target.chat_template or tools is not None):
             message = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        generation = Generation(loaded.target, loaded.draft, message, config, prompt_cache=cache or False,
-                                tools=tools)
+        generation = Generation(loaded.target, loaded.draft, message, config, res.profiles,
+                                prompt_cache=cache or False, tools=tools)
         parts: list[str] = []
         unregister = rpc.on_fatal(lambda error: _remote_failed(parts, as_json, loaded, config, error))
         try:
@@ -205,27 +206,28 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
                 last, interrupted = _stream(generation, as_json, parts)
         finally:
             unregister()
-        _report(parts, last, as_json, usage, loaded, generation, entered)  # also after Ctrl-C: nothing lost
+        _report(parts, last, as_json, usage, loaded, generation, res)  # also after Ctrl-C: nothing lost
     finally:
-        loaded.close()
+        res.release(loaded)
     if interrupted is not None:
         sys.exit(EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED)
 
 
-def _empty_json(model: str, config: GenerationConfig, prompt_tokens: int) -> dict:
+def _empty_json(model: str, config: GenerationConfig, prompt_tokens: int, resident: bool) -> dict:
     """The --json object of a run stopped before it generated anything."""
     return {"model": model, "text": "", "finish_reason": None, "settings": config.options(),
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0}, "stats": {}, "timings": {}}
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0}, "stats": {}, "timings": {},
+            "resident": resident}
 
 
 def _stopped_before_output(stop: KeyboardInterrupt, as_json: bool, model: str, config: GenerationConfig,
-                           prompt_tokens: int) -> None:
+                           prompt_tokens: int, resident: bool) -> None:
     """Ctrl-C or SIGTERM before any output: say so (with --json, the empty JSON object) and exit
     with the signal's status, as a stop while generating does."""
     terminated = isinstance(stop, Terminated)
     click.echo("terminated" if terminated else "interrupted", err=True)
     if as_json:
-        click.echo(json.dumps(_empty_json(model, config, prompt_tokens)))
+        click.echo(json.dumps(_empty_json(model, config, prompt_tokens, resident)))
     sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
 
@@ -259,7 +261,7 @@ def _stream(generation: Any, as_json: bool, parts: list[str]) -> tuple[Any, Keyb
 
 
 def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loaded, generation: Generation,
-            entered: float) -> None:
+            res: resources.Resources) -> None:
     """After generation: the final newline or the JSON object on stdout, the statistics on stderr."""
     config, profiles = generation.config, generation.profiles
     calls = [c.as_dict() for c in last.tool_calls] if last is not None else []
@@ -269,17 +271,19 @@ def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loa
         click.echo(json.dumps(calls, ensure_ascii=False, indent=2))
     if last is None:  # stopped before the first token (in the prefill): the JSON object all the same
         if as_json:
-            click.echo(json.dumps(_empty_json(loaded.target_name, config, len(generation.prompt))))
+            click.echo(json.dumps(_empty_json(loaded.target_name, config, len(generation.prompt), res.resident)))
         return
     if as_json:
-        click.echo(json.dumps(response_json("".join(parts), last.finish_reason, last.stats,
-                                            loaded.target_name, config,
-                                            timings_json(entered, loaded, last.stats, profiles.io_seconds,
-                                                         (generation.restore_seconds, generation.save_seconds)),
-                                            last.constraint_satisfied, calls if generation.tools else None)))
+        timings = timings_json(res.entered, loaded, last.stats, profiles.io_seconds,
+                               (generation.restore_seconds, generation.save_seconds)) | res.timings()
+        click.echo(json.dumps(response_json("".join(parts), last.finish_reason, last.stats, loaded.target_name,
+                                            config, timings, last.constraint_satisfied,
+                                            calls if generation.tools else None) | {"resident": res.resident}))
     if last.finish_reason == "length" and generation.call_cut_off:
+        done = "" if not calls else " (the one it completed is)" if len(calls) == 1 else \
+            f" (the {len(calls)} it completed are)"
         click.echo("warning: the answer was cut off by the length limit; a tool call it was writing is not "
-                   "reported; raise --max-tokens", err=True)
+                   f"reported{done}; raise --max-tokens", err=True)
     elif config.constraint is not None and last.finish_reason not in ("stop", "tool_calls") \
             and not last.constraint_satisfied:
         click.echo(f"warning: the output is truncated ({last.finish_reason}): it does not match "

@@ -14,7 +14,8 @@ from typing import Any
 
 import click
 
-from localspec import __version__
+from localspec import __version__, environment
+from localspec.cli.options import EnvOption
 from localspec.config import CPU_KERNELS, MODEL_DEFAULTS
 from localspec.errors import CheckFailed, exit_code
 
@@ -198,7 +199,7 @@ def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kerne
         "cpu_kernels": kernels_info(model, cpu_kernels) if "error" not in llama else {},
         "verifier": native_info(),
         "packages": {name: _version(name) for name in ("numpy", "cffi", "click", "jinja2")},
-        "cache": {"dir": str(registry.cache_dir()), "from_env": bool(os.environ.get(registry.CACHE_ENV))},
+        "cache": {"dir": str(registry.cache_dir()), "from_env": environment.is_set(registry.CACHE_ENV)},
         "profiles": {"dir": str(store.directory), "count": len(store.on_disk())},
         "prompt_cache": ({"enabled": False} if prompts is None else
                          {"enabled": True, "dir": str(prompts.root), "bytes": prompts.size(), "limit": prompts.limit}),
@@ -282,13 +283,14 @@ def render(info: dict) -> str:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--rpc", envvar="LOCALSPEC_RPC", default=None, metavar="HOST:PORT[,...]",
+@click.option("--rpc", cls=EnvOption, envvar="LOCALSPEC_RPC", default=None, metavar="HOST:PORT[,...]",
               help="Also list the devices of these RPC servers (env LOCALSPEC_RPC).")
 @click.option("-m", "--model", default=None, metavar="GGUF|NAME",
               help="Load this model and show which weight buffer types it gets (default: the default "
                    "pair's target when it is cached; 'none': no model).")
 @click.option("--cpu-kernels", type=click.Choice(CPU_KERNELS), default=MODEL_DEFAULTS.cpu_kernels,
-              show_default=True, envvar="LOCALSPEC_CPU_KERNELS", help="The configuration to load it with.")
+              show_default=True, cls=EnvOption, envvar="LOCALSPEC_CPU_KERNELS",
+              help="The configuration to load it with.")
 def info(as_json: bool, rpc: str | None, model: str | None, cpu_kernels: str) -> None:
     """Versions, the llama.cpp build and its devices, CPU kernels, the native verifier, the model cache.
 
@@ -304,12 +306,8 @@ def info(as_json: bool, rpc: str | None, model: str | None, cpu_kernels: str) ->
     localspec info --rpc 192.168.1.20:50052
     """
     from localspec.config import parse_endpoints
-    from localspec.errors import ConfigError
 
-    try:
-        endpoints = parse_endpoints(rpc)
-    except ConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="--rpc") from None
+    endpoints = parse_endpoints(rpc)  # ConfigError naming --rpc (and $LOCALSPEC_RPC where it came from)
     if model is None:
         model = default_target_if_cached()
     elif model.lower() == "none":

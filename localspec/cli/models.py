@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import click
+
+from localspec import environment
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def _list_entries() -> dict:
     pairs = [{"name": p.name, "target": p.target, "draft": p.draft, "default": p.name == reg.default_pair}
              for p in reg.pairs.values()]
     cache = registry.cache_dir()
-    return {"cache_dir": str(cache), "cache_dir_from_env": bool(os.environ.get(registry.CACHE_ENV)),
+    return {"cache_dir": str(cache), "cache_dir_from_env": environment.is_set(registry.CACHE_ENV),
             "models": entries, "pairs": pairs, "default_pair": reg.default_pair}
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
+from click.core import ParameterSource
 
 from localspec.config import (
     CACHE_TYPES,
@@ -30,20 +31,63 @@ from localspec.config import (
     grammar_from_file,
 )
 from localspec.errors import ConfigError, LocalspecError, exit_code
+from localspec.files import SPEC_LIMIT, read_user_text
 from localspec.loading import Loaded, draft_loading, load_pair
 
 
 # ---------------------------------------------------------------- errors
 
 
+ENV_SOURCES = "localspec.env_sources"  # click's ctx.meta: option name -> the variable its value came from
+
+
+def env_source(ctx: click.Context | None, name: str | None) -> str | None:
+    """The environment variable the value of option `name` came from (None: the command line or
+    its default)."""
+    return (ctx.meta.get(ENV_SOURCES) or {}).get(name) if ctx is not None and name else None
+
+
+class EnvOption(click.Option):
+    """An option whose default comes from an environment variable (localspec.environment): a bad
+    value from the variable is reported as the flag's, naming the variable too."""
+
+    def consume_value(self, ctx: click.Context, opts: Any) -> Any:
+        value, source = super().consume_value(ctx, opts)
+        if source is ParameterSource.ENVIRONMENT and isinstance(self.envvar, str):
+            ctx.meta.setdefault(ENV_SOURCES, {})[self.name] = self.envvar
+        return value, source
+
+    def get_error_hint(self, ctx: Any) -> str:
+        hint = super().get_error_hint(ctx)
+        envvar = env_source(ctx, self.name)
+        return f"{hint} (from ${envvar})" if envvar else hint
+
+
 class LocalspecClickError(click.ClickException):
-    """A localspec error as click shows it, with its exit code."""
+    """A localspec error as click shows it, with its exit code; the setting at fault is named as
+    its flag, and as the environment variable it came from where it did."""
 
     def __init__(self, exc: LocalspecError) -> None:
         param = getattr(exc, "param", None)
-        message = f"Invalid value for --{param.replace('_', '-')}: {exc}" if param else str(exc)
+        ctx = click.get_current_context(silent=True)
+        if param:
+            envvar = env_source(ctx, param)
+            message = f"Invalid value for --{param.replace('_', '-')}{f' (from ${envvar})' if envvar else ''}: {exc}"
+        else:
+            message = str(exc) + _env_values_named(ctx, str(exc))
         super().__init__(message)
         self.exit_code = exit_code(exc)
+
+
+def _env_values_named(ctx: click.Context | None, message: str) -> str:
+    """" (--model 'x' came from $LOCALSPEC_MODEL)" for each value from the environment that an
+    error names without naming its setting (a model that is not found)."""
+    if ctx is None:
+        return ""
+    notes = [f"--{name.replace('_', '-')} {ctx.params[name]!r} came from ${envvar}"
+             for name, envvar in (ctx.meta.get(ENV_SOURCES) or {}).items()
+             if isinstance(ctx.params.get(name), str) and repr(ctx.params[name]) in message]
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def user_errors(f: Callable) -> Callable:
@@ -73,9 +117,54 @@ def prompt_cache_option(f: Callable) -> Callable:
     setting of the process, not of a generation: popped from the options by pop_prompt_cache)."""
     from localspec.llama.prompt_cache import ENV
 
-    return click.option("--prompt-cache", envvar=ENV, default=None, metavar="DIR|off",
+    return click.option("--prompt-cache", cls=EnvOption, envvar=ENV, default=None, metavar="DIR|off",
                         help="Save each prompt's KV state and restore the longest saved prefix of later "
                              "prompts (default: on, under the user cache directory; 'off': never).")(f)
+
+
+class Duration(click.ParamType):
+    """A duration: 30s, 5m, 1h, 1h30m, or seconds (localspec.environment.parse_duration)."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        from localspec import environment
+
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)
+        try:
+            return environment.parse_duration(str(value), f"--{param.name.replace('_', '-')}" if param else "value")
+        except ConfigError as exc:
+            self.fail(str(exc).split("=", 1)[-1], param, ctx)
+
+
+KEEP_ALIVE_ENV = "LOCALSPEC_KEEP_ALIVE"
+
+
+def format_duration(seconds: float) -> str:
+    """5m, 1h30m, 45s, 0: a duration as --keep-alive takes it."""
+    if seconds <= 0:
+        return "0"
+    whole = int(seconds)
+    if whole != seconds:
+        return f"{seconds:g}s"
+    h, m, s = whole // 3600, whole // 60 % 60, whole % 60
+    return "".join(f"{n}{unit}" for n, unit in ((h, "h"), (m, "m"), (s, "s")) if n)
+
+
+def keep_alive_option(f: Callable) -> Callable:
+    """--keep-alive: how long the models stay loaded in a resident service after the call
+    (default: localspec.environment's for LOCALSPEC_KEEP_ALIVE)."""
+    from localspec import environment
+
+    default = format_duration(environment.VARIABLES[KEEP_ALIVE_ENV].default)
+    return click.option("--keep-alive", "keep_alive", type=Duration(), cls=EnvOption, envvar=KEEP_ALIVE_ENV,
+                        default=default,
+                        show_default=True, metavar="DURATION",
+                        help="Keep the models loaded in a background service for this long after the call "
+                             "(30s, 5m, 1h; 0: never, run in this process), so that the next call with the "
+                             "same models starts at once. `localspec ps` lists them, `localspec stop` ends "
+                             "them (env LOCALSPEC_KEEP_ALIVE).")(f)
 
 
 def pop_prompt_cache(options: dict, **cache_options: Any) -> Any:
@@ -90,10 +179,10 @@ def model_options(f: Callable) -> Callable:
     """-m/-d and how to load them."""
     m = MODEL_DEFAULTS
     return _options(f, [
-        click.option("-m", "--model", envvar="LOCALSPEC_MODEL", default=None, metavar="GGUF|NAME",
+        click.option("-m", "--model", cls=EnvOption, envvar="LOCALSPEC_MODEL", default=None, metavar="GGUF|NAME",
                      help="Target model: a GGUF path or a registry name (default: the default pair's "
                           "target; env LOCALSPEC_MODEL)."),
-        click.option("-d", "--draft", envvar="LOCALSPEC_DRAFT", default=None, metavar="GGUF|NAME|none",
+        click.option("-d", "--draft", cls=EnvOption, envvar="LOCALSPEC_DRAFT", default=None, metavar="GGUF|NAME|none",
                      help="Draft model: a GGUF path, a registry name, or 'none' for no draft model (the "
                           "n-gram drafter still drafts from the context; -k 0 decodes with the target "
                           "alone). Default: the default pair's draft when -m is not given (env LOCALSPEC_DRAFT)."),
@@ -104,20 +193,20 @@ def model_options(f: Callable) -> Callable:
                      help="Draft layers to offload to the GPU (default: as --n-gpu-layers)."),
         click.option("--threads", type=int, default=m.threads, help="CPU threads (default: all cores)."),
         click.option("--cache-type", type=click.Choice(CACHE_TYPES), default=m.cache_type, show_default=True,
-                     envvar="LOCALSPEC_CACHE_TYPE",
+                     cls=EnvOption, envvar="LOCALSPEC_CACHE_TYPE",
                      help="KV cache type of both models; q8_0 halves its memory (env LOCALSPEC_CACHE_TYPE)."),
         click.option("--load-mode", type=click.Choice(LOAD_MODES), default=m.load_mode, show_default=True,
-                     envvar="LOCALSPEC_LOAD_MODE",
+                     cls=EnvOption, envvar="LOCALSPEC_LOAD_MODE",
                      help="read: copy the weights into memory (no second resident copy where llama.cpp "
                           "repacks them for its CPU kernels); mmap: map the file; auto: llama.cpp decides "
                           "(env LOCALSPEC_LOAD_MODE)."),
         click.option("--cpu-kernels", type=click.Choice(CPU_KERNELS), default=m.cpu_kernels, show_default=True,
-                     envvar="LOCALSPEC_CPU_KERNELS",
+                     cls=EnvOption, envvar="LOCALSPEC_CPU_KERNELS",
                      help="Which of llama.cpp's CPU weight kernels to use. auto: the fastest that runs here, "
                           "never AMX (its kernels crash on some Xeons), each checked once per machine in a "
                           "child process; llama: llama.cpp's own choice, AMX included; repack: its repacked "
                           "kernels only; plain: none of these (env LOCALSPEC_CPU_KERNELS)."),
-        click.option("--rpc", envvar="LOCALSPEC_RPC", default=None, metavar="HOST:PORT[,...]",
+        click.option("--rpc", cls=EnvOption, envvar="LOCALSPEC_RPC", default=None, metavar="HOST:PORT[,...]",
                      help="Put the target's layers on these llama.cpp RPC servers (`localspec rpc-server`; "
                           "all layers unless --n-gpu-layers says how many; several servers share them). "
                           "Needs llama-cpp-python built with -DGGML_RPC=on (env LOCALSPEC_RPC)."),
@@ -186,6 +275,13 @@ def constraint_options(f: Callable) -> Callable:
 
 
 CONSTRAINT_FLAGS = ("json_schema", "json_object", "regex", "grammar")  # constraint_options' parameter names
+EMPTY_HINTS = {"json_schema": "a schema file or JSON text", "regex": "a pattern", "grammar": "a grammar file",
+               "tools": "a FILE.json of tools"}  # what each flag that takes text needs
+
+
+def empty_value(needed: str) -> str:
+    """The error of a flag given an empty value: an unset shell variable, never "no constraint"."""
+    return f"the value is empty (an unset shell variable?); give {needed}, or leave the flag out"
 
 
 def tool_options(f: Callable) -> Callable:
@@ -215,11 +311,11 @@ def toolset_from_flags(options: dict) -> Any:
         if choice is not None:
             raise ConfigError("--tool-choice needs --tools FILE.json", "tool_choice")
         return None
+    if not path.strip():
+        raise ConfigError(empty_value(EMPTY_HINTS["tools"]), "tools")
     try:
-        tools = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}", "tools") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        tools = json.loads(read_user_text(path, param="tools", limit=SPEC_LIMIT, what="the tools file"))
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(f"{path} is not a JSON file: {exc}", "tools") from None
     if isinstance(tools, dict) and "tools" in tools:  # a request body's tools
         tools = tools["tools"]
@@ -238,8 +334,11 @@ def toolset_from_flags(options: dict) -> Any:
 def constraint_from_flags(options: dict) -> Constraint | None:
     """The constraint the flags ask for (removed from `options`), compiled and validated now, so a
     bad schema or grammar is a usage error naming its flag before any model loads."""
-    given = [k for k in CONSTRAINT_FLAGS if options.get(k)]
+    given = [k for k in CONSTRAINT_FLAGS if options.get(k) not in (None, False)]  # "" too: refused, never ignored
     values = {k: options.pop(k, None) for k in CONSTRAINT_FLAGS}
+    for flag in given:
+        if flag in EMPTY_HINTS and not values[flag].strip():
+            raise ConfigError(empty_value(EMPTY_HINTS[flag]), flag)
     if not given:
         return None
     if len(given) > 1:
@@ -265,13 +364,10 @@ def _schema_text(value: str) -> str:
     if text.startswith("{") or text in ("true", "false"):
         return text
     path = Path(value).expanduser()
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not path.exists():
         raise ConfigError(f"{value!r} is neither a JSON schema (JSON text starting with '{{') nor a file",
-                          "json_schema") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the JSON schema file {path}: {exc}", "json_schema") from None
+                          "json_schema")
+    return read_user_text(path, param="json_schema", limit=SPEC_LIMIT, what="the JSON schema file")
 
 
 GENERATION_KEYS = SETTING_KEYS  # a command's options that are generation settings

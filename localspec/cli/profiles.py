@@ -68,7 +68,8 @@ def list_profiles(as_json: bool) -> None:
 
 @profiles.command("reset")
 def reset_profiles() -> None:
-    """Delete every profile (the next run measures afresh)."""
+    """Delete every profile (the next run measures afresh); other files in the
+    directory stay."""
     from localspec.decoding.profiles import Profiles
 
     store = Profiles()

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from localspec.errors import ConfigError
+from localspec.files import TEXT_LIMIT, read_user_text
 
 PROMPT_SETS: dict[str, tuple[str, ...]] = {
     # fresh code: the draft must guess what comes next
@@ -60,16 +61,15 @@ def builtin_prompts(name: str) -> dict[str, tuple[str, ...]]:
 def load_prompt_file(path: str | Path) -> tuple[str, ...]:
     """Prompts from a file: a JSON list of strings, or one prompt per (non-empty) line."""
     p = Path(path).expanduser()
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"prompt file {str(p)!r} does not exist (give code, prose, code-edit, all, "
                          "or the path of a file with one prompt per line or a JSON list of strings)")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read prompt file {str(p)!r}: {exc}") from None
+    text = read_user_text(p, param="prompts", limit=TEXT_LIMIT, what="the prompt file")  # bounded: /dev/zero ends
     if text.lstrip().startswith("["):
         try:
             data = json.loads(text)
+        except RecursionError:
+            raise ConfigError(f"prompt file {str(p)!r} nests its JSON too deeply") from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"prompt file {str(p)!r} is not valid JSON ({exc.msg} at line {exc.lineno}); "
                              "give a JSON list of strings or one prompt per line") from None

@@ -21,7 +21,9 @@ def _size(n: float) -> str:
 
 
 def _model_name(state: dict[str, Any]) -> str:
-    return state.get("target_name") or os.path.basename(state.get("target") or "?")
+    """A registry name as it is, a file by its name."""
+    name = state.get("target_name") or state.get("target") or "?"
+    return os.path.basename(name) if name.lower().endswith(".gguf") else name
 
 
 def resident_rows() -> list[dict[str, Any]]:

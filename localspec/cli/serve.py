@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from localspec.cli.options import (
+    EnvOption,
     pop_prompt_cache,
     prompt_cache_option,
     generation_config,
@@ -47,7 +48,7 @@ def check_loaded_pair(loaded: Any) -> None:
                    "takes them from every network (use --api-key then).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="Port to listen on (0: any free port).")
-@click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None,
+@click.option("--api-key", cls=EnvOption, envvar="LOCALSPEC_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on every request (env LOCALSPEC_API_KEY). "
                    "Without it there is no authentication.")
 @click.option("--max-body-bytes", type=click.IntRange(1), default=ServerLimits.max_body_bytes,

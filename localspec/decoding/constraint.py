@@ -9,11 +9,17 @@ Three parts, used in this order by a constrained generation:
   :func:`compile_constraint` turns it into an llguidance grammar and validates it *before any
   decoding*: a bad schema, grammar or regex is a :class:`~localspec.errors.ConfigError` naming
   the setting (``param``) and, for a JSON schema, where in the schema the problem is (a JSON
-  pointer such as ``/properties/address/patternProperties``).
+  pointer such as ``/properties/address/patternProperties``). It also follows the grammar's
+  start (:func:`start_problem`: first mask, forced tokens, a path of :data:`START_TOKENS`
+  tokens, within llguidance's limits) over a vocabulary of bytes, and :class:`GrammarFollower`
+  again over the model's, when a generation is set up: a grammar no output matches, or one that
+  exceeds llguidance's limits, is a ConfigError before the first token too.
 * The tokenizer — llguidance's view of the model's own vocabulary (:func:`tokenizer_for`, cached
   per model). Building it reads every token of the vocabulary (~0.9 s for a 152k vocabulary on
-  a 2-core CPU, holding the GIL), so :func:`start_tokenizer` builds it in a thread that a caller
-  starts early and overlaps with the prompt's prefill (llama_decode releases the GIL).
+  a 2-core CPU, holding the GIL), in a thread (:func:`start_tokenizer`); a caller that knows of a
+  constraint before the model loads builds it from the file's vocabulary while the weights load
+  (:func:`prestart_tokenizer`). A constrained generation waits for it when it is set up: the
+  grammar's start is checked over this vocabulary before the prefill.
 * :class:`GrammarFollower` — a matcher that follows a model's committed tokens as a follower of
   its :class:`~localspec.llama.sequence.KVSequence` (``reset`` / ``commit`` / ``rollback``) and
   answers what may come next: a token bitmask (:meth:`GrammarFollower.mask`), the tokens the
@@ -40,7 +46,8 @@ the mask (:meth:`GrammarFollower.masks_along`), never by what the matcher would 
 
 llguidance's matcher never raises: a forbidden token puts it in an error state whose mask allows
 only the end tokens. A follower checks for that state after every consume and rollback and
-raises :class:`~localspec.errors.ConstraintError` — an error, never a finished answer.
+raises :class:`~localspec.errors.ConstraintError` — an error, never a finished answer, and
+localspec's own (the caller's grammar was checked before decoding): its message says so.
 """
 
 from __future__ import annotations
@@ -78,9 +85,12 @@ NO_TOKENIZER_WARNING = "no tokenizer - can't validate"  # llguidance's, for a gr
 
 @functools.lru_cache(maxsize=64)
 def compile_constraint(constraint: Constraint) -> str:
-    """The llguidance grammar of a constraint, validated (no tokenizer needed, fast: call it
-    when the request or the settings arrive). A bad schema, grammar or regex raises ConfigError
-    with ``param`` = ``constraint.param``; warnings are logged."""
+    """The llguidance grammar of a constraint, validated without the model (call it when the
+    request or the settings arrive): compiled, and its start followed (:func:`start_problem`)
+    over a vocabulary of single bytes, unless it names special tokens (a model's vocabulary is
+    needed for those: :class:`GrammarFollower` follows every grammar's start with it). A bad
+    schema, grammar or regex, or one llguidance cannot follow, raises ConfigError with ``param``
+    = ``constraint.param``; warnings are logged."""
     grammar = _to_grammar(constraint)
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
@@ -89,7 +99,90 @@ def compile_constraint(constraint: Constraint) -> str:
     for message in messages:
         if not message.startswith(NO_TOKENIZER_WARNING):  # special tokens are checked once the tokenizer is there
             log.warning("%s: %s", constraint.describe(), message)
+    if not any(m.startswith(NO_TOKENIZER_WARNING) for m in messages):
+        tokenizer = byte_tokenizer()
+        problem = start_problem(llguidance.LLMatcher(tokenizer, grammar, log_level=0), tokenizer)
+        if problem is not None:
+            raise ConfigError(f"{constraint.describe()} cannot be enforced: {problem}", constraint.param)
     return grammar
+
+
+# ---------------------------------------------------------------- can llguidance follow it?
+
+START_TOKENS = 16  # how many tokens of a grammar's start are followed before any decoding
+
+
+def start_problem(matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> str | None:
+    """Why llguidance cannot follow the grammar of a new `matcher` (None: it can), found by
+    following its start as a generation would: the first mask, the forced tokens, and a path of
+    up to START_TOKENS tokens (each the first the grammar forces or, else, the first its mask
+    allows other than an end token), each step within llguidance's limits. Catches what would
+    otherwise fail in the first steps of a generation: a grammar no output matches (a regex
+    with an empty language, a schema that is only a reference to itself), a rule that can never
+    end, a repetition too large for the lexer. The matcher is reset afterwards."""
+    row = np.zeros(mask_words(tokenizer.vocab_size), dtype=np.uint32)
+    ends = set(tokenizer.eos_tokens)
+    try:
+        for step in range(START_TOKENS + 1):
+            if not matcher.is_error():
+                matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+            if not matcher.is_error():
+                forced = matcher.compute_ff_tokens()
+            if matcher.is_error():
+                return _follow_problem(matcher.get_error(), step)
+            token = int(forced[0]) if forced else _first_allowed(row, ends, tokenizer.vocab_size)
+            if token is None or step == START_TOKENS:  # only an end may come, or followed far enough
+                return None
+            matcher.consume_token(token)
+        return None
+    finally:
+        matcher.reset()
+
+
+def _first_allowed(row: np.ndarray, ends: set[int], n_vocab: int) -> int | None:
+    """The first token a mask row allows that is not an end token (None: only end tokens)."""
+    return next((int(t) for t in np.flatnonzero(allowed_tokens(row, n_vocab)) if int(t) not in ends), None)
+
+
+def _follow_problem(error: str, step: int) -> str:
+    """A user-facing reason for llguidance's error after `step` tokens of a grammar's start."""
+    text = _first_line(error)
+    if step == 0 and text.startswith("NoExtension"):
+        return "no output can match it (nothing may come first: its language is empty)"
+    after = f" after {step} token{'s' * (step != 1)} of its start" if step else ""
+    if "Too many items" in text:
+        return (f"it exceeds llguidance's parser limits{after} ({text}): a rule that can never end, such as a "
+                "property required at every level of a schema that refers to itself, or a very ambiguous grammar")
+    if "lexer" in text or "too many expressions" in text:
+        return (f"it exceeds llguidance's lexer limits{after} ({text}): a repetition or regex too large to "
+                "follow, such as a{1000000}")
+    if text.startswith("NoExtension"):
+        return f"no output can match it: it allows no continuation{after}"
+    return f"llguidance cannot follow it{after}: {text}"
+
+
+_BYTE_END = b"\xff<|end|>"  # the end token of the byte vocabulary (llguidance's special-token prefix)
+
+
+class _Bytes:
+    """A vocabulary of the 256 single bytes and an end token, as llguidance's TokenizerWrapper reads it."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([b]) for b in range(256)] + [_BYTE_END]
+    special_token_ids = [256]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text.encode("utf-8") if isinstance(text, str) else text)
+
+
+@functools.lru_cache(maxsize=1)
+def byte_tokenizer() -> llguidance.LLTokenizer:
+    """A tokenizer of single bytes, which spells any text: to follow a grammar's start before
+    any model is loaded."""
+    from llguidance._tokenizer import TokenizerWrapper
+
+    return llguidance.LLTokenizer(TokenizerWrapper(_Bytes()))
 
 
 def _to_grammar(c: Constraint) -> str:
@@ -109,6 +202,9 @@ def _to_grammar(c: Constraint) -> str:
         return llguidance.LLMatcher.grammar_from_lark(c.source)
     try:
         lark = any_to_lark(c.source)
+    except RecursionError:  # the translator is recursive: parentheses nested about 1000 deep
+        raise ConfigError(f"{c.describe()} nests too deeply (parentheses within parentheses); flatten it into "
+                          "rules", c.param) from None
     except Exception as exc:  # GbnfToLarkError, and plain Exception for a missing or duplicate rule
         raise ConfigError(f"{c.describe()} is not valid GBNF: {_first_line(str(exc))}", c.param) from None
     return llguidance.LLMatcher.grammar_from_lark(lark)
@@ -356,11 +452,9 @@ class TokenizerFuture:
         if not self._future.set_running_or_notify_cancel():
             return
         try:
-            if model is None:  # from the file, while its weights load (normal priority: the load waits on I/O)
+            if model is None:  # from the file, while its weights load
                 assert path is not None
                 model = self.vocabulary = Model.vocabulary(path)
-            else:
-                _lower_priority()
             self._future.set_result(build_tokenizer(model))
         except BaseException as exc:  # handed to whoever waits for the result
             self._future.set_exception(exc)
@@ -375,20 +469,6 @@ class TokenizerFuture:
     def result(self, timeout: float | None = None) -> llguidance.LLTokenizer:
         """The tokenizer, waiting for it; the build's error (ModelError, ...) is raised here."""
         return self._future.result(timeout)
-
-
-BACKGROUND_NICE = 19  # the tokenizer thread yields to llama.cpp's threads (see _lower_priority)
-
-
-def _lower_priority() -> None:
-    """Make the calling thread yield the CPU to every other thread of normal priority (Linux
-    gives each thread its own nice value). A prefill running meanwhile uses every core, and
-    llama.cpp's threads spin at their barriers: a thread competing with them at equal priority
-    slows the prefill by more than its own work (measured: ~1-2 s for a 0.8 s build on 2 cores)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-    except (AttributeError, OSError):  # not Linux, or not allowed: run at normal priority
-        pass
 
 
 _TOKENIZERS: "weakref.WeakKeyDictionary[Any, TokenizerFuture]" = weakref.WeakKeyDictionary()
@@ -411,8 +491,7 @@ def prestart_tokenizer(path: str | os.PathLike) -> None:
 
 def start_tokenizer(model: VocabModel) -> TokenizerFuture:
     """Start building the model's tokenizer in a background thread, once per model (a later
-    call returns the same future; one prestart_tokenizer started for its file is taken): call it
-    before the prompt's prefill so that the two overlap."""
+    call returns the same future; one prestart_tokenizer started for its file is taken)."""
     model.vocab_pointer  # a closed model: ModelError now, not a crash in the thread
     path = getattr(model, "path", None)
     with _TOKENIZERS_LOCK:
@@ -484,11 +563,10 @@ class GrammarFollower:
         self.n_consumed = 0  # tokens consumed since the prompt
         self.seconds = 0.0  # spent following committed tokens and computing forced tokens
         self._draft: list[int] = []  # draft tokens consumed past the committed ones (mask_after)
-        if self._matcher.is_error():  # a grammar valid in itself that this vocabulary cannot follow
-            param = self.constraint.param if self.constraint else None
-            raise ConfigError(f"{self.constraint.describe() if self.constraint else 'the grammar'} cannot be "
-                              f"used with this model's vocabulary: {_first_line(self._matcher.get_error())}",
-                              param)
+        problem = start_problem(self._matcher, tokenizer)  # this vocabulary, from the start: before any decoding
+        if problem is not None:
+            raise ConfigError(f"{self._describe()} cannot be used with this model's vocabulary: {problem}",
+                              self.constraint.param if self.constraint else None)
 
     @classmethod
     def for_model(cls, constraint: Constraint | str, model: VocabModel) -> "GrammarFollower":
@@ -631,10 +709,16 @@ class GrammarFollower:
     # ------------------------------------------------------------ errors
 
     def _check(self, after: str) -> None:
+        """ConstraintError when the matcher is in its error state: every grammar's start was
+        followed before decoding (start_problem), so a failure here is localspec's own."""
         if self._matcher.is_error():
             detail = self._matcher.get_error()
             log.debug("grammar matcher error after %s: %s", after, detail)
-            raise ConstraintError(f"the grammar matcher failed after {after}: {_first_line(detail)}")
+            raise ConstraintError(f"internal error (a bug in localspec, please report it): the grammar matcher failed "
+                                  f"after {after}, following {self._describe()}: {_first_line(detail)}")
+
+    def _describe(self) -> str:
+        return self.constraint.describe() if self.constraint else "the grammar"
 
     def _token_repr(self, token: int) -> str:
         if token in self.end_tokens:

@@ -165,8 +165,9 @@ class Engine:
         self.structured = self._structured(config) if config.constraint is not None else None
 
     def _structured(self, config: GenerationConfig) -> "Structured":
-        """The grammar of a constrained generation, compiled now (ConfigError before any decoding);
-        imported only for one, so an unconstrained run never loads llguidance."""
+        """The grammar of a constrained generation, compiled and followed from its start over the
+        target's vocabulary now (ConfigError before any decoding); imported only for one, so an
+        unconstrained run never loads llguidance."""
         from localspec.decoding.structured import Structured
 
         assert config.constraint is not None
@@ -197,8 +198,6 @@ class Engine:
         self._counters = _Counters(prompt_tokens=len(prompt))
         self.finish_reason = None
         t0 = time.perf_counter()
-        if self.structured is not None:
-            self.structured.before_prefill()  # the grammar's tokenizer is built during the prefill
         self._counters.cached = self.sequence.start(prompt)  # keeps the prefix the cache shares with this prompt
         self._prefill(len(prompt) - 1)
         if self.structured is not None:

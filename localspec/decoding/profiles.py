@@ -14,23 +14,24 @@ batch size, the llama.cpp build and the device). It holds
 
 The first run learns them from its own work (the prompt's prefill, every step); later runs start
 from them and keep refining. Files live in ``<cache root>/profiles`` (see
-``localspec.llama.registry.cache_root``); ``localspec profiles`` shows and resets them.
+``localspec.llama.registry.cache_root``); ``localspec profiles`` shows and resets them. They are
+read and written through :class:`localspec.files.StateDir`: never through a symbolic link, and a
+reset deletes only the profiles localspec wrote.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from localspec.llama.host import key_of, profile_dir, read_state_file
+from localspec.errors import ConfigError
+from localspec.files import STATE_LIMIT, Foreign, StateDir
+from localspec.llama.host import key_of, profile_dir
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ class Profiles:
         self.persistent = persistent  # False: nothing is read or written
         self._loaded: dict[str, Profile] = {}
         self.io_seconds = 0.0  # spent reading and writing profiles (reported by `localspec --json`)
+        self._refused = False  # the directory was refused (said once)
 
     @classmethod
     def in_memory(cls) -> "Profiles":
@@ -178,24 +180,47 @@ class Profiles:
             self._loaded[key] = profile
         return profile
 
+    def _store(self, create: bool) -> StateDir | None:
+        """The profile directory, opened (None: absent, or refused: said once)."""
+        try:
+            return StateDir.open(self.directory, what="the profile directory", create=create, private=False)
+        except FileNotFoundError:
+            return None
+        except ConfigError as exc:
+            if not self._refused:
+                self._refused = True
+                log.warning("cost profiles are neither read nor saved: %s", exc)
+            return None
+
     def _read(self, key: str) -> Profile | None:
         if not self.persistent:
             return None
-        path = self.directory / f"{key}.json"
         t0 = time.perf_counter()
         try:
-            data = json.loads(read_state_file(path))
+            store = self._store(create=False)
+            if store is None:
+                return None
+            with store:
+                return self._parse(store, f"{key}.json")
+        finally:
+            self.io_seconds += time.perf_counter() - t0
+
+    def _parse(self, store: StateDir, name: str) -> Profile | None:
+        path = store.path / name
+        try:
+            data = json.loads(store.read(name, STATE_LIMIT).decode("utf-8"))
             if isinstance(data, dict) and data.get("version") != VERSION:
                 log.info("the cost profile %s is from another localspec version: measured again", path)
                 return None
             return Profile.from_json(data)
         except FileNotFoundError:
             return None
+        except Foreign as exc:
+            log.warning("ignoring %s: %s (localspec reads only the profiles it wrote)", path, exc)
+            return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # any shape a file may have
             log.warning("ignoring the unreadable cost profile %s (%s); it will be measured again", path, exc)
             return None
-        finally:
-            self.io_seconds += time.perf_counter() - t0
 
     def save(self) -> None:
         """Write every changed profile (atomically; a failure is logged, never raised)."""
@@ -206,37 +231,51 @@ class Profiles:
         self.io_seconds += time.perf_counter() - t0
 
     def _write_changed(self) -> None:
-        for profile in self._loaded.values():
-            if not profile.dirty:
-                continue
-            profile.cap_acceptance()
-            profile.updated = time.time()
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    json.dump(profile.to_json(), out, indent=1)
-                os.replace(tmp, self.directory / f"{profile.key}.json")
-                profile.dirty = False
-            except OSError as exc:
-                log.warning("cannot save the cost profile in %s: %s", self.directory, exc)
+        changed = [p for p in self._loaded.values() if p.dirty]
+        store = self._store(create=True) if changed else None
+        if store is None:
+            return
+        with store:
+            for profile in changed:
+                profile.cap_acceptance()
+                profile.updated = time.time()
+                try:
+                    store.write(f"{profile.key}.json", json.dumps(profile.to_json(), indent=1).encode("utf-8"))
+                    profile.dirty = False
+                except Foreign as exc:
+                    log.warning("cannot save the cost profile %s: that name is %s, which localspec did not write "
+                                "(left as it is)", store.path / f"{profile.key}.json", exc)
+                except OSError as exc:
+                    log.warning("cannot save the cost profile in %s: %s", self.directory, exc)
+
+    def _names(self, store: StateDir) -> list[str]:
+        return [n for n in store.names() if n.endswith(".json") and not n.startswith(".")]
 
     def on_disk(self) -> list[Profile]:
         """Every readable profile in the directory, newest first."""
-        out = []
-        for path in sorted(self.directory.glob("*.json")):
-            found = self._read(path.stem)
-            if found is not None:
-                out.append(found)
-        return sorted(out, key=lambda p: -p.updated)
+        store = self._store(create=False) if self.persistent else None
+        if store is None:
+            return []
+        with store:
+            found = [self._parse(store, name) for name in self._names(store)]
+        return sorted((p for p in found if p is not None), key=lambda p: -p.updated)
 
     def reset(self) -> int:
-        """Delete every profile (on disk and in this process); how many files were removed."""
+        """Delete the profiles localspec wrote (on disk and in this process): regular files of this
+        user named <key>.json that hold a profile of that key (any version); any other file stays.
+        How many files were removed."""
         removed = 0
-        for path in self.directory.glob("*.json"):
-            with contextlib.suppress(OSError):
-                path.unlink()
-                removed += 1
+        store = self._store(create=False) if self.persistent else None
+        if store is not None:
+            with store:
+                for name in self._names(store):
+                    try:
+                        data = json.loads(store.read(name, STATE_LIMIT).decode("utf-8"))
+                        if isinstance(data, dict) and data.get("key") == name[:-5] and isinstance(data.get("identity"), dict):
+                            store.unlink(name)
+                            removed += 1
+                    except (Foreign, OSError, ValueError, RecursionError):
+                        continue  # not a profile localspec wrote: left alone
         self._loaded.clear()
         return removed
 

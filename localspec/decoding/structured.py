@@ -2,10 +2,11 @@
 the token masks of every row a step verifies.
 
 :class:`Structured` is what the engine holds when its config has a constraint: the compiled
-grammar (checked when the engine is made, before any decoding), the model's llguidance
-tokenizer (started before the prompt's prefill and awaited after it), the
-:class:`~localspec.decoding.constraint.GrammarFollower` attached to the target's
-:class:`~localspec.llama.sequence.KVSequence` for one generation, and :class:`DraftMasks`, the
+grammar and the :class:`~localspec.decoding.constraint.GrammarFollower` of the model's
+llguidance tokenizer, both made when the engine is made, so a grammar that cannot be enforced
+is a ConfigError before any decoding (the follower follows the grammar's start over the model's
+vocabulary); the follower is attached to the target's
+:class:`~localspec.llama.sequence.KVSequence` for one generation; :class:`DraftMasks` holds the
 step's mask rows in preallocated buffers.
 
 Row ids are the verifier's: row 0 is after the committed tokens, row j+1 after draft node j. A
@@ -22,8 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from localspec.config import Constraint
-from localspec.decoding.constraint import (GrammarFollower, TokenizerFuture, allocate_masks, compile_constraint,
-                                           is_allowed, start_tokenizer)
+from localspec.decoding.constraint import GrammarFollower, allocate_masks, compile_constraint, is_allowed, tokenizer_for
 from localspec.decoding.drafters import DraftProposal, ForcedDrafter
 from localspec.decoding.tree import DraftTree
 from localspec.errors import ConstraintError
@@ -106,47 +106,39 @@ class Structured:
     """A constrained generation's grammar state across the engine's steps."""
 
     def __init__(self, constraint: Constraint, target: Model, max_nodes: int) -> None:
+        """ConfigError (naming the constraint's setting) now, before any decoding, for a grammar
+        that cannot be enforced with the target's vocabulary. Waits for the target's tokenizer
+        (built once per model: ~0.7 s for a 152k vocabulary; the CLI builds it while the weights load)."""
         self.constraint = constraint
-        self.grammar = compile_constraint(constraint)  # ConfigError now, before any decoding
+        self.grammar = compile_constraint(constraint)
         self.target = target
         self.max_nodes = max_nodes
-        self._tokenizer: TokenizerFuture | None = None
-        self.follower: GrammarFollower | None = None
-        self.masks: DraftMasks | None = None
+        self.follower = GrammarFollower(constraint, tokenizer_for(target), target.n_vocab)
+        self.masks = DraftMasks(self.follower, max_nodes)
 
     @property
     def seconds(self) -> float:
         """This generation's time in the grammar: mask rows (for drafting, cutting and verifying),
         forced tokens, following the committed tokens."""
-        return ((self.masks.seconds if self.masks is not None else 0.0)
-                + (self.follower.seconds if self.follower is not None else 0.0))
-
-    def before_prefill(self) -> None:
-        """Start building the tokenizer: it overlaps with the prompt's prefill."""
-        self._tokenizer = start_tokenizer(self.target)
+        return self.masks.seconds + self.follower.seconds
 
     def attach(self, prompt: Sequence[int], forced: Sequence[ForcedDrafter]) -> None:
         """After the prefill: the grammar follows the target's committed tokens from the prompt on."""
         self.detach()
-        tokenizer = (self._tokenizer or start_tokenizer(self.target)).result()
-        follower = GrammarFollower(self.constraint, tokenizer, self.target.n_vocab)  # compiled once (cached)
+        follower = self.follower
         follower.reset(prompt)
         self.target.sequence.followers.append(follower)
-        self.follower = follower
-        if self.masks is None or self.masks.follower is not follower:
-            self.masks = DraftMasks(follower, self.max_nodes)
-        self.masks.seconds = 0.0
+        follower.seconds = self.masks.seconds = 0.0
         for d in forced:
             d.grammar = follower
 
     def detach(self) -> None:
         """The generation ended (or failed): the grammar no longer follows the target."""
-        if self.follower is not None and self.follower in self.target.sequence.followers:
+        if self.follower in self.target.sequence.followers:
             self.target.sequence.followers.remove(self.follower)
 
     def cut(self, proposal: DraftProposal) -> DraftProposal | None:
         """A fixed proposal cut at its first token the masks forbid (None: nothing left)."""
-        assert self.masks is not None
         k = self.masks.allowed_prefix(proposal.tokens[: proposal.levels])
         if k == len(proposal.tokens):
             return proposal
@@ -158,7 +150,6 @@ class Structured:
     def rows(self, tree: DraftTree, forced: bool) -> np.ndarray:
         """The mask rows of a step's draft (`forced`: a forced chain, each row checked to allow
         exactly its token), the grammar back at the committed tokens afterwards."""
-        assert self.masks is not None
         try:
             rows = self.masks.complete(tree)
             if forced:
@@ -170,4 +161,4 @@ class Structured:
     @property
     def satisfied(self) -> bool:
         """Whether the text committed so far is a complete answer of the grammar."""
-        return self.follower is not None and self.follower.accepts_end()
+        return self.follower.accepts_end()

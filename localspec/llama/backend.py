@@ -11,13 +11,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 import threading
 from typing import Iterator
 
 import llama_cpp as lc
 
+from localspec import environment
+from localspec.errors import ConfigError
+
 log = logging.getLogger(__name__)
+LOG_ENV = "LOCALSPEC_LLAMA_LOG"  # a boolean: llama.cpp's lines at debug level
 
 _init_lock = threading.Lock()
 _ready = False
@@ -30,13 +33,24 @@ def _log_line(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", "replace")
     if _captured is not None:
         _captured.append(line)
-    if os.environ.get("LOCALSPEC_LLAMA_LOG"):
+    if _log_wanted():
         log.debug("llama.cpp: %s", line.rstrip())
 
 
+def _log_wanted() -> bool:
+    """$LOCALSPEC_LLAMA_LOG, read for each line (a callback must not raise: init() refused a bad
+    value before llama.cpp could log)."""
+    try:
+        return bool(environment.get(LOG_ENV))
+    except ConfigError:
+        return False
+
+
 def init() -> None:
-    """Initialise llama.cpp once and route its log lines to logging (debug)."""
+    """Initialise llama.cpp once and route its log lines to logging (debug); ConfigError naming
+    $LOCALSPEC_LLAMA_LOG when its value is not a boolean."""
     global _ready, _callback
+    environment.get(LOG_ENV)
     with _init_lock:
         if _ready:
             return

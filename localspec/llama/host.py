@@ -1,6 +1,7 @@
 """This machine as llama.cpp runs on it: its CPU, the llama.cpp build, what a model's speed
 depends on here (its identity, and the key per-machine state is filed under), and where that
-state lives (the profile directory: cost profiles, CPU kernel checks)."""
+state lives (the profile directory: cost profiles, CPU kernel checks; read and written through
+localspec.files, which touches only files localspec wrote)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from localspec import environment
 from localspec.config import ModelOptions
 
 PROFILE_ENV = "LOCALSPEC_PROFILE_DIR"  # overrides the directory
@@ -21,8 +23,8 @@ PROFILE_ENV = "LOCALSPEC_PROFILE_DIR"  # overrides the directory
 def profile_dir() -> Path:
     from localspec.llama import registry
 
-    override = os.environ.get(PROFILE_ENV)
-    return Path(override).expanduser() if override else registry.cache_root() / "profiles"
+    override = environment.get(PROFILE_ENV)
+    return override if override is not None else registry.cache_root() / "profiles"
 
 
 def cpuinfo(*keys: str) -> str | None:
@@ -59,20 +61,3 @@ def identity(path: Path, options: ModelOptions, extra: dict | None = None) -> di
 
 def key_of(ident: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
-
-
-MAX_STATE_BYTES = 16 << 20  # a profile or record larger than this is no file localspec wrote
-
-
-def read_state_file(path: Path) -> str:
-    """The text of a small state file localspec wrote (a profile, a record of kernel checks):
-    FileNotFoundError when absent; ValueError (UnicodeDecodeError included) when it is no regular
-    file, is too large or is not UTF-8, so that a FIFO, a device or a huge file is neither read
-    forever nor into memory."""
-    if not path.exists():
-        raise FileNotFoundError(path)
-    if not path.is_file():
-        raise ValueError("not a regular file")
-    if path.stat().st_size > MAX_STATE_BYTES:
-        raise ValueError(f"larger than {MAX_STATE_BYTES >> 20} MiB")
-    return path.read_text(encoding="utf-8")

@@ -22,7 +22,8 @@ Under ``auto``, a configuration is checked the first time it is used on a machin
 CPU, its flags or the llama.cpp build change): a child process quantizes a tiny model to the
 weight types of the model being loaded, decodes with that configuration and compares the logits
 with the plain kernels'. A configuration whose child dies (or computes something else) is never
-used on that machine again; the verdicts live in ``<profile dir>/kernel-checks``. The child is
+used on that machine again (one that timed out, on a busy machine, is checked again on later runs,
+up to TIMEOUT_TRIES times); the verdicts live in ``<profile dir>/kernel-checks``. The child is
 ``localspec.llama.kernel_check``.
 """
 
@@ -38,14 +39,14 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-from localspec.errors import ModelError
+from localspec.errors import ConfigError, ModelError
+from localspec.files import STATE_LIMIT, Foreign, StateDir, state_root
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ KNOWN_CRASHING = {"AMX": "llama.cpp's AMX kernels crash on the first decode on s
                          "(llama.cpp issue 20824)"}
 REPACK_BUFFER = "CPU_REPACK"
 CHECK_TIMEOUT = 180.0  # seconds a check may take before its configuration counts as hanging
+TIMEOUT_TRIES = 3  # runs whose check timed out before a configuration counts as hanging for good
 FAULT_ENV = "LOCALSPEC_KERNEL_CHECK_FAULT"  # tests: the child dies (SIGSEGV) checking these configurations
 CHECK_TOLERANCE = 0.1  # relative RMS difference between a configuration's logits and the plain kernels'
 # the matrix weights of llama.cpp's graphs (used only as the first operand of a MUL_MAT)
@@ -280,26 +282,38 @@ class Verdict:
     ok: bool
     detail: str  # what the child reported, or how it died
     seconds: float
+    timed_out: bool = False  # no answer in time: a busy machine, or a hang (checked again on later runs)
 
 
 class Checks:
     """The verdicts of this machine's checks, one JSON file per host key (written atomically;
-    kept in memory too, so a directory that cannot be written never repeats a check)."""
+    kept in memory too, so a directory that cannot be written never repeats a check). A check
+    that timed out counts as failed in this process only: later runs check again, until it has
+    timed out TIMEOUT_TRIES times."""
 
     def __init__(self, directory: Path | None = None) -> None:
         from localspec.llama.host import profile_dir
 
+        self.parent = None if directory is not None else profile_dir()  # created private when absent
         self.path = (directory or profile_dir() / "kernel-checks") / f"{host_key()}.json"
         self._memory: dict[str, Verdict] = {}
 
-    def _read(self) -> dict[str, Any]:
-        from localspec.llama.host import read_state_file
+    def _store(self, create: bool) -> StateDir:
+        if create and self.parent is not None:
+            state_root(self.parent, what="the profile directory")
+        return StateDir.open(self.path.parent, what="the kernel check records", create=create, private=False)
 
+    def _read(self) -> dict[str, Any]:
         try:
-            data = json.loads(read_state_file(self.path))
+            with self._store(create=False) as store:
+                data = json.loads(store.read(self.path.name, STATE_LIMIT).decode("utf-8"))
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError, RecursionError) as exc:
+        except Foreign as exc:
+            log.warning("ignoring %s: %s (localspec reads only the records it wrote); the checks will run again",
+                        self.path, exc)
+            return {}
+        except (ConfigError, OSError, ValueError, RecursionError) as exc:
             log.warning("ignoring the unreadable kernel checks %s (%s); they will run again", self.path, exc)
             return {}
         return data if isinstance(data, dict) else {}
@@ -315,20 +329,28 @@ class Checks:
                 and not isinstance(seconds, bool)):  # "ok": "false" must not pass for a verdict of ok
             log.warning("ignoring the malformed kernel check %r in %s; it will run again", key, self.path)
             return None
+        if entry.get("timed_out") is True and not ok:
+            tries = _timeouts(entry)
+            if tries < TIMEOUT_TRIES:
+                log.info("the kernel check %r timed out %d time(s) before: checked again", key, tries)
+                return None
+            return Verdict(False, f"no answer in time on {tries} runs: taken for a hang", float(seconds))
         return Verdict(ok, detail, float(seconds))
 
     def put(self, key: str, verdict: Verdict) -> None:
         self._memory[key] = verdict
         data = self._read()
-        data[key] = {"ok": verdict.ok, "detail": verdict.detail, "seconds": round(verdict.seconds, 3),
-                     "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        record: dict[str, Any] = {"ok": verdict.ok, "detail": verdict.detail, "seconds": round(verdict.seconds, 3),
+                                  "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if verdict.timed_out:
+            before = data.get(key)
+            record.update(timed_out=True, timeouts=_timeouts(before) + 1 if isinstance(before, dict)
+                          and before.get("timed_out") is True else 1)
+        data[key] = record
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(data, out, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
-        except OSError as exc:
+            with self._store(create=True) as store:
+                store.write(self.path.name, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))
+        except (ConfigError, Foreign, OSError) as exc:
             log.warning("cannot save the kernel checks in %s: %s", self.path.parent, exc)
 
     def all(self) -> dict[str, Verdict]:
@@ -338,6 +360,11 @@ class Checks:
             if verdict is not None:
                 out[key] = verdict
         return out
+
+
+def _timeouts(entry: dict) -> int:
+    tries = entry.get("timeouts", 1)
+    return tries if isinstance(tries, int) and not isinstance(tries, bool) and tries > 0 else 1
 
 
 def check_key(config: str, types: Sequence[str]) -> str:
@@ -372,7 +399,8 @@ class Check:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.communicate()
-            return Verdict(False, f"no answer within {CHECK_TIMEOUT:.0f} s", time.perf_counter() - self.started)
+            return Verdict(False, f"no answer within {CHECK_TIMEOUT:.0f} s (a busy machine? checked again on a "
+                                  "later run)", time.perf_counter() - self.started, timed_out=True)
         seconds = time.perf_counter() - self.started
         said = out.strip().splitlines()
         if self.process.returncode == 0:
@@ -428,6 +456,7 @@ def choose(path: Path, config: str, checks: Checks | None = None, gpu_layers: in
         return plan_for(name, weights, why, gpu_layers)
     checks = checks or Checks()
     rejected: list[str] = []
+    timed_out = False
     for name, why in options:
         key = check_key(name, types)
         verdict = checks.get(key)
@@ -436,8 +465,18 @@ def choose(path: Path, config: str, checks: Checks | None = None, gpu_layers: in
         if verdict.ok:
             return plan_for(name, weights, why, gpu_layers)
         rejected.append(f"{name} ({verdict.detail})")
-    raise ModelError(f"every CPU kernel configuration failed its check on {'/'.join(types)} weights "
-                     f"({'; '.join(rejected)}); this llama.cpp build cannot run {path.name} on this CPU")
+        timed_out = timed_out or verdict.timed_out
+    raise ModelError(no_configuration(path, types, rejected, checks, timed_out))
+
+
+def no_configuration(path: Path, types: Sequence[str], rejected: Sequence[str], checks: Checks,
+                     timed_out: bool = False) -> str:
+    """The error when every configuration failed its check: what failed, and how to go on."""
+    again = "; checks that timed out run again by themselves on a later run" if timed_out else ""
+    return (f"every CPU kernel configuration failed its check on {'/'.join(types)} weights ({'; '.join(rejected)}): "
+            f"this llama.cpp build may not run {path.name} on this CPU. To go on, try --cpu-kernels plain "
+            f"(llama.cpp's plain kernels, used without a check); to check every configuration again, delete "
+            f"{checks.path} (the record of this machine's checks){again}")
 
 
 def resolve(path: Path, config: str, gpu_layers: int = 0) -> KernelPlan:

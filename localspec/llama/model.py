@@ -24,7 +24,7 @@ import numpy as np
 
 from localspec.llama import backend, host, kernels, rpc
 from localspec.config import ModelOptions
-from localspec.errors import ModelError, RemoteError
+from localspec.errors import ModelError, PromptError, RemoteError
 from localspec.llama.sequence import KVSequence
 from localspec.verify.verifier import LogitsPointer
 
@@ -402,7 +402,9 @@ class Model:
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Text -> token ids (add_special: BOS if the model wants one; parse_special: read
-        control tokens such as <|im_start|> written in the text, as chat templates do)."""
+        control tokens such as <|im_start|> written in the text, as chat templates do). The text is
+        passed with its length, so a NUL in it is text too; PromptError where the vocabulary has
+        no token for it (llama.cpp would drop it)."""
         self._live()
         data = text.encode("utf-8")
         cap = len(data) + 16
@@ -414,7 +416,11 @@ class Model:
             n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
             raise ModelError("tokenization failed")
-        return list(buf[:n])
+        tokens = list(buf[:n])
+        if b"\0" in data and b"".join(map(self.token_bytes, tokens)).count(b"\0") < data.count(b"\0"):
+            raise PromptError(f"the text holds a NUL character (U+0000), for which the vocabulary of {self.path.name} "
+                              "has no token; remove it")
+        return tokens
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token stands for in generated text (control tokens render as nothing)."""

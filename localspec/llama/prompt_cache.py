@@ -15,6 +15,12 @@ and its checksum holds; a corrupt, truncated, foreign or refused file is removed
 warning. Writes go to a temporary file renamed into place, so concurrent processes never read
 half a file; files are readable by the user alone (they hold the user's prompts). The cache is
 bounded in bytes and evicts the least recently used entries.
+
+Only its own files are touched (:mod:`localspec.files`): each model's entries live in a private
+subdirectory (0700) the cache created; a subdirectory or entry that is a symbolic link, not a
+regular file or another user's is skipped with a warning, never read, touched or deleted. The
+root keeps its mode (it may be a shared directory with the sticky bit, like /tmp); a root that
+belongs to another user otherwise is refused.
 """
 
 from __future__ import annotations
@@ -24,16 +30,17 @@ import hashlib
 import json
 import logging
 import os
-import stat
+import re
 import struct
-import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
+from localspec import environment
 from localspec.errors import ConfigError, ModelError
+from localspec.files import TEMP_PREFIX, Foreign, StateDir, state_root
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +49,9 @@ FORMAT = 1
 HEADER = struct.Struct("<8sI")
 MAX_HEADER = 4 << 20  # a header longer than this is no file localspec wrote
 SUFFIX = ".kv"
-TEMP_PREFIX = ".tmp-"  # a file being written (renamed to its entry's name when whole)
+SUBDIR = re.compile(r"(?:[0-9a-f]{16}-)?[0-9a-f]{20}")  # a model's directory: [namespace-]model key
+WHAT = "the prompt cache directory"
+TODO = "name one of your own (--prompt-cache DIR), or turn the cache off (--prompt-cache off)"
 MIN_TOKENS = 32  # shorter prefixes: prefilling them costs about what saving and restoring does
 DEFAULT_LIMIT = 4 << 30  # bytes on disk
 ENV = "LOCALSPEC_PROMPT_CACHE"  # a directory, or "off"
@@ -91,15 +100,7 @@ def model_key(options: dict) -> str:
 
 def parse_limit(text: str) -> int:
     """Bytes of a size such as 4G, 512M, 100000 (ConfigError naming the setting otherwise)."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    value = text.strip().upper().removesuffix("B")
-    try:
-        n = float(value[:-1]) * units[value[-1]] if value and value[-1] in units else float(value)
-    except ValueError:
-        n = -1
-    if not n >= 0 or n != n:
-        raise ConfigError(f"{LIMIT_ENV}={text!r} is not a size (e.g. 4G, 512M or a number of bytes)")
-    return int(n)
+    return environment.parse_size(text, LIMIT_ENV)
 
 
 class PromptCache:
@@ -118,6 +119,7 @@ class PromptCache:
         self._memory: OrderedDict[tuple[str, tuple[int, ...]], bytes] = OrderedDict()
         self.disabled: str | None = None  # why the cache stopped working in this process (warned once)
         self._refused: set[str] = set()  # models whose state cannot be cached (warned once each)
+        self._warned: set[Path] = set()  # files and directories the cache did not write (warned once each)
 
     @classmethod
     def from_setting(cls, value: str | os.PathLike | None = None, limit: str | int | None = None,
@@ -126,45 +128,103 @@ class PromptCache:
         LOCALSPEC_PROMPT_CACHE or else ``<cache root>/prompts``."""
         from localspec.llama import registry
 
-        value = os.environ.get(ENV) if value is None else value
-        if value is not None and str(value).strip().lower() in ("off", "none", "0", "false", ""):
+        if value is None:  # the environment's (an empty variable is unset)
+            setting = environment.get(ENV)
+        elif str(value).strip() == "":
+            setting = False
+        else:
+            setting = environment.parse_dir_or_off(os.fsdecode(value), "prompt_cache", "prompt_cache")
+        if setting is False:
             return None
-        root = Path(value).expanduser() if value is not None else registry.cache_root() / "prompts"
-        limit = os.environ.get(LIMIT_ENV) if limit is None else limit
-        return cls(root, parse_limit(str(limit)) if limit is not None else DEFAULT_LIMIT, **options)
+        root = setting if setting is not None else registry.cache_root() / "prompts"
+        size = environment.get(LIMIT_ENV) if limit is None else parse_limit(str(limit))
+        cache = cls(root, size, **options)
+        if setting is not None:  # a directory the user named: refused now (the default one: off, with a warning)
+            cache.check()
+        return cache
+
+    # ------------------------------------------------------------------ the directories
+
+    def check(self) -> None:
+        """A ConfigError naming prompt_cache when the root exists and is refused (not a directory,
+        another user's without the sticky bit); nothing is created."""
+        with contextlib.suppress(FileNotFoundError):
+            try:
+                state_root(self.root, what=WHAT, create=False, shared=True, todo=TODO)
+            except ConfigError as exc:
+                raise ConfigError(str(exc), "prompt_cache") from None
+
+    def _dir(self, model: StatefulModel) -> str:
+        """The name of a model's subdirectory."""
+        key = model_key(model.state_options)
+        return f"{self.namespace}-{key}" if self.namespace else key
+
+    def _root(self, create: bool) -> StateDir:
+        return StateDir.open(self.root, what=WHAT, create=create, private=False, shared=True, todo=TODO)
+
+    @contextlib.contextmanager
+    def _sub(self, name: str, create: bool = False) -> Iterator[StateDir]:
+        """A model's private subdirectory: ConfigError (a refused root), Foreign (a subdirectory
+        the cache did not make), FileNotFoundError (absent without `create`)."""
+        with self._root(create) as root:
+            with root.child(name, create=create) as sub:
+                yield sub
+
+    def _subdirs(self, only: str | None = None) -> Iterator[tuple[StateDir, StateDir]]:
+        """The root and each of the cache's own subdirectories in it (of one model, or all), open
+        while the caller uses them."""
+        try:
+            root = self._root(False)
+        except FileNotFoundError:
+            return
+        except (ConfigError, OSError) as exc:
+            self._disable(str(exc))
+            return
+        with root:
+            try:
+                names = [only] if only is not None else [n for n in root.names() if SUBDIR.fullmatch(n)]
+            except OSError:
+                return
+            for name in names:
+                try:
+                    sub = root.child(name)
+                except FileNotFoundError:
+                    continue
+                except Foreign as exc:
+                    self._skip(root.path / name, str(exc))
+                    continue
+                except OSError:
+                    continue
+                with sub:
+                    yield root, sub
+
+    def _skip(self, path: Path, why: str) -> None:
+        """A file or directory the cache did not write: left alone, said once."""
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning("prompt cache: ignoring %s: %s (the cache uses only files it wrote)", path, why)
 
     # ------------------------------------------------------------------ reading
 
-    def _dir(self, model: StatefulModel) -> Path:
-        key = model_key(model.state_options)
-        return self.root / f"{self.namespace}-{key}" if self.namespace else self.root / key
-
-    def entries(self, directory: Path | None = None) -> list[Entry]:
-        """Every readable entry (of one model's directory, or of all); unreadable files are
-        removed with a warning."""
-        dirs = [directory] if directory is not None else [d for d in self._subdirs()]
+    def entries(self, directory: str | None = None, *, tidy: bool = True) -> list[Entry]:
+        """Every readable entry (of one model's directory, or of all); unreadable files of the
+        cache's own are removed with a warning when `tidy` (`cache list` reads only)."""
         out = []
-        for d in dirs:
-            with contextlib.suppress(OSError):
-                for path in d.iterdir():
-                    if path.suffix == SUFFIX and not path.name.startswith("."):
-                        entry = self._read_header(path)
-                        if entry is not None:
-                            out.append(entry)
+        for _, sub in self._subdirs(directory):
+            try:
+                names = sub.names()
+            except OSError:
+                continue
+            for name in names:
+                if name.endswith(SUFFIX) and not name.startswith("."):
+                    entry = self._read_header(sub, name, tidy)
+                    if entry is not None:
+                        out.append(entry)
         return out
 
-    def _subdirs(self) -> list[Path]:
+    def _read_header(self, sub: StateDir, name: str, tidy: bool) -> Entry | None:
         try:
-            return [d for d in self.root.iterdir() if d.is_dir()]
-        except OSError:
-            return []
-
-    def _read_header(self, path: Path) -> Entry | None:
-        try:
-            if not stat.S_ISREG(path.stat().st_mode):  # a FIFO or a device would block or never end
-                log.warning("prompt cache: ignoring %s: not a regular file", path)
-                return None
-            with path.open("rb") as f:
+            with sub.open_file(name) as f:  # a link, a FIFO or a device is never opened
                 st = os.fstat(f.fileno())
                 magic, n = HEADER.unpack(f.read(HEADER.size))
                 if magic != MAGIC or n > MAX_HEADER:
@@ -176,17 +236,23 @@ class PromptCache:
             state_bytes, digest = int(header["state_bytes"]), str(header["state_sha256"])
             if st.st_size != HEADER.size + n + state_bytes:
                 raise ValueError(f"{st.st_size} bytes where the header says {HEADER.size + n + state_bytes}")
-            return Entry(path, dict(header["options"]), tokens, state_bytes, digest, st.st_size, st.st_mtime)
+            return Entry(sub.path / name, dict(header["options"]), tokens, state_bytes, digest, st.st_size,
+                         st.st_mtime)
         except FileNotFoundError:
             return None  # removed meanwhile (another process evicted it)
+        except Foreign as exc:
+            self._skip(sub.path / name, str(exc))
+            return None
         except (OSError, ValueError, KeyError, TypeError, struct.error, AttributeError) as exc:
-            self._discard(path, f"unreadable ({exc})")
+            if tidy:
+                self._discard(sub, name, f"unreadable ({exc})")
             return None
 
-    def _discard(self, path: Path, why: str) -> None:
-        log.warning("prompt cache: removing %s: %s", path, why)
-        with contextlib.suppress(OSError):
-            path.unlink()
+    def _discard(self, sub: StateDir, name: str, why: str) -> None:
+        """Remove an entry of the cache's own that failed its checks."""
+        log.warning("prompt cache: removing %s: %s", sub.path / name, why)
+        with contextlib.suppress(OSError, Foreign):
+            sub.unlink(name)
 
     def best(self, model: StatefulModel, prompt: Sequence[int]) -> tuple[Entry, int] | None:
         """The entry sharing the longest prefix with `prompt` (at most all but its last token,
@@ -205,20 +271,43 @@ class PromptCache:
         return found
 
     def load(self, entry: Entry) -> bytes | None:
-        """The entry's state bytes, checked against its header (None: removed as corrupt)."""
+        """The entry's state bytes, checked against its header (None: removed as corrupt, or gone)."""
         try:
-            with entry.path.open("rb") as f:
-                f.seek(entry.size - entry.state_bytes)
-                data = f.read(entry.state_bytes)
+            with self._sub(entry.path.parent.name) as sub, sub.open_file(entry.path.name) as f:
+                why = "it changed since its header was read"
+                if os.fstat(f.fileno()).st_size == entry.size:
+                    f.seek(entry.size - entry.state_bytes)
+                    data = f.read(entry.state_bytes)
+                    why = "its checksum does not match (corrupt or truncated)"
+                    if len(data) == entry.state_bytes and hashlib.sha256(data).hexdigest() == entry.state_sha256:
+                        with contextlib.suppress(OSError):
+                            os.utime(f.fileno())  # used now: the last to be evicted
+                        return data
+        except (FileNotFoundError, ConfigError):
+            return None  # evicted meanwhile, or the root refused
+        except Foreign as exc:
+            self._skip(entry.path, str(exc))
+            return None
         except OSError as exc:
-            self._discard(entry.path, f"unreadable ({exc})")
-            return None
-        if len(data) != entry.state_bytes or hashlib.sha256(data).hexdigest() != entry.state_sha256:
-            self._discard(entry.path, "its checksum does not match (corrupt or truncated)")
-            return None
-        with contextlib.suppress(OSError):
-            os.utime(entry.path)  # used now: the last to be evicted
-        return data
+            why = f"unreadable ({exc})"
+        self._remove(entry, why)
+        return None
+
+    def _remove(self, entry: Entry, why: str | None = None) -> bool:
+        """Remove an entry (`why`: said in a warning); False when it is gone or not the cache's own."""
+        try:
+            with self._sub(entry.path.parent.name) as sub:
+                if why:
+                    log.warning("prompt cache: removing %s: %s", entry.path, why)
+                sub.unlink(entry.path.name)
+            return True
+        except (ConfigError, Foreign, OSError):
+            return False
+
+    def _touch(self, entry: Entry) -> None:
+        with contextlib.suppress(ConfigError, Foreign, OSError), self._sub(entry.path.parent.name) as sub:
+            with sub.open_file(entry.path.name) as f:
+                os.utime(f.fileno())
 
     # ------------------------------------------------------------------ writing
 
@@ -240,8 +329,7 @@ class PromptCache:
                 return None
         for entry in self.entries(directory):  # an entry sharing all but a few of these tokens is enough
             if entry.options == options and len(tokens) - _common(entry.tokens, tokens) < self.min_tokens:
-                with contextlib.suppress(OSError):
-                    os.utime(entry.path)
+                self._touch(entry)
                 return None
         try:
             data = self._memory.get((model_key(options), tokens)) or model.seq_state()
@@ -253,25 +341,23 @@ class PromptCache:
                              "saved": time.time()}).encode()
         name = hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()[:24] + SUFFIX
         try:
-            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with contextlib.suppress(OSError):
-                os.chmod(self.root, 0o700)
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=".part")  # mode 0600; no entry yet
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(HEADER.pack(MAGIC, len(header)))
-                    f.write(header)
-                    f.write(data)
-                os.replace(tmp, directory / name)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            with self._sub(directory, create=True) as sub:  # entries 0600 in a 0700 directory of the cache's own
+                try:
+                    sub.write(name, [HEADER.pack(MAGIC, len(header)), header, data])
+                except Foreign as exc:  # something else holds the entry's name: left as it is
+                    self._skip(sub.path / name, str(exc))
+                    return None
+        except Foreign as exc:
+            self._disable(f"{self.root / directory} is {exc}: the cache writes only in directories it made")
+            return None
+        except ConfigError as exc:
+            self._disable(str(exc))
+            return None
         except OSError as exc:
-            self._disable(f"cannot write to {directory} ({exc.strerror or exc})")
+            self._disable(f"cannot write to {self.root / directory} ({exc.strerror or exc})")
             return None
         self.evict()
-        return directory / name
+        return self.root / directory / name
 
     def evict(self) -> None:
         """Remove the least recently used entries until the cache fits its limit."""
@@ -280,26 +366,36 @@ class PromptCache:
         for entry in entries:
             if total <= self.limit:
                 break
-            with contextlib.suppress(OSError):
-                entry.path.unlink()
+            if self._remove(entry):
                 total -= entry.size
 
     def clear(self) -> int:
-        """Remove every entry (and leftover temporary files); returns how many files went."""
+        """Remove every entry of the cache's own (and leftover temporary files of its writes), then
+        its emptied subdirectories; returns how many entries went. Links, other users' files and
+        anything else are left where they are."""
         removed = 0
-        for d in self._subdirs():
+        for root, sub in self._subdirs():
+            removed += self._clear(sub)
             with contextlib.suppress(OSError):
-                for path in d.iterdir():
-                    if path.suffix == SUFFIX or path.name.startswith(TEMP_PREFIX):  # and writes a crash left
-                        with contextlib.suppress(OSError):
-                            path.unlink()
-                            removed += path.suffix == SUFFIX
-                with contextlib.suppress(OSError):
-                    d.rmdir()
+                root.rmdir(sub.path.name)  # only when emptied
+        return removed
+
+    def _clear(self, sub: StateDir) -> int:
+        removed = 0
+        for name in sub.names():
+            if not (name.endswith(SUFFIX) or name.startswith(TEMP_PREFIX)):  # and writes a crash left
+                continue
+            try:
+                sub.unlink(name)
+                removed += not name.startswith(".")
+            except Foreign as exc:
+                self._skip(sub.path / name, str(exc))
+            except OSError:
+                pass
         return removed
 
     def size(self) -> int:
-        return sum(e.size for e in self.entries())
+        return sum(e.size for e in self.entries(tidy=False))
 
     # ------------------------------------------------------------------ in memory
 
@@ -354,7 +450,7 @@ class PromptCache:
         if data is None:
             return held
         if not sequence.restore(entry.tokens, lambda: model.set_seq_state(data), keep):
-            self._discard(entry.path, "llama.cpp refused its state")
+            self._remove(entry, "llama.cpp refused its state")
             return 0
         if self.memory_limit > 0:
             self._remember(model, entry.tokens, data)

@@ -27,6 +27,7 @@ import threading
 from typing import Callable, Sequence
 
 from localspec.llama import ggml
+from localspec import environment
 from localspec.errors import DependencyError, RemoteError, exit_code
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 EXIT_REMOTE = exit_code(RemoteError)  # exit status after a remote device failed (localspec.errors.EXIT_CODES)
 CONNECT_TIMEOUT = 3.0  # seconds to reach a server before loading
 TIMEOUT_ENV = "LOCALSPEC_RPC_TIMEOUT"  # seconds one remote decode may take before the server counts as gone
-DECODE_TIMEOUT = 120.0  # ... by default
+DECODE_TIMEOUT = environment.VARIABLES[TIMEOUT_ENV].default  # ... by default (120 s)
 REBUILD_PREFIX = 'CMAKE_ARGS="-DGGML_RPC=on" pip install --no-cache-dir --force-reinstall'
 
 _lock = threading.Lock()
@@ -94,8 +95,16 @@ def _reachable(endpoint: str) -> None:
                           f"`localspec rpc-server --host {host.strip('[]')} --port {port}`", status=503) from None
 
 
+def decode_timeout() -> float:
+    """Seconds one remote decode may take: $LOCALSPEC_RPC_TIMEOUT (ConfigError naming it when
+    bad), else DECODE_TIMEOUT."""
+    return environment.get(TIMEOUT_ENV)
+
+
 def devices(endpoints: Sequence[str]) -> list[int]:
-    """The devices of these servers, registered once per process (in endpoint order)."""
+    """The devices of these servers, registered once per process (in endpoint order); the decode
+    time limit is read first, so a bad one is refused before anything loads."""
+    decode_timeout()
     out: list[int] = []
     with _lock:
         for endpoint in endpoints:
@@ -197,12 +206,12 @@ def install_abort_handler() -> None:
 
 
 class DecodeWatch:
-    """Bounds one remote decode: if it has not returned after DECODE_TIMEOUT seconds, the server
+    """Bounds one remote decode: if it has not returned after decode_timeout() seconds, the server
     counts as gone (a hung server or a cut network) and the process exits through fatal()."""
 
     def __init__(self, endpoints: Sequence[str], timeout: float | None = None) -> None:
         self.endpoints = endpoints
-        self.timeout = timeout or float(os.environ.get(TIMEOUT_ENV) or DECODE_TIMEOUT)
+        self.timeout = timeout or decode_timeout()
         self._timer: threading.Timer | None = None
 
     def __enter__(self) -> "DecodeWatch":

@@ -26,7 +26,6 @@ from localspec.resident import runtime
 from localspec.resident.control import stop_service
 
 if TYPE_CHECKING:
-    from localspec.resident.service import Call, Service
     from localspec.resident.streams import ClientStreams
 
 PROMPT_MEMORY = 256 << 20  # bytes of recent prompts' KV states kept in memory, in front of the disk cache
@@ -69,7 +68,8 @@ class ServiceResources(Resources):
 
     resident = True
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Any) -> None:
+        """`service`: the localspec.resident.service.Service that lends them."""
         super().__init__()
         self.service = service
         self.loaded: Loaded | None = None  # the pair (its draft possibly lazy, or made when first needed)
@@ -79,12 +79,12 @@ class ServiceResources(Resources):
         self._cache: Any = None
         self._cache_setting: Any = None
         self._profiles: Any = None
-        self.call: Call | None = None
+        self.call: Any = None  # the Call being run
         self.streams: ClientStreams | None = None
 
     # ------------------------------------------------------------ a call
 
-    def begin(self, call: Call, streams: ClientStreams) -> None:
+    def begin(self, call: Any, streams: ClientStreams) -> None:
         self.call, self.streams = call, streams
         self.entered = float(call.request["started"])
         self._cache_setting = None

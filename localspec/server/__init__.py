@@ -44,6 +44,10 @@ class ServerLimits:
         for name in ("header_timeout", "body_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}", name)
+        key = self.api_key
+        if key is not None and (not key or key != key.strip() or not key.isprintable()):
+            raise ConfigError("the API key must be printable text without spaces at its ends (a trailing newline, "
+                              "say): clients send it in an HTTP header, which could never carry this one", "api_key")
 
 
 def require_server_deps() -> None:
