@@ -43,15 +43,14 @@ library and :mod:`localspec.errors` only).
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
-import shlex
-from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable, Mapping
+
+TYPE_CHECKING = False  # typing is not imported at run time: the `localspec` client starts in milliseconds
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping
 
 from localspec.errors import ConfigError
 
@@ -87,6 +86,8 @@ def parse_size(text: str, name: str, param: str | None = None) -> int:
         raise _refuse(name, text, f"{problem}; use e.g. 4G, 512M or a number of bytes", param)
     if len(m.group(1)) > 40:  # Python's int() refuses numbers of over 4300 digits
         raise _refuse(name, text, f"has too many digits (at most {MAX_SIZE} bytes)", param)
+    from fractions import Fraction
+
     n = int(Fraction(m.group(1)) * _UNITS[(m.group(2) or "").upper()])  # exact: no float rounding
     if n > MAX_SIZE:
         raise _refuse(name, text, f"is too large (at most {MAX_SIZE} bytes)", param)
@@ -163,6 +164,8 @@ def parse_dir_or_off(text: str, name: str, param: str | None = None) -> Path | b
 def parse_words(text: str, name: str, param: str | None = None) -> list[str]:
     """Arguments as a POSIX shell splits them (quotes group words)."""
     try:
+        import shlex
+
         return shlex.split(text)
     except ValueError as exc:  # "No closing quotation", "No escaped character"
         raise _refuse(name, text, f"cannot be split into arguments ({exc}); quote as a shell does",
@@ -181,16 +184,18 @@ def _text(text: str, name: str, param: str | None = None) -> str:
 # ---------------------------------------------------------------- the variables
 
 
-@dataclass(frozen=True)
 class Variable:
     """One environment variable: how its text is parsed, its default and its meaning; `flag`:
     the command-line option that reads it (click parses it there, as the flag's value)."""
 
-    name: str
-    parse: Callable[..., Any]
-    default: Any
-    meaning: str
-    flag: str | None = None
+    __slots__ = ("name", "parse", "default", "meaning", "flag")
+
+    def __init__(self, name: str, parse: Callable[..., Any], default: Any, meaning: str,
+                 flag: str | None = None) -> None:
+        self.name, self.parse, self.default, self.meaning, self.flag = name, parse, default, meaning, flag
+
+    def __repr__(self) -> str:
+        return f"Variable({self.name!r}, default={self.default!r}, flag={self.flag!r})"
 
 
 def _variables(*items: Variable) -> dict[str, Variable]:
@@ -252,6 +257,19 @@ def unknown(environ: Mapping[str, str] | None = None) -> list[str]:
     out = []
     for name in sorted(os.environ if environ is None else environ):
         if name.startswith("LOCALSPEC_") and name not in VARIABLES:
+            import difflib
+
             close = difflib.get_close_matches(name, list(VARIABLES), n=1, cutoff=0.8)
             out.append(f"unknown environment variable {name}" + (f" (did you mean {close[0]}?)" if close else ""))
     return out
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as parse_duration reads it back: 0, 45s, 5m, 1h30m (fractions: 2.5s)."""
+    if seconds <= 0:
+        return "0"
+    whole = int(seconds)
+    if whole != seconds:
+        return f"{seconds:g}s"
+    h, m, s = whole // 3600, whole // 60 % 60, whole % 60
+    return "".join(f"{n}{unit}" for n, unit in ((h, "h"), (m, "m"), (s, "s")) if n)

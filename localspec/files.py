@@ -23,10 +23,12 @@ import contextlib
 import errno
 import fcntl
 import os
-import secrets
 import stat
 from pathlib import Path
-from typing import BinaryIO, Iterable
+
+TYPE_CHECKING = False  # typing is not imported at run time (the `localspec` client uses this module)
+if TYPE_CHECKING:
+    from typing import BinaryIO, Iterable
 
 from localspec.errors import ConfigError
 
@@ -325,6 +327,8 @@ class StateDir:
         holds something localspec did not write (left as it is)."""
         with contextlib.suppress(FileNotFoundError):
             check_ours(self.lstat(name), links=True)
+        import secrets
+
         tmp = f"{TEMP_PREFIX}{secrets.token_hex(8)}{TEMP_SUFFIX}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=self.fd)

@@ -305,6 +305,15 @@ BAD = [
      "give one constraint", "grammar"),
     ("/completions", {"prompt": PROMPT, "response_format": {"type": "json_object"}, "stop": ["x"]},
      "stop strings cannot be combined with a constraint", "stop"),
+    # constraints llguidance cannot follow: refused before the first token (never a 500 mid-generation)
+    ("/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"$ref": "#"}}}}, "no output can match it", "response_format"),
+    ("/completions", {"prompt": PROMPT, "json_schema": {"type": "object", "properties": {"a": {"$ref": "#"}},
+                                                        "required": ["a"]}}, "parser limits", "json_schema"),
+    ("/completions", {"prompt": PROMPT, "grammar": 'root ::= root "a"'}, "no output can match it", "grammar"),
+    ("/completions", {"prompt": PROMPT, "grammar": "%llguidance {}\nstart: /a{1000000}/"}, "lexer limits", "grammar"),
+    ("/completions", {"prompt": PROMPT, "grammar": "%llguidance {}\nstart: <s> A\nA: /[a&&b]/", "stream": True},
+     "cannot be used with this model's vocabulary", "grammar"),  # found with the model's vocabulary, in the worker
 ]
 
 

@@ -9,8 +9,10 @@ call written as plain JSON (bare or in a code block) as a call, never JSON that 
 one; "none" never
 writes the call token; a call and its result fed back render as the template renders them; parallel
 calls are numbered 0..n-1 with distinct ids, and one call only without parallel_tool_calls; a call
-cut off by max_tokens is never reported; bad tool definitions are 400s naming the field; text
-written by the caller never becomes a call token; ``localspec --tools`` prints the calls as JSON.
+cut off by max_tokens is never reported, and the calls completed before it are (finish_reason
+"length"); bad tool definitions are 400s naming the field; parameters with "$defs" and "$ref"
+(openai.pydantic_function_tool's) resolve against their own root; text written by the caller
+never becomes a call token; ``localspec --tools`` prints the calls as JSON.
 
 The models have random weights: nothing here depends on which text they write. The tests that
 need an event of a given kind over several seeds state the chance that a correct implementation
@@ -22,18 +24,21 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal, Optional
 
 import httpx
+import openai
 import pytest
 from click.testing import CliRunner
 from openai import BadRequestError, OpenAI
+from pydantic import BaseModel, Field
 
 from localspec import load_model
 from localspec.api import Response, StopScanner, stream_generate
 from localspec.cli import cli
-from localspec.config import GenerationConfig
-from localspec.decoding.constraint import GrammarFollower
+from localspec.config import Constraint, GenerationConfig
+from localspec.decoding.constraint import GrammarFollower, compile_constraint
+from localspec.errors import ConfigError
 from localspec.decoding.profiles import Profiles
 from localspec.llama.model import Model
 from localspec.models import tiny
@@ -829,6 +834,80 @@ def test_arguments_are_always_a_json_object(served: Served, parameters: dict) ->
                 "messages": USER + [message, {"role": "tool", "tool_call_id": call["id"], "content": "ok"}],
                 "tools": [echo], "max_tokens": 4})
             assert back.status_code == 200, back.text
+
+
+# ---------------------------------------------------------------- 8b. parameters as OpenAI's SDK writes them
+
+
+class Address(BaseModel):
+    city: Literal["oslo", "rome"]
+    floor: int = Field(ge=0, le=9)
+
+
+class Person(BaseModel):  # bounded, as the tools above: a random-weight model always finishes a call
+    name: str = Field(max_length=4)
+    home: Address
+    work: Optional[Address]
+
+
+TREE = {"type": "function", "function": {"name": "tree", "parameters": {  # "#": the parameters' own root
+    "type": "object", "properties": {"label": {"enum": ["a", "b"]},
+                                     "children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
+    "required": ["label"], "additionalProperties": False}}}
+
+
+def call_tokens_of(target: Model, body: dict) -> list[int]:
+    """A call in the model's syntax: <tool_call>, the body in the grammar's layout, </tool_call>."""
+    return [OPEN] + answer_tokens(target, "\n" + json.dumps(body) + "\n") + [CLOSE]
+
+
+def test_parameters_with_defs_resolve_against_their_own_root(target: Model) -> None:
+    """openai.pydantic_function_tool writes a nested model as "$defs" and "$ref": "#/$defs/..."
+    in the function's parameters: the refs resolve against the parameters (as a response_format
+    schema's do), so the tool is accepted and its grammar follows a valid call, "#" included
+    (TREE); a call breaking the referenced schema is forbidden. Negative control: the same
+    parameters nested in another schema (as the call's grammar once did) cannot be compiled."""
+    spec = openai.pydantic_function_tool(Person, name="save_person")
+    parameters = spec["function"]["parameters"]
+    assert "$defs" in parameters and "#/$defs/Address" in json.dumps(parameters)
+    with pytest.raises(ConfigError, match="does not exist"):
+        compile_constraint(Constraint.json_schema({"type": "object", "properties": {"arguments": parameters}}))
+    compile_constraint(Constraint.json_schema(parameters))  # the same schema as a response_format
+    good = {"name": "ab", "home": {"city": "rome", "floor": 3}, "work": None}
+    bad = {"name": "ab", "home": {"city": "paris", "floor": 3}, "work": None}
+    for tools, name, arguments in (([spec, TIME], "save_person", good), ([TREE], "tree",
+                                                                         {"label": "a", "children": [{"label": "b"}]})):
+        grammar = GrammarFollower.for_model(ToolSet.parse(tools, "required").constraint(), target)
+        grammar.reset([target.bos])
+        for token in call_tokens_of(target, {"name": name, "arguments": arguments}):
+            assert grammar.allows(token), token
+            grammar.commit([token])
+        assert grammar.accepts_end()
+    grammar = GrammarFollower.for_model(ToolSet.parse([spec], "required").constraint(), target)
+    grammar.reset([target.bos])
+    tokens = call_tokens_of(target, {"name": "save_person", "arguments": bad})
+    allowed = 0
+    while allowed < len(tokens) and grammar.allows(tokens[allowed]):
+        grammar.commit([tokens[allowed]])
+        allowed += 1
+    assert allowed < len(tokens) and text_of(target, tokens[:allowed]).endswith('"city": "'), allowed  # no "paris"
+
+
+def test_pydantic_function_tools_are_called_with_valid_arguments(served: Served, target: Model,
+                                                                 draft: Model) -> None:
+    """End to end, as a client writes it: the openai client sends pydantic_function_tool(Person)
+    with tool_choice "required"; every answer (3 seeds, served and through the Python API) is a
+    call whose arguments Person validates."""
+    spec = openai.pydantic_function_tool(Person)
+    for seed in range(3):
+        r = chat(served, tools=[spec], tool_choice="required", parallel_tool_calls=False, seed=seed)
+        assert r.choices[0].finish_reason == "tool_calls", seed
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "Person"
+        Person.model_validate_json(call.function.arguments)
+        rs = generate(target, draft, tools=[spec], tool_choice="required", parallel_tool_calls=False, seed=seed)
+        assert rs[-1].finish_reason == "tool_calls" and len(rs[-1].tool_calls) == 1, seed
+        Person.model_validate_json(rs[-1].tool_calls[0].arguments)
 
 
 # ---------------------------------------------------------------- 9. text stays text

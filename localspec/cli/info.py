@@ -204,7 +204,18 @@ def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kerne
         "prompt_cache": ({"enabled": False} if prompts is None else
                          {"enabled": True, "dir": str(prompts.root), "bytes": prompts.size(), "limit": prompts.limit}),
         "rpc": rpc_info(endpoints),
+        "resident": resident_info(),
     }
+
+
+def resident_info() -> dict:
+    """The keep-alive a call gets here and the services keeping models loaded."""
+    from localspec import locations
+    from localspec.resident import control
+
+    keep = environment.get("LOCALSPEC_KEEP_ALIVE")
+    return {"keep_alive_seconds": keep, "keep_alive_from_env": environment.is_set("LOCALSPEC_KEEP_ALIVE"),
+            "runtime_dir": str(locations.runtime_dir()), "services": control.rows()}
 
 
 def _prompt_cache_line(cache: dict) -> str:
@@ -270,6 +281,15 @@ def render(info: dict) -> str:
                                                           else ""),
               f"cost profiles    {info['profiles']['count']} in {info['profiles']['dir']} (`localspec profiles list`)",
               _prompt_cache_line(info["prompt_cache"])]
+    from localspec.resident import control
+
+    res = info["resident"]
+    keep = environment.format_duration(res["keep_alive_seconds"])
+    lines.append(f"resident models  kept loaded {keep} after a call"
+                 + (" (from $LOCALSPEC_KEEP_ALIVE)" if res["keep_alive_from_env"] else "")
+                 + ("" if res["keep_alive_seconds"] else " (off: every call loads its models)")
+                 + f"; sockets in {res['runtime_dir']}")
+    lines += ["  " + line for line in control.describe_rows(res["services"])]
     r = info["rpc"]
     lines.append("RPC backend      " + ("available" if r["available"] else "not in this build (rebuild with "
                                                                            "CMAKE_ARGS=-DGGML_RPC=on)"))

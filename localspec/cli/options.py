@@ -22,6 +22,7 @@ from localspec.config import (
     DEFAULTS,
     DRAFTERS,
     LOAD_MODES,
+    MAX_JSON_DEPTH,
     MODEL_DEFAULTS,
     PLANS,
     SETTING_KEYS,
@@ -141,23 +142,12 @@ class Duration(click.ParamType):
 KEEP_ALIVE_ENV = "LOCALSPEC_KEEP_ALIVE"
 
 
-def format_duration(seconds: float) -> str:
-    """5m, 1h30m, 45s, 0: a duration as --keep-alive takes it."""
-    if seconds <= 0:
-        return "0"
-    whole = int(seconds)
-    if whole != seconds:
-        return f"{seconds:g}s"
-    h, m, s = whole // 3600, whole // 60 % 60, whole % 60
-    return "".join(f"{n}{unit}" for n, unit in ((h, "h"), (m, "m"), (s, "s")) if n)
-
-
 def keep_alive_option(f: Callable) -> Callable:
     """--keep-alive: how long the models stay loaded in a resident service after the call
     (default: localspec.environment's for LOCALSPEC_KEEP_ALIVE)."""
     from localspec import environment
 
-    default = format_duration(environment.VARIABLES[KEEP_ALIVE_ENV].default)
+    default = environment.format_duration(environment.VARIABLES[KEEP_ALIVE_ENV].default)
     return click.option("--keep-alive", "keep_alive", type=Duration(), cls=EnvOption, envvar=KEEP_ALIVE_ENV,
                         default=default,
                         show_default=True, metavar="DURATION",
@@ -315,8 +305,11 @@ def toolset_from_flags(options: dict) -> Any:
         raise ConfigError(empty_value(EMPTY_HINTS["tools"]), "tools")
     try:
         tools = json.loads(read_user_text(path, param="tools", limit=SPEC_LIMIT, what="the tools file"))
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not a JSON file: {exc}", "tools") from None
+    except RecursionError:  # deeper than Python's recursion limit
+        raise ConfigError(f"{path} nests deeper than {MAX_JSON_DEPTH} levels of JSON arrays and objects (the most "
+                          "localspec accepts)", "tools") from None
     if isinstance(tools, dict) and "tools" in tools:  # a request body's tools
         tools = tools["tools"]
     if isinstance(tools, dict):  # one tool

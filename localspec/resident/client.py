@@ -19,7 +19,10 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Sequence
+
+TYPE_CHECKING = False  # no typing at run time: this module is the start of every call
+if TYPE_CHECKING:
+    from typing import Any, Sequence
 
 from localspec.resident import runtime
 from localspec.resident.protocol import (
@@ -239,19 +242,13 @@ def _write(fd: int, data: bytes, call: Call) -> None:
 
 
 def _started_note(info: dict[str, Any]) -> None:
+    from localspec.environment import format_duration
+
     keep = float(info.get("keep_alive") or 0)
     name = info.get("target") or "the models"
-    os.write(2, (f"localspec: {name} stays loaded for {_duration(keep)} after each call, so the next one starts "
+    os.write(2, (f"localspec: {name} stays loaded for {format_duration(keep)} after each call, so the next one starts "
                  "at once (localspec ps lists it, localspec stop ends it; --keep-alive 0 or LOCALSPEC_KEEP_ALIVE=0 "
                  "runs without)\n").encode())
-
-
-def _duration(seconds: float) -> str:
-    whole = int(seconds)
-    if whole != seconds or whole < 60:
-        return f"{seconds:g}s"
-    h, m, s = whole // 3600, whole // 60 % 60, whole % 60
-    return "".join(f"{n}{unit}" for n, unit in ((h, "h"), (m, "m"), (s, "s")) if n)
 
 
 # ---------------------------------------------------------------- finding or starting a service

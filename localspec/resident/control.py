@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
+from localspec import environment
 from localspec.resident import runtime
 from localspec.resident.protocol import EXIT, STATUS, STOP, ProtocolError, loads
 
@@ -70,3 +72,48 @@ def matches(record: runtime.Record, state: dict[str, Any], model: str) -> bool:
         return True
     candidate = Path(model).expanduser()
     return candidate.exists() and str(candidate.resolve()) in names
+
+
+# ---------------------------------------------------------------- what `localspec ps` shows
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit in ("B", "KB") else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def model_name(state: dict[str, Any]) -> str:
+    """A registry name as it is, a file by its name."""
+    name = state.get("target_name") or state.get("target") or "?"
+    return os.path.basename(name) if name.lower().endswith(".gguf") else name
+
+
+def rows() -> list[dict[str, Any]]:
+    """Every live resident service as `localspec ps --json` shows it."""
+    out = []
+    for record, state in services():
+        out.append({"id": record.id, "pid": state.get("pid"), "model": model_name(state),
+                     "target": state.get("target"), "draft": state.get("draft"),
+                     "draft_loaded": bool(state.get("draft_loaded")), "memory_bytes": state.get("memory", 0),
+                     "idle_seconds": round(float(state.get("idle") or 0), 1),
+                     "left_seconds": None if state.get("left") is None else round(float(state["left"]), 1),
+                     "keep_alive_seconds": state.get("keep_alive"), "busy": bool(state.get("busy")),
+                     "waiting": state.get("waiting", 0), "requests": state.get("served", 0),
+                     "last_call_seconds": state.get("last_call_seconds")})
+    return out
+
+
+def describe_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """`localspec ps`'s table (also in `localspec info`)."""
+    if not rows:
+        return ["no resident models (a call keeps its models loaded for --keep-alive, default 5m)"]
+    lines = [f"{'MODEL':<28} {'DRAFT':<22} {'MEMORY':>9} {'IDLE':>7} {'LEFT':>7} {'CALLS':>5}  PID"]
+    for r in rows:
+        draft = os.path.basename(r["draft"] or "-") + ("" if r["draft_loaded"] or not r["draft"] else " (not loaded)")
+        left = "busy" if r["busy"] else environment.format_duration(round(r["left_seconds"] or 0))
+        lines.append(f"{r['model'][:28]:<28} {draft[:22]:<22} {_size(r['memory_bytes'] or 0):>9} "
+                     f"{environment.format_duration(round(r['idle_seconds'])):>7} {left:>7} {r['requests']:>5}  {r['pid']}")
+    return lines

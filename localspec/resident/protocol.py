@@ -24,7 +24,10 @@ import json
 import socket
 import struct
 import threading
-from typing import Any
+
+TYPE_CHECKING = False  # no typing at run time: the client imports this module
+if TYPE_CHECKING:
+    from typing import Any
 
 HEADER = struct.Struct("<cI")
 MAX_FRAME = 64 << 20  # a payload larger than this ends the connection (no peer of ours sends one)

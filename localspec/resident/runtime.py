@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import socket
 import stat
 import struct
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+
+TYPE_CHECKING = False  # no typing at run time: the client imports this module
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 import localspec
 from localspec import locations
@@ -61,8 +62,10 @@ def env_subset(env: Mapping[str, str]) -> dict[str, str]:
             if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and k not in ENV_IGNORED}
 
 
-def env_key(env: Mapping[str, str]) -> str:
-    return hashlib.sha256(json.dumps(env_subset(env)).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+def env_key(env: Mapping[str, str]) -> dict[str, str]:
+    """What a service records of its environment, and a client's must equal (the record is
+    private: no secret of serve's is in it)."""
+    return env_subset(env)
 
 
 def code_identity() -> dict[str, Any]:
@@ -72,13 +75,13 @@ def code_identity() -> dict[str, Any]:
     return {"localspec": localspec.__version__, "package": os.path.dirname(os.path.abspath(localspec.__file__))}
 
 
-@dataclass(frozen=True)
 class Record:
-    """What a service wrote about itself."""
+    """What a service wrote about itself (`path`: the record file)."""
 
-    id: str
-    path: Path  # the record file
-    data: dict[str, Any]
+    __slots__ = ("id", "path", "data")
+
+    def __init__(self, id: str, path: Path, data: dict[str, Any]) -> None:
+        self.id, self.path, self.data = id, path, data
 
     @property
     def socket_path(self) -> Path:

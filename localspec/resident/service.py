@@ -88,6 +88,7 @@ class Service:
         self.started = time.time()
         self.last_used = self.started
         self.served = 0
+        self.last_call_seconds: float | None = None  # the last call, from its request to its exit status
         self.calls: queue.Queue[Call | None] = queue.Queue()
         self.running: Call | None = None
         self.stopping: str | None = None  # why the service is ending
@@ -166,6 +167,7 @@ class Service:
         return {"id": self.id, "pid": os.getpid(), "started": self.started, "keep_alive": self.keep_alive,
                 "idle": idle, "left": None if self.running is not None else max(0.0, self.keep_alive - idle),
                 "busy": self.running is not None, "waiting": self.calls.qsize(), "served": self.served,
+                "last_call_seconds": self.last_call_seconds,
                 "memory": rss_bytes(), **self.resources.describe()}
 
     def write_record(self) -> None:
@@ -299,6 +301,7 @@ class Service:
         with contextlib.suppress(OSError):
             streams.flush_pending()
             call.channel.send_json(EXIT, {"code": code})
+        self.last_call_seconds = time.time() - call.received
 
     def _refusal(self, request: dict[str, Any]) -> str | None:
         """Why this service must not run the call (None: it may)."""
