@@ -98,7 +98,7 @@ def llama_cpp_version() -> str:
     return metadata.version("llama-cpp-python")
 
 
-LLAMA_TOOLS = ("llama-speculative-simple", "llama-completion")
+LLAMA_TOOLS = ("llama-speculative-simple", "llama-completion", "llama-server")
 
 
 def expected_tokens(alpha: float, depth: int) -> float:
@@ -126,7 +126,7 @@ def native_llama_tools() -> Path:
 
 
 def build_llama_tools(cache: Path, version: str, jobs: int, native: bool = False) -> Path:
-    """llama.cpp's llama-speculative-simple and llama-completion, built from the llama.cpp that
+    """llama.cpp's llama-speculative-simple, llama-completion and llama-server, built from the llama.cpp that
     llama-cpp-python==version vendors: portable by default, `native` as llama-cpp-python's own
     default build is (-march=native: the same CPU kernels localspec runs)."""
     flags = os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=on" if native else "-DGGML_NATIVE=off").split()
@@ -140,7 +140,7 @@ def build_llama_tools(cache: Path, version: str, jobs: int, native: bool = False
     log.warning("building %s (%s; a few minutes)", ", ".join(LLAMA_TOOLS), " ".join(flags))
     subprocess.run(["cmake", "-S", str(src_root / "src"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON", *flags], check=True, stdout=subprocess.DEVNULL)
+                    "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", *flags], check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", str(build), "--target", *LLAMA_TOOLS, "-j", str(jobs)],
                    check=True, stdout=subprocess.DEVNULL)
     return bindir

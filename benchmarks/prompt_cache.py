@@ -102,7 +102,8 @@ def questions_table(args: argparse.Namespace, root: Path, doc: Path, bindir: Pat
 
 
 def chat(args: argparse.Namespace, root: Path, cache: str, turns: Sequence[str], resume: str | None) -> float:
-    cmd = [sys.executable, "-m", "localspec", "chat", "-t", "0", "-n", str(args.tokens), "--prompt-cache", cache,
+    cmd = [sys.executable, "-m", "localspec", "chat", "--keep-alive", "0", "-t", "0", "-n", str(args.tokens),
+           "--prompt-cache", cache,
            *(["--threads", str(args.threads)] if args.threads else []), *(["--resume", resume] if resume else [])]
     env = dict(os.environ, LOCALSPEC_PROFILE_DIR=str(root / "profiles"), LOCALSPEC_CACHE_DIR=str(root / "home"))
     t0 = time.perf_counter()

@@ -61,10 +61,13 @@ class Run:
     data: dict  # the whole --json result
 
 
+IN_PROCESS = ("--keep-alive", "0")  # each call loads its models itself (resident models: the section below)
+
+
 def localspec(args: Sequence[str], prompt: str, profile_dir: Path, threads: int | None) -> Run:
-    """One fresh `localspec --json` process."""
-    cmd = [sys.executable, "-m", "localspec", "--json", *(["--threads", str(threads)] if threads else []), *args,
-           prompt]
+    """One fresh `localspec --json` process, its models loaded by itself (--keep-alive 0)."""
+    cmd = [sys.executable, "-m", "localspec", "--json", *IN_PROCESS, *(["--threads", str(threads)] if threads else []),
+           *args, prompt]
     env = dict(os.environ, LOCALSPEC_PROFILE_DIR=str(profile_dir))
     spawned = time.time()
     t0 = time.perf_counter()
@@ -79,7 +82,7 @@ def localspec(args: Sequence[str], prompt: str, profile_dir: Path, threads: int 
 
 def chat(args: Sequence[str], profile_dir: Path, threads: int | None, tokens: int) -> float:
     """Wall seconds of a fresh `localspec chat` answering CHAT_TURNS, piped."""
-    cmd = [sys.executable, "-m", "localspec", "chat", "-t", "0", "-n", str(tokens),
+    cmd = [sys.executable, "-m", "localspec", "chat", *IN_PROCESS, "-t", "0", "-n", str(tokens),
            *(["--threads", str(threads)] if threads else []), *args]
     env = dict(os.environ, LOCALSPEC_PROFILE_DIR=str(profile_dir))
     t0 = time.perf_counter()
@@ -314,6 +317,38 @@ def completion_table(args: argparse.Namespace, root: Path) -> list[str]:
     return lines
 
 
+def resident_table(args: argparse.Namespace, root: Path) -> list[str]:
+    """Calls served by a resident service (the default: `--keep-alive 5m`, later calls) against
+    calls in their own process (`--keep-alive 0`), the default settings and the target alone,
+    T = 0, alternated: what keeping the models loaded is worth to a script making many calls
+    (benchmarks/resident.py compares with llama.cpp's tools)."""
+    from resident import Localspec, Prompt
+
+    (root / "resident").mkdir()
+    ls = Localspec(root / "resident", args.tokens, args.threads)
+    med = statistics.median
+    lines = ["| prompt | default, own process s | target alone, own process s | default, resident s | "
+             "target alone, resident s | resident default vs own-process target alone |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    try:
+        for name in args.prompts:
+            prompt = Prompt(PROMPTS[name])
+            own, own_alone, res, res_alone = [], [], [], []
+            ls.call(prompt)  # the service, and the profile one earlier run leaves
+            for r in range(args.repeat):
+                progress(f"resident: {name} {r + 1}/{args.repeat}")
+                own.append(ls.call(prompt, keep_alive="0"))
+                own_alone.append(ls.call(prompt, keep_alive="0", extra=TARGET_ALONE))
+                res.append(ls.call(prompt))
+                res_alone.append(ls.call(prompt, extra=TARGET_ALONE))
+            walls = [med(s.wall for s in x) for x in (own, own_alone, res, res_alone)]
+            lines.append(f"| {name} | {walls[0]:.2f} | {walls[1]:.2f} | {walls[2]:.2f} | {walls[3]:.2f} | "
+                         f"**{med(s.per_token for s in own_alone) / med(s.per_token for s in res):.2f}×** |")
+    finally:
+        ls.close()
+    return lines
+
+
 def kernels_table(args: argparse.Namespace, root: Path) -> list[str]:
     """The target alone, whole process, under each CPU kernel configuration this build can load
     (alternated, T = 0): what the configuration auto picks is worth to a user, start-up included."""
@@ -379,6 +414,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="also time the target alone under each --cpu-kernels configuration")
     p.add_argument("--only-extra", action="store_true",
                    help="skip the main tables: only the --cpu-kernels / --llama-completion / --llama-cpp ones")
+    p.add_argument("--resident", action="store_true",
+                   help="also: calls served by a resident service against calls in their own process")
     p.add_argument("--llama-completion", action="store_true",
                    help="also time llama.cpp's own llama-completion on the same prompts, whole process "
                         "(builds it natively once, a few minutes)")
@@ -419,6 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.llama_completion and 0.0 in args.temperatures:
             print()
             print("\n".join(completion_table(args, root)))
+        if args.resident:
+            print()
+            print("\n".join(resident_table(args, root)))
     return 0
 
 

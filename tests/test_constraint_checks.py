@@ -59,6 +59,8 @@ STRESS = [
     ("gbnf-left-recursion", dict(grammar='root ::= root "a"'), "grammar", EMPTY, True),
     ("gbnf-never-ends", dict(grammar='root ::= "(" root ")"'), "grammar", PARSER, True),
     ("lark-empty-lexeme", dict(grammar='%llguidance {}\nstart: "x" A\nA: /[a&&b]/'), "grammar", EMPTY, True),
+    ("lark-branch-never-ends", dict(grammar='%llguidance {}\nstart: "a" | "b" x\nx: "(" x ")"'), "grammar", PARSER,
+     True),  # off the path the check follows: found among the other tokens it tries
     # grammars naming special tokens need the model's vocabulary: refused when the generation is set up
     ("lark-token-then-empty", dict(grammar="%llguidance {}\nstart: <s> A\nA: /[a&&b]/"), "grammar", VOCABULARY, False),
     ("lark-token-never-ends", dict(grammar='%llguidance {}\nstart: <s> x\nx: "(" x ")"'), "grammar", VOCABULARY,
@@ -107,21 +109,25 @@ def test_refused_at_the_call_before_any_decoding(tiny_target: Model, monkeypatch
 
 
 def follow_unchecked(grammar: str, tokenizer: llguidance.LLTokenizer, steps: int = 8) -> str | None:
-    """Follow a grammar as a generation does, with no check first: mask, then the first allowed
-    token that is not an end token; llguidance's error, if it fails (None: it did not)."""
-    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-    row = np.zeros(C.mask_words(tokenizer.vocab_size), dtype=np.uint32)
-    for _ in range(steps):
-        if not matcher.is_error():
-            matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+    """Follow a grammar as a generation could, with no check first: mask, then the first (and,
+    in a second run, the last) allowed token that is not an end token; llguidance's error, if
+    either run fails (None: neither did)."""
+    for pick in (0, -1):
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        row = np.zeros(C.mask_words(tokenizer.vocab_size), dtype=np.uint32)
+        for _ in range(steps):
+            if not matcher.is_error():
+                matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+            if matcher.is_error():
+                return matcher.get_error()
+            allowed = [int(t) for t in np.flatnonzero(C.allowed_tokens(row, tokenizer.vocab_size))
+                       if int(t) not in tokenizer.eos_tokens]
+            if not allowed:
+                break
+            matcher.consume_token(allowed[pick])
         if matcher.is_error():
             return matcher.get_error()
-        allowed = [int(t) for t in np.flatnonzero(C.allowed_tokens(row, tokenizer.vocab_size))
-                   if int(t) not in tokenizer.eos_tokens]
-        if not allowed:
-            return None
-        matcher.consume_token(allowed[0])
-    return matcher.get_error() or None
+    return None
 
 
 @pytest.mark.parametrize("name,options,param,fragment,early", STRESS, ids=IDS)
@@ -137,19 +143,23 @@ def test_negative_control_unchecked_they_fail_mid_generation(tiny_target: Model,
         C.compile_constraint(constraint_of(good))
 
 
-def test_the_check_leaves_the_matcher_at_its_start(tiny_target: Model) -> None:
-    """start_problem follows START_TOKENS tokens, then resets: the follower's first mask is a
-    fresh matcher's."""
+def test_the_check_leaves_the_follower_at_its_start(tiny_target: Model) -> None:
+    """The follower checks a copy of its matcher: its first mask and forced tokens are a fresh
+    matcher's, although the check followed START_TOKENS tokens (the copy is no longer at the start)."""
     tokenizer = C.tokenizer_for(tiny_target)
-    grammar = C.compile_constraint(Constraint.json_schema({"type": "object", "properties": {
-        "name": {"type": "string"}}, "required": ["name"]}))
-    checked = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-    assert C.start_problem(checked, tokenizer) is None
+    constraint = Constraint.json_schema({"type": "object", "properties": {"name": {"type": "string"}},
+                                         "required": ["name"]})
+    grammar = C.compile_constraint(constraint)
+    walked = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    assert C.start_problem(walked, tokenizer) is None
+    follower = C.GrammarFollower(constraint, tokenizer, tiny_target.n_vocab)
     fresh = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-    rows = np.zeros((2, C.mask_words(tokenizer.vocab_size)), dtype=np.uint32)
-    for matcher, row in zip((checked, fresh), rows):
+    rows = np.zeros((3, C.mask_words(tokenizer.vocab_size)), dtype=np.uint32)
+    for matcher, row in zip((fresh, walked), rows):
         matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
-    assert (rows[0] == rows[1]).all() and checked.compute_ff_tokens() == fresh.compute_ff_tokens()
+    follower.mask(rows[2])
+    assert (rows[2] == rows[0]).all() and follower.forced() == fresh.compute_ff_tokens()
+    assert not (rows[1] == rows[0]).all()  # negative control: the walked matcher is elsewhere
 
 
 def test_a_matcher_failure_later_is_our_bug(tiny_target: Model) -> None:

@@ -12,8 +12,6 @@ import json
 import signal
 import sys
 import threading
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 import click
@@ -173,7 +171,6 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     from localspec.api import Generation
 
     res = resources.current()
-    entered = res.entered
     res.keep_alive(options.pop("keep_alive", None))
     cache = res.prompt_cache(options.pop("prompt_cache", None))
     tools = toolset_from_flags(options)

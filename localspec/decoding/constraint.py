@@ -110,38 +110,62 @@ def compile_constraint(constraint: Constraint) -> str:
 # ---------------------------------------------------------------- can llguidance follow it?
 
 START_TOKENS = 16  # how many tokens of a grammar's start are followed before any decoding
+START_BRANCHES = 4  # tokens tried at each step of that path: the one it follows and others, a few tokens deep
+BRANCH_TOKENS = 2  # how deep the others are followed
 
 
 def start_problem(matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> str | None:
-    """Why llguidance cannot follow the grammar of a new `matcher` (None: it can), found by
-    following its start as a generation would: the first mask, the forced tokens, and a path of
-    up to START_TOKENS tokens (each the first the grammar forces or, else, the first its mask
-    allows other than an end token), each step within llguidance's limits. Catches what would
-    otherwise fail in the first steps of a generation: a grammar no output matches (a regex
-    with an empty language, a schema that is only a reference to itself), a rule that can never
-    end, a repetition too large for the lexer. The matcher is reset afterwards."""
+    """Why llguidance cannot follow the grammar of `matcher` (None: it can), found by following
+    its start as a generation would, each step within llguidance's limits: the first mask, the
+    forced tokens, and a path of up to START_TOKENS tokens (each the token the grammar forces
+    or, else, the first its mask allows other than an end token), trying at each step up to
+    START_BRANCHES - 1 other allowed tokens (spread over the allowed ones) BRANCH_TOKENS deep.
+    Catches what would otherwise fail in the first steps of a generation: a grammar no output
+    matches (a regex with an empty language, a schema that is only a reference to itself), a
+    rule that can never end, a repetition too large for the lexer. `matcher` is a new one (or a
+    copy): it is left where the walk ends."""
     row = np.zeros(mask_words(tokenizer.vocab_size), dtype=np.uint32)
     ends = set(tokenizer.eos_tokens)
-    try:
-        for step in range(START_TOKENS + 1):
-            if not matcher.is_error():
-                matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
-            if not matcher.is_error():
-                forced = matcher.compute_ff_tokens()
-            if matcher.is_error():
-                return _follow_problem(matcher.get_error(), step)
-            token = int(forced[0]) if forced else _first_allowed(row, ends, tokenizer.vocab_size)
-            if token is None or step == START_TOKENS:  # only an end may come, or followed far enough
-                return None
-            matcher.consume_token(token)
-        return None
-    finally:
-        matcher.reset()
+    for step in range(START_TOKENS + 1):
+        problem, tokens = _step(matcher, row, ends, tokenizer.vocab_size, step)
+        if problem is not None or not tokens or step == START_TOKENS:  # only an end may come, or far enough
+            return problem
+        for other in tokens[1:]:
+            problem = _branch(matcher.deep_copy(), other, row, ends, tokenizer.vocab_size, step + 1)
+            if problem is not None:
+                return problem
+        matcher.consume_token(tokens[0])  # a failure shows in the next step
+    return None
 
 
-def _first_allowed(row: np.ndarray, ends: set[int], n_vocab: int) -> int | None:
-    """The first token a mask row allows that is not an end token (None: only end tokens)."""
-    return next((int(t) for t in np.flatnonzero(allowed_tokens(row, n_vocab)) if int(t) not in ends), None)
+def _branch(matcher: llguidance.LLMatcher, token: int, row: np.ndarray, ends: set[int], n_vocab: int,
+            step: int) -> str | None:
+    """The problem, if any, of following `token`, then what comes first after it, BRANCH_TOKENS deep."""
+    for depth in range(BRANCH_TOKENS):
+        matcher.consume_token(token)
+        problem, tokens = _step(matcher, row, ends, n_vocab, step + depth)
+        if problem is not None or not tokens:
+            return problem
+        token = tokens[0]
+    return None
+
+
+def _step(matcher: llguidance.LLMatcher, row: np.ndarray, ends: set[int], n_vocab: int,
+          step: int) -> tuple[str | None, list[int]]:
+    """One step of a start followed: (the problem, if llguidance failed, after `step` tokens;
+    the tokens to try next: the one forced, or up to START_BRANCHES the mask allows, end tokens aside)."""
+    forced: list[int] = []
+    if not matcher.is_error():
+        matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+    if not matcher.is_error():
+        forced = matcher.compute_ff_tokens()
+    if matcher.is_error():
+        return _follow_problem(matcher.get_error(), step), []
+    if forced:
+        return None, [int(forced[0])]
+    allowed = [int(t) for t in np.flatnonzero(allowed_tokens(row, n_vocab)) if int(t) not in ends]
+    picks = sorted({i * len(allowed) // START_BRANCHES for i in range(START_BRANCHES)} & set(range(len(allowed))))
+    return None, [allowed[i] for i in picks]
 
 
 def _follow_problem(error: str, step: int) -> str:
@@ -563,7 +587,7 @@ class GrammarFollower:
         self.n_consumed = 0  # tokens consumed since the prompt
         self.seconds = 0.0  # spent following committed tokens and computing forced tokens
         self._draft: list[int] = []  # draft tokens consumed past the committed ones (mask_after)
-        problem = start_problem(self._matcher, tokenizer)  # this vocabulary, from the start: before any decoding
+        problem = start_problem(self._matcher.deep_copy(), tokenizer)  # this vocabulary: before any decoding
         if problem is not None:
             raise ConfigError(f"{self._describe()} cannot be used with this model's vocabulary: {problem}",
                               self.constraint.param if self.constraint else None)

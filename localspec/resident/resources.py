@@ -54,6 +54,16 @@ def file_identity(name: str) -> list[Any]:
     return [str(path.resolve()), st.st_size, st.st_mtime_ns]
 
 
+def _cache_place(setting: Any) -> str | None:
+    """A --prompt-cache setting as a key holds it: off, or the absolute directory (None: the default)."""
+    from localspec.environment import OFF
+
+    if setting is None:
+        return None
+    text = str(setting)
+    return "off" if text.strip().lower() in OFF or not text.strip() else str(Path(text).expanduser().absolute())
+
+
 def available_memory() -> int:
     """MemAvailable in bytes (0 where /proc/meminfo has none)."""
     with contextlib.suppress(OSError, ValueError):
@@ -141,18 +151,19 @@ class ServiceResources(Resources):
             return self._load_first(config, model, draft, options, grammar, names)
         if self._key(names, options) != self.key:
             raise Declined("other models or options")
-        self._accept(started=False)
+        self._accept(started=False, target=names.target)
         return self._view(config)
 
     def _key(self, names: PairNames, options: dict) -> dict[str, Any]:
         return {"target": file_identity(names.target),
                 "draft": file_identity(names.draft) if names.draft else None,
                 "options": {k: v for k, v in sorted(model_kwargs(options).items()) if k not in ("rpc", "draft_rpc")},
-                "prompt_cache": None if self._cache_setting is None else str(self._cache_setting)}
+                "prompt_cache": _cache_place(self._cache_setting)}
 
     def _load_first(self, config: GenerationConfig, model: str | None, draft: str | None, options: dict,
                     grammar: bool, names: PairNames) -> Loaded:
         need, lazy = draft_loading(config.drafter, draft_named=False)
+        self._accept(started=True, target=names.target)  # a fetch's progress shows as it happens
         self._make_room(names, need and not lazy)
         loaded = load_for(config, model, draft, options, grammar=grammar)
         self.loaded, self.names = loaded, names
@@ -161,7 +172,6 @@ class ServiceResources(Resources):
                                             options.get("draft_n_gpu_layers"), None)
         self.key = self._key(names, options)  # after loading: a registry model is fetched now
         self.service.write_record()
-        self._accept(started=True)
         return loaded
 
     def _view(self, config: GenerationConfig) -> Loaded:
@@ -178,10 +188,10 @@ class ServiceResources(Resources):
                 draft = draft.get()
         return Loaded(self.loaded.target, draft, self.loaded.target_name, (0.0, None))
 
-    def _accept(self, started: bool) -> None:
+    def _accept(self, started: bool, target: str) -> None:
         assert self.streams is not None
         self.streams.accept({"service": self.service.id, "started": started, "keep_alive": self.service.keep_alive,
-                             "target": self.loaded.target_name if self.loaded is not None else None})
+                             "target": target})
 
     def _make_room(self, names: PairNames, with_draft: bool) -> None:
         """Before loading: when the pair does not fit the memory available, stop the services

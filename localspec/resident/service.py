@@ -33,12 +33,10 @@ from typing import Any
 
 from localspec.resident import runtime
 from localspec.resident.protocol import (
-    ACCEPTED,
     DECLINED,
     EXIT,
     NOTE,
     REQUEST,
-    SIGNAL,
     STATUS,
     STOP,
     Channel,

@@ -1,0 +1,354 @@
+"""Resident-models benchmark: `localspec` calls from a script, each a fresh client process.
+
+Per prompt, alternated, medians over --repeat rounds, T = 0, the default pair and settings:
+
+* first call: no service running (``localspec stop --all`` before it): the call starts one;
+* later call: served by the service the earlier calls left (nothing loaded);
+* --keep-alive 0: the call in its own process, as every call was before resident models;
+* llama.cpp's ``llama-completion`` on the same rendered prompt (``--prompt-cache FILE`` for the
+  document question, an equivalent GBNF grammar for the extraction), built natively from the
+  llama.cpp that llama-cpp-python vendors (as benchmarks/whole_process.py does);
+* ``llama-server`` (same build, started once, the target alone) with a fresh ``curl`` process per
+  request on /completion (``cache_prompt``: the server keeps the last prompt's KV, as localspec's
+  service does), and the same with its best n-gram speculative mode (``--spec-type``) per prompt.
+
+The ratios are of wall time per generated token (the tools do not all stop at the same token).
+A second table: where a later call's time goes (the client's own cost: its wall time minus the
+service's time for the call, which ``localspec ps --json`` reports), the client's imports
+(``python -X importtime``), and the memory of a resident pair against an in-process run's peak.
+
+    python benchmarks/resident.py
+    python benchmarks/resident.py --prompts code,extract --repeat 2 --no-llama
+
+Progress goes to stderr, the markdown tables to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from head_to_head import PROMPTS as H2H_PROMPTS, host_header, native_llama_tools  # noqa: E402
+from prompt_cache import document  # noqa: E402
+from structured import TASKS, gbnf  # noqa: E402
+from whole_process import LLAMA_NGRAM_TYPES, chat_text, completion_flags, default_target, progress  # noqa: E402
+
+DOC_CHARS = 7000  # ~1,650 tokens of localspec's engine source
+DOC_QUESTION = "What does Engine.step return? Answer in one sentence."
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str  # what the user asks (after the document, for the document question)
+    schema: dict | None = None  # a JSON schema (the extraction)
+    document: bool = False  # asked about the benchmark's document (--context)
+
+
+PROMPTS: dict[str, Prompt] = {
+    "code": Prompt(H2H_PROMPTS["code"]),
+    "prose": Prompt(H2H_PROMPTS["prose"]),
+    "edit": Prompt(H2H_PROMPTS["code-edit"]),
+    "summary": Prompt(H2H_PROMPTS["summarise"]),
+    "extract": Prompt(TASKS["invoice"].prompt, schema=TASKS["invoice"].schema),
+    "document": Prompt(DOC_QUESTION, document=True),
+}
+GROUNDED = ("edit", "summary", "extract", "document")
+
+
+@dataclass
+class Sample:
+    wall: float
+    tokens: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def per_token(self) -> float:
+        return self.wall / max(self.tokens, 1)
+
+
+# ---------------------------------------------------------------- localspec
+
+
+class Localspec:
+    """`localspec` calls as a script makes them, in the benchmark's own directories."""
+
+    def __init__(self, root: Path, tokens: int, threads: int | None) -> None:
+        self.root = root
+        self.tokens = tokens
+        self.threads = threads
+        self.doc = root / "document.txt"
+        self.doc.write_text(document(DOC_CHARS), encoding="utf-8")
+        runtime = Path(tempfile.mkdtemp(prefix="lsb-", dir="/tmp"))
+        self.env = dict(os.environ, LOCALSPEC_PROFILE_DIR=str(root / "profiles"),
+                        LOCALSPEC_PROMPT_CACHE=str(root / "prompts"), XDG_RUNTIME_DIR=str(runtime))
+        self.runtime = runtime
+
+    def args(self, prompt: Prompt, extra: Sequence[str] = ()) -> list[str]:
+        out = ["--json", "-n", str(self.tokens), "-t", "0", "--seed", "1", *extra,
+               *(["--threads", str(self.threads)] if self.threads else [])]
+        if prompt.schema is not None:
+            out += ["--json-schema", json.dumps(prompt.schema)]
+        if prompt.document:
+            out += ["--context", str(self.doc)]
+        return [*out, prompt.text]
+
+    def call(self, prompt: Prompt, keep_alive: str = "5m", importtime: bool = False, extra: Sequence[str] = ()) -> Sample:
+        cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "localspec",
+               *self.args(prompt, extra)]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                env=dict(self.env, LOCALSPEC_KEEP_ALIVE=keep_alive))
+        out, err = proc.communicate(timeout=1800)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"localspec failed ({proc.returncode}):\n{err.decode()[-2000:]}")
+        data = json.loads(out)
+        extra = {"resident": data.get("resident"), "stderr": err.decode()}
+        return Sample(wall, data["usage"]["completion_tokens"], extra)
+
+    def services(self) -> list[dict]:
+        out = subprocess.run([sys.executable, "-m", "localspec", "ps", "--json"], capture_output=True, text=True,
+                             env=self.env, timeout=60, check=True)
+        return json.loads(out.stdout)
+
+    def stop_all(self) -> None:
+        subprocess.run([sys.executable, "-m", "localspec", "stop", "--all"], capture_output=True, env=self.env,
+                       timeout=120, check=True)
+
+    def peak_rss_in_process(self, prompt: Prompt) -> int:
+        """The peak resident memory of a --keep-alive 0 call (bytes)."""
+        cmd = [sys.executable, "-m", "localspec", *self.args(prompt)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                env=dict(self.env, LOCALSPEC_KEEP_ALIVE="0"))
+        _, status, usage = os.wait4(proc.pid, 0)
+        return usage.ru_maxrss * 1024
+
+    def close(self) -> None:
+        self.stop_all()
+        shutil.rmtree(self.runtime, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- llama.cpp
+
+
+def rendered(prompt: Prompt, doc: Path) -> str:
+    """The text llama.cpp's tools decode: the user's message as localspec sends it (the document
+    first), in the target's chat template."""
+    text = prompt.text
+    if prompt.document:
+        text = f"{doc.read_text(encoding='utf-8').rstrip()}\n\n{text}"
+    return chat_text(text)
+
+
+def completion(bindir: Path, prompt: Prompt, text: str, tokens: int, threads: int | None, root: Path) -> Sample:
+    extra: list[str] = []
+    if prompt.schema is not None:
+        grammar = root / "extract.gbnf"
+        grammar.write_text(gbnf(prompt.schema), encoding="utf-8")
+        extra += ["--grammar-file", str(grammar)]
+    if prompt.document:
+        extra += ["--prompt-cache", str(root / "llama-completion.cache")]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        cmd = [str(bindir / "llama-completion"), "-m", str(default_target()), "-f", f.name, "-n", str(tokens),
+               *completion_flags(), *extra, *(["-t", str(threads)] if threads else [])]
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        wall = time.perf_counter() - t0
+    found = re.search(r"eval time =\s+[\d.]+ ms /\s+(\d+) runs", out.stderr)
+    if out.returncode != 0 or not found:
+        raise RuntimeError(f"llama-completion failed (exit {out.returncode}):\n{out.stderr[-1500:]}")
+    return Sample(wall, int(found.group(1)) + 1)
+
+
+class Server:
+    """A llama-server on a free local port (the target alone, or with an n-gram speculative mode)."""
+
+    def __init__(self, bindir: Path, threads: int | None, spec_type: str | None = None) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        cmd = [str(bindir / "llama-server"), "-m", str(default_target()), "--port", str(self.port), "-c", "4096",
+               "-np", "1", *completion_flags()[4:], *(["-t", str(threads)] if threads else []),
+               *(["--spec-type", spec_type, "--spec-draft-n-max", "32"] if spec_type else [])]
+        self.spec_type = spec_type
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited: {self.proc.stderr.read().decode()[-1500:]}")
+            ok = subprocess.run(["curl", "-sf", f"http://127.0.0.1:{self.port}/health"], capture_output=True)
+            if ok.returncode == 0:
+                return
+            time.sleep(0.5)
+        raise RuntimeError("llama-server did not come up in 300 s")
+
+    def request(self, prompt: Prompt, text: str, tokens: int) -> Sample:
+        """One request from a fresh curl process."""
+        body = {"prompt": text, "n_predict": tokens, "temperature": 0, "seed": 1, "cache_prompt": True}
+        if prompt.schema is not None:
+            body["grammar"] = gbnf(prompt.schema)
+        with tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8") as f:
+            json.dump(body, f)
+            f.flush()
+            t0 = time.perf_counter()
+            out = subprocess.run(["curl", "-sf", f"http://127.0.0.1:{self.port}/completion", "-H",
+                                  "Content-Type: application/json", "--data-binary", f"@{f.name}"],
+                                 capture_output=True, text=True, timeout=1800)
+            wall = time.perf_counter() - t0
+        if out.returncode != 0:
+            raise RuntimeError(f"llama-server request failed: {out.stderr}")
+        return Sample(wall, int(json.loads(out.stdout)["tokens_predicted"]))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- the tables
+
+
+def med(samples: Sequence[Sample]) -> float:
+    return statistics.median(s.wall for s in samples)
+
+
+def per_token(samples: Sequence[Sample]) -> float:
+    return statistics.median(s.per_token for s in samples)
+
+
+def measure(args: argparse.Namespace, ls: Localspec, bindir: Path | None) -> dict[str, dict[str, list[Sample]]]:
+    """Every system's samples per prompt, rounds alternated."""
+    results: dict[str, dict[str, list[Sample]]] = {name: {} for name in args.prompts}
+    texts = {name: rendered(PROMPTS[name], ls.doc) for name in args.prompts}
+    for name in args.prompts:  # the profile and the prompt cache one earlier run of each prompt leaves
+        progress(f"warm-up: {name}")
+        ls.call(PROMPTS[name], keep_alive="0")
+        if bindir is not None and PROMPTS[name].document:
+            completion(bindir, PROMPTS[name], texts[name], args.tokens, args.threads, ls.root)
+    for r in range(args.repeat):
+        for name in args.prompts:
+            prompt, got = PROMPTS[name], results[name]
+            progress(f"round {r + 1}/{args.repeat}: {name}")
+            ls.stop_all()
+            got.setdefault("first", []).append(ls.call(prompt))
+            got.setdefault("later", []).append(ls.call(prompt))
+            got.setdefault("client", []).append(_client_cost(ls, got["later"][-1]))
+            got.setdefault("keep-alive 0", []).append(ls.call(prompt, keep_alive="0"))
+            if bindir is not None:
+                got.setdefault("llama-completion", []).append(
+                    completion(bindir, prompt, texts[name], args.tokens, args.threads, ls.root))
+    if bindir is not None:
+        for spec_type in (None, *LLAMA_NGRAM_TYPES):
+            progress(f"llama-server {spec_type or 'target alone'}")
+            server = Server(bindir, args.threads, spec_type)
+            try:
+                for r in range(args.repeat):
+                    for name in args.prompts:  # the server keeps the previous request's KV, as a service does
+                        results[name].setdefault(f"server {spec_type or 'alone'}", []).append(
+                            server.request(PROMPTS[name], texts[name], args.tokens))
+            finally:
+                server.close()
+    return results
+
+
+def _client_cost(ls: Localspec, later: Sample) -> Sample:
+    """A later call's wall time minus the service's time for it."""
+    (service,) = ls.services()
+    return Sample(later.wall - float(service["last_call_seconds"]), 1)
+
+
+def speed_table(results: dict[str, dict[str, list[Sample]]], with_llama: bool) -> list[str]:
+    head = "| prompt | tokens | first call s | later calls s | --keep-alive 0 s | first vs keep-alive 0 |"
+    rule = "| --- | ---: | ---: | ---: | ---: | ---: |"
+    if with_llama:
+        head += (" llama-completion s | llama-server s | llama-server n-gram s (mode) | later vs llama-completion |"
+                 " later vs llama-server | later vs llama-server n-gram |")
+        rule += " ---: | ---: | ---: | ---: | ---: | ---: |"
+    lines = [head, rule]
+    for name, got in results.items():
+        later = got["later"]
+        row = (f"| {name} | {statistics.median(s.tokens for s in later):.0f} | {med(got['first']):.2f} | "
+               f"{med(later):.2f} | {med(got['keep-alive 0']):.2f} | "
+               f"{med(got['first']) / med(got['keep-alive 0']):.2f}× |")
+        if with_llama:
+            ngram = {k: v for k, v in got.items() if k.startswith("server ngram")}
+            best = min(ngram, key=lambda k: per_token(ngram[k]))
+            row += (f" {med(got['llama-completion']):.2f} | {med(got['server alone']):.2f} | "
+                    f"{med(ngram[best]):.2f} ({best.removeprefix('server ')}) | "
+                    f"**{per_token(got['llama-completion']) / per_token(later):.2f}×** | "
+                    f"**{per_token(got['server alone']) / per_token(later):.2f}×** | "
+                    f"{per_token(ngram[best]) / per_token(later):.2f}× |")
+        lines.append(row)
+    return lines
+
+
+def overhead_table(results: dict[str, dict[str, list[Sample]]], ls: Localspec, args: argparse.Namespace) -> list[str]:
+    clients = [s.wall for got in results.values() for s in got["client"]]
+    probe = PROMPTS[args.prompts[0]]
+    ls.call(probe)  # a service for the import trace
+    traced = ls.call(probe, importtime=True)
+    imports = [line for line in traced.extra["stderr"].splitlines() if line.startswith("import time:")]
+    total_us = sum(int(line.split("|")[0].split(":")[1]) for line in imports[1:])
+    heavy = sorted({line.rsplit("|", 1)[-1].strip().split(".")[0] for line in imports}
+                   & {"numpy", "llama_cpp", "llguidance", "click", "pydantic", "jinja2"})
+    (service,) = ls.services()
+    peak = ls.peak_rss_in_process(probe)
+    return ["| measure | value |", "| --- | ---: |",
+            f"| a later call's client cost (wall minus the service's time), median of {len(clients)} | "
+            f"{1000 * statistics.median(clients):.0f} ms |",
+            f"| the client's imports (`python -X importtime`, self times summed) | {total_us / 1000:.0f} ms |",
+            f"| heavy modules the client imports | {', '.join(heavy) or 'none'} |",
+            f"| resident pair's memory (`localspec ps`, after {service['requests']} calls) | "
+            f"{service['memory_bytes'] / 2**20:.0f} MB |",
+            f"| an in-process call's peak memory (`--keep-alive 0`, {args.prompts[0]}) | {peak / 2**20:.0f} MB |"]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--prompts", default=",".join(PROMPTS), help=f"comma-separated, of {', '.join(PROMPTS)}")
+    p.add_argument("--repeat", type=int, default=3, help="alternated rounds (medians)")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-llama", action="store_true", help="skip llama-completion and llama-server")
+    args = p.parse_args(argv)
+    args.prompts = [n.strip() for n in args.prompts.split(",") if n.strip()]
+    unknown = [n for n in args.prompts if n not in PROMPTS]
+    if unknown or not args.prompts:
+        p.error(f"unknown prompts {unknown}; use {', '.join(PROMPTS)}")
+    if args.repeat < 1 or args.tokens < 1:
+        p.error("--repeat and --tokens must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    bindir = None if args.no_llama else native_llama_tools()
+    with tempfile.TemporaryDirectory(prefix="resident-bench-") as tmp:
+        ls = Localspec(Path(tmp), args.tokens, args.threads)
+        try:
+            results = measure(args, ls, bindir)
+            lines = [*host_header(), f"{args.tokens} tokens, T = 0, medians of {args.repeat} alternated rounds; "
+                     "ratios of wall time per generated token (higher: localspec faster).", "",
+                     *speed_table(results, bindir is not None), "", *overhead_table(results, ls, args)]
+        finally:
+            ls.close()
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
