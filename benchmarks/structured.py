@@ -250,7 +250,7 @@ HEADER = ["| task | tokens | valid | forced % | copied % | ceiling | tokens/pass
 
 
 def setup_cost() -> list[str]:
-    """What building the grammar's tokenizer costs (once per process, overlapped with the prefill)."""
+    """What building the grammar's tokenizer costs (once per process; the CLI overlaps it with the load)."""
     from localspec.decoding.constraint import build_tokenizer
     from localspec.llama.model import Model
 

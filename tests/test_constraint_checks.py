@@ -2,7 +2,8 @@
 
 * A stress set of constraints llguidance cannot follow — an empty language (a regex, a schema
   that is only a reference to itself, a left-recursive rule), a rule that can never end, a
-  repetition too large for the lexer, a special token the vocabulary lacks — is refused when the
+  repetition too large for the lexer, a schema of more alternatives than the parser follows, a
+  special token the vocabulary lacks — is refused when the
   setting is made (where it needs no vocabulary), and always before any decoding: ConfigError at
   the API's call naming the setting, exit 2 naming the flag, HTTP 400 naming the field. Negative
   control: followed as a generation follows them, without the check, each of these fails inside
@@ -56,6 +57,9 @@ STRESS = [
         "name": "loop", "schema": {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}},
                                                    "required": ["next"]}}, "$ref": "#/$defs/n"}}}),
      "response_format", PARSER, True),
+    ("schema-too-many-alternatives", dict(json_schema={"anyOf": [  # over llguidance's 2000 items in a row
+        {"type": "object", "properties": {"k": {"const": i}}, "required": ["k"]} for i in range(2100)]}),
+     "json_schema", PARSER, True),
     ("gbnf-left-recursion", dict(grammar='root ::= root "a"'), "grammar", EMPTY, True),
     ("gbnf-never-ends", dict(grammar='root ::= "(" root ")"'), "grammar", PARSER, True),
     ("lark-empty-lexeme", dict(grammar='%llguidance {}\nstart: "x" A\nA: /[a&&b]/'), "grammar", EMPTY, True),
@@ -143,6 +147,15 @@ def test_negative_control_unchecked_they_fail_mid_generation(tiny_target: Model,
         C.compile_constraint(constraint_of(good))
 
 
+def test_tool_parameters_are_checked_as_schemas() -> None:
+    """A tool whose parameters no finite value satisfies is refused naming the tool's parameters
+    (ToolSet.parse: when the request arrives), a sound recursive one is accepted (negative control)."""
+    with pytest.raises(ConfigError) as err:
+        ToolSet.parse([tool(SELF_REQUIRED)], "required")
+    assert err.value.param == "tools[0].function.parameters" and PARSER in str(err.value)
+    ToolSet.parse([tool({"type": "object", "properties": {"a": {"$ref": "#"}}})], "required")
+
+
 def test_the_check_leaves_the_follower_at_its_start(tiny_target: Model) -> None:
     """The follower checks a copy of its matcher: its first mask and forced tokens are a fresh
     matcher's, although the check followed START_TOKENS tokens (the copy is no longer at the start)."""
@@ -160,6 +173,27 @@ def test_the_check_leaves_the_follower_at_its_start(tiny_target: Model) -> None:
     follower.mask(rows[2])
     assert (rows[2] == rows[0]).all() and follower.forced() == fresh.compute_ff_tokens()
     assert not (rows[1] == rows[0]).all()  # negative control: the walked matcher is elsewhere
+
+
+def test_the_start_is_followed_once_per_model_and_grammar(tiny_target: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server or a chat sends the same constraint again and again: its start is followed over
+    the model's vocabulary once (a new grammar is followed: negative control)."""
+    calls: list[int] = []
+    real = C.start_problem
+
+    def counted(matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> str | None:
+        if tokenizer is not C.byte_tokenizer():  # the model's vocabulary (compiling follows it over bytes once too)
+            calls.append(1)
+        return real(matcher, tokenizer)
+
+    monkeypatch.setattr(C, "start_problem", counted)
+    config = GenerationConfig(constraint=Constraint.regex("[a-z]{1,7}-once"), max_tokens=2)
+    for _ in range(3):
+        Generation(tiny_target, None, PROMPT, config, Profiles.in_memory())
+    assert len(calls) == 1
+    Generation(tiny_target, None, PROMPT, GenerationConfig(constraint=Constraint.regex("[a-z]{1,7}-twice"),
+                                                           max_tokens=2), Profiles.in_memory())
+    assert len(calls) == 2
 
 
 def test_a_matcher_failure_later_is_our_bug(tiny_target: Model) -> None:
@@ -198,8 +232,8 @@ def test_empty_constraint_flags_are_usage_errors(flag: str, value: str, tmp_path
 
 def test_empty_constraints_through_the_api_are_refused() -> None:
     """The API's keywords: an empty regex, grammar or schema text is a ConfigError naming it."""
-    for options, param in ((dict(regex=""), "regex"), (dict(grammar=" "), "grammar"), (dict(json_schema=""), "json_schema"),
-                           (dict(response_format=""), "response_format")):
+    for options, param in ((dict(regex=""), "regex"), (dict(grammar=" "), "grammar"),
+                           (dict(json_schema=""), "json_schema"), (dict(response_format=""), "response_format")):
         with pytest.raises(ConfigError) as err:
             GenerationConfig.from_options(**options)
         assert err.value.param == param, options
@@ -212,7 +246,8 @@ def test_cli_refuses_the_stress_set_naming_the_flag(tiny_paths: tuple[Path, Path
     """Exit 2 naming the flag, nothing on stdout: before the model loads where no vocabulary is
     needed (a missing model file shows it), after it loads and before any token otherwise."""
     missing = ["-m", str(tmp_path / "missing.gguf")]
-    for args, flag in ((["--regex", "[a&&b]"], "--regex"), (["--json-schema", json.dumps(SELF_REQUIRED)], "--json-schema")):
+    for args, flag in ((["--regex", "[a&&b]"], "--regex"),
+                       (["--json-schema", json.dumps(SELF_REQUIRED)], "--json-schema")):
         r = run_cli(*missing, *args, "hi")
         assert r.exit_code == 2 and f"Invalid value for {flag}" in r.output, r.output
     grammar = tmp_path / "g.lark"

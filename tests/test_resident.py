@@ -331,7 +331,8 @@ def test_another_user_is_refused(pair: list[str], services: None) -> None:
                 return f.read()
 
         assert ask(None) == b"answered"
-        assert ask(65534) in (b"closed", b"error [Errno 104] Connection reset by peer")
+        refused = ask(65534)  # closed unanswered: seen as the end, a reset or a broken pipe, by timing
+        assert refused == b"closed" or refused.startswith((b"error [Errno 32]", b"error [Errno 104]")), refused
     finally:
         os.chmod(record.socket_path, 0o600)
         for d in (directory, directory.parent):
@@ -370,3 +371,20 @@ def test_the_client_imports_nothing_heavy(pair: list[str], services: None) -> No
                 if line.startswith("import time:")}
     assert "localspec" in imported  # the negative control: the list is read
     assert not imported & {"numpy", "llama_cpp", "llguidance", "click", "pydantic", "jinja2"}
+
+
+def test_a_chat_in_progress_does_not_hold_up_other_calls(pair: list[str], services: None) -> None:
+    """A chat lasts as long as the user talks: a call arriving meanwhile is not queued behind it
+    but served by a second service."""
+    chat = subprocess.Popen([sys.executable, "-m", "localspec", "chat", *pair, "-t", "0", "-n", "4"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "LOCALSPEC_KEEP_ALIVE": "5m"})
+    assert chat.stdin is not None
+    chat.stdin.write(b"hello\n")
+    chat.stdin.flush()
+    wait_for(lambda: any(s["busy"] for _, s in live()))
+    other = localspec(*pair, "-n", "4", "hi", timeout=60)
+    assert other.returncode == 0, other.stderr
+    assert "waits its turn" not in other.stderr and len(live()) == 2
+    out, err = chat.communicate(b"/exit\n", timeout=60)
+    assert chat.returncode == 0 and b"localspec chat:" in err

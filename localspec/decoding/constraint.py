@@ -11,9 +11,10 @@ Three parts, used in this order by a constrained generation:
   the setting (``param``) and, for a JSON schema, where in the schema the problem is (a JSON
   pointer such as ``/properties/address/patternProperties``). It also follows the grammar's
   start (:func:`start_problem`: first mask, forced tokens, a path of :data:`START_TOKENS`
-  tokens, within llguidance's limits) over a vocabulary of bytes, and :class:`GrammarFollower`
-  again over the model's, when a generation is set up: a grammar no output matches, or one that
-  exceeds llguidance's limits, is a ConfigError before the first token too.
+  tokens and a few other tokens at each of its steps, within llguidance's limits) over a
+  vocabulary of bytes, and :class:`GrammarFollower` again over the model's (once per model and
+  grammar) when a generation is set up: a grammar no output matches, or one that exceeds
+  llguidance's limits, is a ConfigError before the first token too.
 * The tokenizer — llguidance's view of the model's own vocabulary (:func:`tokenizer_for`, cached
   per model). Building it reads every token of the vocabulary (~0.9 s for a 152k vocabulary on
   a 2-core CPU, holding the GIL), in a thread (:func:`start_tokenizer`); a caller that knows of a
@@ -55,6 +56,7 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -112,6 +114,7 @@ def compile_constraint(constraint: Constraint) -> str:
 START_TOKENS = 16  # how many tokens of a grammar's start are followed before any decoding
 START_BRANCHES = 4  # tokens tried at each step of that path: the one it follows and others, a few tokens deep
 BRANCH_TOKENS = 2  # how deep the others are followed
+MAX_CHECKED = 1024  # grammars remembered per model as followed (GrammarFollower): then forgotten, all at once
 
 
 def start_problem(matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> str | None:
@@ -125,7 +128,7 @@ def start_problem(matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokeniz
     rule that can never end, a repetition too large for the lexer. `matcher` is a new one (or a
     copy): it is left where the walk ends."""
     row = np.zeros(mask_words(tokenizer.vocab_size), dtype=np.uint32)
-    ends = set(tokenizer.eos_tokens)
+    ends = np.array(tokenizer.eos_tokens, dtype=np.int64)
     for step in range(START_TOKENS + 1):
         problem, tokens = _step(matcher, row, ends, tokenizer.vocab_size, step)
         if problem is not None or not tokens or step == START_TOKENS:  # only an end may come, or far enough
@@ -138,7 +141,7 @@ def start_problem(matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokeniz
     return None
 
 
-def _branch(matcher: llguidance.LLMatcher, token: int, row: np.ndarray, ends: set[int], n_vocab: int,
+def _branch(matcher: llguidance.LLMatcher, token: int, row: np.ndarray, ends: np.ndarray, n_vocab: int,
             step: int) -> str | None:
     """The problem, if any, of following `token`, then what comes first after it, BRANCH_TOKENS deep."""
     for depth in range(BRANCH_TOKENS):
@@ -150,7 +153,7 @@ def _branch(matcher: llguidance.LLMatcher, token: int, row: np.ndarray, ends: se
     return None
 
 
-def _step(matcher: llguidance.LLMatcher, row: np.ndarray, ends: set[int], n_vocab: int,
+def _step(matcher: llguidance.LLMatcher, row: np.ndarray, ends: np.ndarray, n_vocab: int,
           step: int) -> tuple[str | None, list[int]]:
     """One step of a start followed: (the problem, if llguidance failed, after `step` tokens;
     the tokens to try next: the one forced, or up to START_BRANCHES the mask allows, end tokens aside)."""
@@ -163,9 +166,11 @@ def _step(matcher: llguidance.LLMatcher, row: np.ndarray, ends: set[int], n_voca
         return _follow_problem(matcher.get_error(), step), []
     if forced:
         return None, [int(forced[0])]
-    allowed = [int(t) for t in np.flatnonzero(allowed_tokens(row, n_vocab)) if int(t) not in ends]
-    picks = sorted({i * len(allowed) // START_BRANCHES for i in range(START_BRANCHES)} & set(range(len(allowed))))
-    return None, [allowed[i] for i in picks]
+    ok = allowed_tokens(row, n_vocab)
+    ok[ends[ends < n_vocab]] = False
+    allowed = np.flatnonzero(ok)
+    picks = np.unique(np.arange(START_BRANCHES) * len(allowed) // START_BRANCHES) if len(allowed) else []
+    return None, [int(allowed[i]) for i in picks]
 
 
 def _follow_problem(error: str, step: int) -> str:
@@ -177,6 +182,10 @@ def _follow_problem(error: str, step: int) -> str:
     if "Too many items" in text:
         return (f"it exceeds llguidance's parser limits{after} ({text}): a rule that can never end, such as a "
                 "property required at every level of a schema that refers to itself, or a very ambiguous grammar")
+    if m := re.search(r"Current row has (\d+) items; max is (\d+)", text):
+        return (f"it exceeds llguidance's parser limits{after}: {m.group(1)} alternatives at one point, at most "
+                f"{m.group(2)} are followed (thousands of optional properties, or an anyOf or enum of thousands of "
+                "objects); split it, or make more properties required")
     if "lexer" in text or "too many expressions" in text:
         return (f"it exceeds llguidance's lexer limits{after} ({text}): a repetition or regex too large to "
                 "follow, such as a{1000000}")
@@ -468,6 +477,7 @@ class TokenizerFuture:
     def __init__(self, model: VocabModel | None = None, path: Path | None = None) -> None:
         self._future: concurrent.futures.Future[llguidance.LLTokenizer] = concurrent.futures.Future()
         self.vocabulary: VocabModel | None = None  # the vocabulary-only model a file's tokenizer reads: kept open
+        self.checked: set[bytes] = set()  # digests of the grammars whose start was followed over this vocabulary
         self._thread = threading.Thread(target=self._build, args=(model, path), name="localspec-tokenizer",
                                         daemon=True)
         self._thread.start()
@@ -570,9 +580,13 @@ class GrammarFollower:
     (``reset``), consumes what is committed, withdraws what is rolled back; between those it
     says which tokens may come next. Any disagreement raises ConstraintError."""
 
-    def __init__(self, constraint: Constraint | str, tokenizer: llguidance.LLTokenizer, n_vocab: int) -> None:
+    def __init__(self, constraint: Constraint | str, tokenizer: llguidance.LLTokenizer, n_vocab: int,
+                 checked: set[bytes] | None = None) -> None:
         """`constraint`: a Constraint (compiled and validated here) or an llguidance grammar
-        from :func:`compile_constraint`; `n_vocab`: the width of the model's logits."""
+        from :func:`compile_constraint`; `n_vocab`: the width of the model's logits. The
+        grammar's start is followed over this vocabulary (:func:`start_problem`: ConfigError
+        naming the constraint's setting) unless `checked`, the digests of grammars already
+        followed with this tokenizer, holds it (then it is added there)."""
         self.constraint = constraint if isinstance(constraint, Constraint) else None
         grammar = compile_constraint(constraint) if isinstance(constraint, Constraint) else constraint
         self.n_vocab = n_vocab
@@ -587,15 +601,24 @@ class GrammarFollower:
         self.n_consumed = 0  # tokens consumed since the prompt
         self.seconds = 0.0  # spent following committed tokens and computing forced tokens
         self._draft: list[int] = []  # draft tokens consumed past the committed ones (mask_after)
-        problem = start_problem(self._matcher.deep_copy(), tokenizer)  # this vocabulary: before any decoding
-        if problem is not None:
-            raise ConfigError(f"{self._describe()} cannot be used with this model's vocabulary: {problem}",
-                              self.constraint.param if self.constraint else None)
+        digest = hashlib.sha256(grammar.encode("utf-8")).digest()
+        if checked is None or digest not in checked:
+            problem = start_problem(self._matcher.deep_copy(), tokenizer)  # this vocabulary: before any decoding
+            if problem is not None:
+                raise ConfigError(f"{self._describe()} cannot be used with this model's vocabulary: {problem}",
+                                  self.constraint.param if self.constraint else None)
+            if checked is not None:
+                if len(checked) >= MAX_CHECKED:
+                    checked.clear()
+                checked.add(digest)
 
     @classmethod
     def for_model(cls, constraint: Constraint | str, model: VocabModel) -> "GrammarFollower":
-        """A follower for a model's logits, with the model's (cached) tokenizer."""
-        return cls(constraint, tokenizer_for(model), model.n_vocab)
+        """A follower for a model's logits, with the model's (cached) tokenizer; a grammar's
+        start is followed once per model."""
+        model.vocab_pointer  # refuse a closed model: the tokenizer points into its vocabulary
+        future = start_tokenizer(model)
+        return cls(constraint, future.result(), model.n_vocab, future.checked)
 
     # ------------------------------------------------------------ the follower protocol
 

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from localspec.config import Constraint
-from localspec.decoding.constraint import GrammarFollower, allocate_masks, compile_constraint, is_allowed, tokenizer_for
+from localspec.decoding.constraint import GrammarFollower, allocate_masks, compile_constraint, is_allowed
 from localspec.decoding.drafters import DraftProposal, ForcedDrafter
 from localspec.decoding.tree import DraftTree
 from localspec.errors import ConstraintError
@@ -113,7 +113,7 @@ class Structured:
         self.grammar = compile_constraint(constraint)
         self.target = target
         self.max_nodes = max_nodes
-        self.follower = GrammarFollower(constraint, tokenizer_for(target), target.n_vocab)
+        self.follower = GrammarFollower.for_model(constraint, target)  # its start followed once per model
         self.masks = DraftMasks(self.follower, max_nodes)
 
     @property

@@ -125,6 +125,7 @@ class Call:
         self.received_output = False
         self.signals = 0
         self.term_deadline: float | None = None
+        self.on_accepted: Any = None  # called once, when a service takes the call (releases the spawn lock)
 
     def run(self, channel: Channel) -> int | str:
         """Send the request and follow the service; the exit status, or why it declined."""
@@ -156,6 +157,9 @@ class Call:
         elif kind == ACCEPTED:
             self.accepted = True
             self.replay = b""
+            if self.on_accepted is not None:
+                self.on_accepted()
+                self.on_accepted = None
             info = loads(payload)
             if isinstance(info, dict) and info.get("started"):
                 _started_note(info)
@@ -272,15 +276,19 @@ def _existing(call: Call, directory: Any, tried: set[str]) -> int | None:
     return None
 
 
-@contextlib.contextmanager
-def _spawn_lock(directory: Any) -> Any:
-    """One client at a time starts a service (another arriving meanwhile finds it)."""
-    fd = os.open(directory / SPAWN_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+class SpawnLock:
+    """One client at a time starts a service, holding this lock until the new service has taken
+    its call (its record is written by then): another client arriving meanwhile finds it."""
+
+    def __init__(self, directory: Any) -> None:
+        self.fd: int | None = os.open(directory / SPAWN_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                      0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _spawn(call: Call, directory: Any, keep_alive: float) -> int | str:
@@ -292,7 +300,7 @@ def _spawn(call: Call, directory: Any, keep_alive: float) -> int | str:
     if not runtime.socket_path_fits(directory / f"{sid}{runtime.SOCKET_SUFFIX}"):
         raise Fallback(f"the runtime directory {directory} is too long a path for a socket")
     ours, theirs = socket.socketpair()
-    log_fd = os.open(directory / f"{sid}.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+    log_fd = os.open(directory / f"{sid}{runtime.LOG_SUFFIX}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
     try:
         subprocess.Popen([sys.executable, "-m", "localspec.resident.service", "--id", sid, "--fd",
@@ -324,11 +332,16 @@ def serve_remotely(argv: Sequence[str], keep_alive: float, started: float) -> in
         outcome = _existing(call, directory, tried)
         if outcome is not None:
             return outcome
-        with _spawn_lock(directory):
+        lock = SpawnLock(directory)
+        call.on_accepted = lock.release
+        try:
             outcome = _existing(call, directory, tried)  # one started while we waited for the lock
             if outcome is not None:
                 return outcome
             result = _spawn(call, directory, keep_alive)
+        finally:
+            lock.release()
+            call.on_accepted = None
     if isinstance(result, int):
         return result
     if call.replay:

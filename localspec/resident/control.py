@@ -11,11 +11,12 @@ from localspec.resident import runtime
 from localspec.resident.protocol import EXIT, STATUS, STOP, ProtocolError, loads
 
 STOP_WAIT = 10.0  # seconds a stopped service has to end its call and exit
+ANSWER_WAIT = 10.0  # seconds a service has to answer a status query or a stop
 
 
 def status(record: runtime.Record) -> dict[str, Any] | None:
     """A service's live state (None: it is gone; its files are removed)."""
-    channel = runtime.connect(record)
+    channel = runtime.connect(record, timeout=ANSWER_WAIT)
     if channel is None:
         return None
     try:
@@ -44,7 +45,7 @@ def services() -> list[tuple[runtime.Record, dict[str, Any]]]:
 def stop_service(record: runtime.Record, reason: str = "") -> bool:
     """Ask a service to end (its running call stops within a step) and wait until its socket is
     gone; False when it was not running."""
-    channel = runtime.connect(record)
+    channel = runtime.connect(record, timeout=ANSWER_WAIT)
     if channel is None:
         return False
     try:

@@ -23,6 +23,7 @@ from localspec.cli.resources import Resources
 from localspec.config import GenerationConfig
 from localspec.loading import Loaded, PairNames, draft_loading, draft_options, load_draft, pair_names
 from localspec.resident import runtime
+from localspec.resident import control
 from localspec.resident.control import stop_service
 
 if TYPE_CHECKING:
@@ -164,6 +165,7 @@ class ServiceResources(Resources):
                     grammar: bool, names: PairNames) -> Loaded:
         need, lazy = draft_loading(config.drafter, draft_named=False)
         self._accept(started=True, target=names.target)  # a fetch's progress shows as it happens
+        self.service.write_record()  # a client arriving now finds the service, and waits for the load
         self._make_room(names, need and not lazy)
         loaded = load_for(config, model, draft, options, grammar=grammar)
         self.loaded, self.names = loaded, names
@@ -200,7 +202,7 @@ class ServiceResources(Resources):
                                                    file_identity(names.draft) if with_draft and names.draft else None)
                    if p is not None and isinstance(p[1], int))
         need = int(need * MEMORY_MARGIN)
-        others = [r for r in runtime.records() if r.id != self.service.id]
+        others = [r for r in runtime.records() if r.id != self.service.id and not (control.status(r) or {}).get("busy")]
         others.sort(key=lambda r: float(r.data.get("started", 0)))
         while others and available_memory() and need > available_memory():
             record = others.pop(0)

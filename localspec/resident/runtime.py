@@ -31,6 +31,7 @@ from localspec.resident.protocol import Channel
 
 SOCKET_SUFFIX = ".sock"
 RECORD_SUFFIX = ".json"
+LOG_SUFFIX = ".log"
 MAX_RECORD = 64 << 10
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux
 # the environment a service was started with and that changes what a call does or where it
@@ -141,7 +142,8 @@ def peer_uid(sock: socket.socket) -> int:
 
 def remove_stale(record: Record) -> None:
     """Remove a dead service's socket and record (only what is a socket / regular file of ours)."""
-    for path, kind in ((record.socket_path, stat.S_ISSOCK), (record.path, stat.S_ISREG)):
+    log_path = record.path.with_suffix(LOG_SUFFIX)
+    for path, kind in ((record.socket_path, stat.S_ISSOCK), (record.path, stat.S_ISREG), (log_path, stat.S_ISREG)):
         with contextlib.suppress(OSError):
             st = os.lstat(path)
             if kind(st.st_mode) and st.st_uid == os.geteuid():
@@ -150,7 +152,8 @@ def remove_stale(record: Record) -> None:
 
 def connect(record: Record, timeout: float | None = None) -> Channel | None:
     """A channel to the service of `record`, checked to be run by this user; None when it is
-    gone (a stale socket or record is removed)."""
+    gone (a stale socket or record is removed). `timeout`: of every later operation too (None:
+    a call's channel, which waits as long as the call runs)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout if timeout is not None else 5.0)
     try:
@@ -163,7 +166,7 @@ def connect(record: Record, timeout: float | None = None) -> Channel | None:
     if peer_uid(sock) != os.geteuid():
         sock.close()
         return None
-    sock.settimeout(None)
+    sock.settimeout(timeout)
     return Channel(sock)
 
 

@@ -60,6 +60,12 @@ class Call:
     request: dict[str, Any]
     received: float = field(default_factory=time.time)
 
+    @property
+    def is_chat(self) -> bool:
+        """A chat session (it lasts as long as the user talks: other calls do not wait for it)."""
+        args = [a for a in self.request["argv"] if not (a == "--verbose" or (a.startswith("-v") and set(a[1:]) == {"v"}))]
+        return bool(args) and args[0] == "chat"
+
 
 def _check_request(value: Any) -> dict[str, Any]:
     """The request's fields, checked (ProtocolError otherwise)."""
@@ -111,8 +117,9 @@ class Service:
         return sock
 
     def accept_forever(self) -> None:
-        """The acceptor thread: each connection is checked and read in a thread of its own."""
-        while self.stopping is None:
+        """The acceptor thread: each connection is checked and read in a thread of its own (also
+        while the service ends: status is answered and calls declined until the socket closes)."""
+        while True:
             try:
                 sock, _ = self.listener.accept()
             except OSError:
@@ -149,7 +156,14 @@ class Service:
             channel.close()
         elif kind == REQUEST:
             call = Call(channel, _check_request(loads(payload)))
-            if self.running is not None or not self.calls.empty():
+            running = self.running
+            if self.stopping is not None:
+                self._decline(call, f"the service is ending ({self.stopping})")
+                return
+            if running is not None and running.is_chat:  # it may last hours: the client goes elsewhere
+                self._decline(call, "busy with a chat session")
+                return
+            if running is not None or not self.calls.empty():
                 with contextlib.suppress(OSError):
                     channel.send_json(NOTE, {"text": "localspec: the models are busy with another call; this one "
                                                      "waits its turn"})
@@ -183,6 +197,9 @@ class Service:
         if self.stopping is None:
             self.stopping = why
             log.info("stopping: %s", why)
+        streams = self.resources.streams
+        if streams is not None:  # a chat waiting for its user ends too, and says why
+            streams.end_input(f"localspec: the resident service is ending ({why})")
         self.interrupt(signal.SIGINT)
         self.calls.put(None)
 
@@ -331,9 +348,9 @@ class Service:
         """Remove the socket and the record, close the models."""
         with contextlib.suppress(OSError):
             self.listener.close()
-        for path in (self.socket_path, self.record_path):
+        for path in (self.socket_path, self.record_path, self.directory / f"{self.id}{runtime.LOG_SUFFIX}"):
             with contextlib.suppress(OSError):
-                path.unlink()
+                path.unlink()  # the log too: a clean end leaves nothing (a crash leaves its log)
         self.resources.close()
         log.info("ended: %s", self.stopping)
 

@@ -31,6 +31,7 @@ from localspec.resident.protocol import (
     loads,
 )
 
+NOTE_KIND = STDERR
 POLL = 0.1  # seconds between checks for a signal while waiting for the client's input
 _GONE = object()
 
@@ -143,10 +144,18 @@ class ClientStreams:
             return b""
         return data
 
+    def end_input(self, note: str) -> None:
+        """The service is ending: say so on the client's stderr; what the command reads from now
+        on is the end of its input (a chat waiting for its user ends)."""
+        self.send_output(NOTE_KIND, (note + "\n").encode())
+        self._eof = True
+        self._stdin.put(_GONE)
+        self._lines.put(_GONE)
+
     def input(self, prompt: str) -> str:
         """A line the user types at the client's terminal, after `prompt` (EOFError at its end,
         KeyboardInterrupt for Ctrl-C there)."""
-        if self.gone:
+        if self.gone or self._eof:
             raise EOFError
         self.accept({})
         try:

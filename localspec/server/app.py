@@ -286,10 +286,12 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
 
     async def generate(request: Request, chat: bool) -> HTTPResponse:
         req = schemas.parse(parse_json(await read_body(request, limits), limits, chat), chat)
-        config = req.config(defaults)
+        # compiling a constraint follows its grammar's start (up to ~1 s for a regex the lexer cannot
+        # follow): in a thread, so the event loop goes on serving the other clients meanwhile
+        config = await asyncio.to_thread(req.config, defaults)
         chat_request = isinstance(req, schemas.ChatRequest)
         prompt = req.prompt() if chat_request else req.prompt_value()
-        tools = req.toolset() if chat_request else None
+        tools = await asyncio.to_thread(req.toolset) if chat_request else None
         reply = Reply(chat, req.include_usage, applied_config(config, draft is not None), model_id)
         job = Job(prompt, config, asyncio.get_running_loop(), tools)
         worker.submit(job)
