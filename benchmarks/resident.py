@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import socket
 import statistics
@@ -44,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from head_to_head import PROMPTS as H2H_PROMPTS, host_header, native_llama_tools  # noqa: E402
 from prompt_cache import document  # noqa: E402
 from structured import TASKS, gbnf  # noqa: E402
-from whole_process import LLAMA_NGRAM_TYPES, chat_text, completion_flags, default_target, progress  # noqa: E402
+from whole_process import (LLAMA_NGRAM_TYPES, chat_text, completion_flags, default_target,  # noqa: E402
+                           llama_completion, progress)
 
 DOC_CHARS = 7000  # ~1,650 tokens of localspec's engine source
 DOC_QUESTION = "What does Engine.step return? Answer in one sentence."
@@ -66,6 +66,15 @@ PROMPTS: dict[str, Prompt] = {
     "document": Prompt(DOC_QUESTION, document=True),
 }
 GROUNDED = ("edit", "summary", "extract", "document")
+_CALLS = [0]
+
+
+def tagged(text: str) -> str:
+    """The question with a number of its own: every call asks something no earlier call asked (as
+    a script's calls do), so no saved prompt of an earlier call is restored; the document of the
+    document question stays a shared prefix."""
+    _CALLS[0] += 1
+    return f"(#{_CALLS[0]}) {text}"
 
 
 @dataclass
@@ -103,7 +112,7 @@ class Localspec:
             out += ["--json-schema", json.dumps(prompt.schema)]
         if prompt.document:
             out += ["--context", str(self.doc)]
-        return [*out, prompt.text]
+        return [*out, tagged(prompt.text)]
 
     def call(self, prompt: Prompt, keep_alive: str = "5m", importtime: bool = False, extra: Sequence[str] = ()) -> Sample:
         cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "localspec",
@@ -147,13 +156,14 @@ class Localspec:
 def rendered(prompt: Prompt, doc: Path) -> str:
     """The text llama.cpp's tools decode: the user's message as localspec sends it (the document
     first), in the target's chat template."""
-    text = prompt.text
+    text = tagged(prompt.text)
     if prompt.document:
         text = f"{doc.read_text(encoding='utf-8').rstrip()}\n\n{text}"
     return chat_text(text)
 
 
 def completion(bindir: Path, prompt: Prompt, text: str, tokens: int, threads: int | None, root: Path) -> Sample:
+    """One llama-completion run (whole_process.llama_completion) with the prompt's grammar or cache."""
     extra: list[str] = []
     if prompt.schema is not None:
         grammar = root / "extract.gbnf"
@@ -161,18 +171,8 @@ def completion(bindir: Path, prompt: Prompt, text: str, tokens: int, threads: in
         extra += ["--grammar-file", str(grammar)]
     if prompt.document:
         extra += ["--prompt-cache", str(root / "llama-completion.cache")]
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        cmd = [str(bindir / "llama-completion"), "-m", str(default_target()), "-f", f.name, "-n", str(tokens),
-               *completion_flags(), *extra, *(["-t", str(threads)] if threads else [])]
-        t0 = time.perf_counter()
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
-        wall = time.perf_counter() - t0
-    found = re.search(r"eval time =\s+[\d.]+ ms /\s+(\d+) runs", out.stderr)
-    if out.returncode != 0 or not found:
-        raise RuntimeError(f"llama-completion failed (exit {out.returncode}):\n{out.stderr[-1500:]}")
-    return Sample(wall, int(found.group(1)) + 1)
+    wall, n = llama_completion(bindir, text, tokens, threads, extra)
+    return Sample(wall, n)
 
 
 class Server:
@@ -231,37 +231,47 @@ def per_token(samples: Sequence[Sample]) -> float:
 
 
 def measure(args: argparse.Namespace, ls: Localspec, bindir: Path | None) -> dict[str, dict[str, list[Sample]]]:
-    """Every system's samples per prompt, rounds alternated."""
+    """Every system's samples per prompt. Each round: the first call and the --keep-alive 0 call
+    of each prompt, each from a state with no service (their order alternates between rounds),
+    and llama-completion; then every prompt once more as a later call, in turn, so that the call
+    before a later call asked something else (as a script's calls do: nobody asks the same
+    question twice). llama-server runs after, restarted each round (its n-gram modes remember
+    earlier answers across requests, which a repeated prompt would turn into perfect drafts)."""
     results: dict[str, dict[str, list[Sample]]] = {name: {} for name in args.prompts}
-    texts = {name: rendered(PROMPTS[name], ls.doc) for name in args.prompts}
-    for name in args.prompts:  # the profile and the prompt cache one earlier run of each prompt leaves
+    for name in args.prompts:  # the profile and the document's prompt cache one earlier run leaves
         progress(f"warm-up: {name}")
         ls.call(PROMPTS[name], keep_alive="0")
         if bindir is not None and PROMPTS[name].document:
-            completion(bindir, PROMPTS[name], texts[name], args.tokens, args.threads, ls.root)
+            completion(bindir, PROMPTS[name], rendered(PROMPTS[name], ls.doc), args.tokens, args.threads, ls.root)
     for r in range(args.repeat):
         for name in args.prompts:
             prompt, got = PROMPTS[name], results[name]
-            progress(f"round {r + 1}/{args.repeat}: {name}")
-            ls.stop_all()
-            got.setdefault("first", []).append(ls.call(prompt))
-            got.setdefault("later", []).append(ls.call(prompt))
-            got.setdefault("client", []).append(_client_cost(ls, got["later"][-1]))
-            got.setdefault("keep-alive 0", []).append(ls.call(prompt, keep_alive="0"))
+            progress(f"round {r + 1}/{args.repeat}: {name}, first call and --keep-alive 0")
+            for kind in (("first", "keep-alive 0") if r % 2 == 0 else ("keep-alive 0", "first")):
+                ls.stop_all()
+                got.setdefault(kind, []).append(ls.call(prompt, keep_alive="5m" if kind == "first" else "0"))
             if bindir is not None:
                 got.setdefault("llama-completion", []).append(
-                    completion(bindir, prompt, texts[name], args.tokens, args.threads, ls.root))
+                    completion(bindir, prompt, rendered(prompt, ls.doc), args.tokens, args.threads, ls.root))
+        ls.call(PROMPTS[args.prompts[-1]])  # a service up (untimed), its last call another question
+        for name in args.prompts:
+            progress(f"round {r + 1}/{args.repeat}: {name}, a later call")
+            got = results[name]
+            got.setdefault("later", []).append(ls.call(PROMPTS[name]))
+            got.setdefault("client", []).append(_client_cost(ls, got["later"][-1]))
     if bindir is not None:
         for spec_type in (None, *LLAMA_NGRAM_TYPES):
-            progress(f"llama-server {spec_type or 'target alone'}")
-            server = Server(bindir, args.threads, spec_type)
-            try:
-                for r in range(args.repeat):
-                    for name in args.prompts:  # the server keeps the previous request's KV, as a service does
+            for r in range(args.repeat):
+                progress(f"llama-server {spec_type or 'target alone'}, round {r + 1}/{args.repeat}")
+                server = Server(bindir, args.threads, spec_type)
+                try:
+                    if "document" in args.prompts:  # its prompt cache holds the document, as localspec's does
+                        server.request(PROMPTS["document"], rendered(PROMPTS["document"], ls.doc), args.tokens)
+                    for name in args.prompts:
                         results[name].setdefault(f"server {spec_type or 'alone'}", []).append(
-                            server.request(PROMPTS[name], texts[name], args.tokens))
-            finally:
-                server.close()
+                            server.request(PROMPTS[name], rendered(PROMPTS[name], ls.doc), args.tokens))
+                finally:
+                    server.close()
     return results
 
 

@@ -388,3 +388,30 @@ def test_a_chat_in_progress_does_not_hold_up_other_calls(pair: list[str], servic
     assert "waits its turn" not in other.stderr and len(live()) == 2
     out, err = chat.communicate(b"/exit\n", timeout=60)
     assert chat.returncode == 0 and b"localspec chat:" in err
+
+
+def test_a_pair_that_does_not_fit_replaces_idle_services_or_is_declined(pair: list[str], tiny_paths: tuple[Path, Path],
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture,
+                                                                       services: None) -> None:
+    """Before a new service loads its pair it checks the memory available: idle services are
+    stopped, the longest idle first (said on stderr); if the pair still does not fit, the call is
+    declined with a message naming `localspec stop` (and runs in its own process)."""
+    from localspec.loading import pair_names
+    from localspec.resident import resources
+
+    assert localspec(*pair, "-n", "4", "hi").returncode == 0
+    assert len(live()) == 1
+
+    class Service:
+        id = "test"
+
+    res = resources.ServiceResources(Service())
+    names = pair_names(str(tiny_paths[0]), str(tiny_paths[1]))
+    monkeypatch.setattr(resources, "available_memory", lambda: 10 << 30)
+    res._make_room(names, with_draft=True)  # it fits: nothing stopped
+    assert len(live()) == 1
+    monkeypatch.setattr(resources, "available_memory", lambda: 1 << 10)
+    with pytest.raises(resources.Declined, match="localspec stop"):
+        res._make_room(names, with_draft=True)
+    assert not live() and "to make room" in capsys.readouterr().err

@@ -347,6 +347,7 @@ def serve_remotely(argv: Sequence[str], keep_alive: float, started: float) -> in
     if call.replay:
         os.write(2, f"localspec: the new service could not take the call ({result})\n".encode())
         return EXIT_SERVICE_LOST
+    os.write(2, f"localspec: the models are not kept loaded: {result}\n".encode())
     raise Fallback(result)
 
 

@@ -58,9 +58,18 @@ def stop_service(record: runtime.Record, reason: str = "") -> bool:
     finally:
         channel.close()
     deadline = time.monotonic() + STOP_WAIT
-    while record.socket_path.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while (record.socket_path.exists() or _running(record.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the process is gone: its memory is free for what follows
     return True
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def matches(record: runtime.Record, state: dict[str, Any], model: str) -> bool:

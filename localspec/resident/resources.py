@@ -12,7 +12,6 @@ key is :class:`Declined` before it has read or written anything, and its client 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from pathlib import Path
@@ -55,6 +54,17 @@ def file_identity(name: str) -> list[Any]:
     return [str(path.resolve()), st.st_size, st.st_mtime_ns]
 
 
+def model_bytes(name: str) -> int:
+    """A model's size on disk: its file's, or a registry model's before it is fetched."""
+    from localspec.llama import registry
+
+    identity = file_identity(name)
+    if isinstance(identity[1], int):
+        return identity[1]
+    spec = registry.load_registry().models.get(name)
+    return spec.size if spec is not None else 0
+
+
 def _cache_place(setting: Any) -> str | None:
     """A --prompt-cache setting as a key holds it: off, or the absolute directory (None: the default)."""
     from localspec.environment import OFF
@@ -67,11 +77,7 @@ def _cache_place(setting: Any) -> str | None:
 
 def available_memory() -> int:
     """MemAvailable in bytes (0 where /proc/meminfo has none)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return runtime.proc_bytes("/proc/meminfo", "MemAvailable")
 
 
 class ServiceResources(Resources):
@@ -164,9 +170,9 @@ class ServiceResources(Resources):
     def _load_first(self, config: GenerationConfig, model: str | None, draft: str | None, options: dict,
                     grammar: bool, names: PairNames) -> Loaded:
         need, lazy = draft_loading(config.drafter, draft_named=False)
+        self._make_room(names, need and not lazy)
         self._accept(started=True, target=names.target)  # a fetch's progress shows as it happens
         self.service.write_record()  # a client arriving now finds the service, and waits for the load
-        self._make_room(names, need and not lazy)
         loaded = load_for(config, model, draft, options, grammar=grammar)
         self.loaded, self.names = loaded, names
         self._draft_options = draft_options({k: v for k, v in model_kwargs(options).items()
@@ -196,19 +202,23 @@ class ServiceResources(Resources):
                              "target": target})
 
     def _make_room(self, names: PairNames, with_draft: bool) -> None:
-        """Before loading: when the pair does not fit the memory available, stop the services
-        used least recently until it does (each said on stderr)."""
-        need = sum(os.path.getsize(p[0]) for p in (file_identity(names.target),
-                                                   file_identity(names.draft) if with_draft and names.draft else None)
-                   if p is not None and isinstance(p[1], int))
-        need = int(need * MEMORY_MARGIN)
-        others = [r for r in runtime.records() if r.id != self.service.id and not (control.status(r) or {}).get("busy")]
-        others.sort(key=lambda r: float(r.data.get("started", 0)))
-        while others and available_memory() and need > available_memory():
-            record = others.pop(0)
+        """Before loading: when the pair does not fit the memory available, stop the idle services
+        used least recently until it does (each said on stderr); when it still does not fit,
+        Declined (the call runs in its own process, and says why)."""
+        need = int(MEMORY_MARGIN * sum(model_bytes(n) for n in (names.target, names.draft if with_draft else None) if n))
+        if not available_memory() or need <= available_memory():
+            return
+        idle = [(r, s) for r, s in control.services() if r.id != self.service.id and not s.get("busy")]
+        idle.sort(key=lambda rs: -float(rs[1].get("idle") or 0))  # the longest idle first
+        for record, state in idle:
+            if need <= available_memory():
+                return
             if stop_service(record, reason="memory for another pair"):
-                sys.stderr.write(f"localspec: stopped the resident service of {record.data.get('target', '?')} "
-                                 "to make room for these models\n")
+                sys.stderr.write(f"localspec: stopped the resident service of {control.model_name(state)} to make "
+                                 "room for these models\n")
+        if need > available_memory():
+            raise Declined(f"not enough memory to keep another pair loaded ({need >> 20} MB needed, "
+                           f"{available_memory() >> 20} MB available; `localspec stop` ends resident services)")
 
     # ------------------------------------------------------------ state
 

@@ -170,5 +170,16 @@ def connect(record: Record, timeout: float | None = None) -> Channel | None:
     return Channel(sock)
 
 
+def proc_bytes(path: str, field: str) -> int:
+    """A "Field: N kB" line of a /proc file (/proc/meminfo, /proc/self/status) in bytes; 0 where
+    there is none (not Linux)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open(path, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    return 0
+
+
 def socket_path_fits(path: Path) -> bool:
     return len(os.fsencode(str(path))) <= MAX_SOCKET_PATH

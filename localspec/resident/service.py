@@ -180,7 +180,8 @@ class Service:
                 "idle": idle, "left": None if self.running is not None else max(0.0, self.keep_alive - idle),
                 "busy": self.running is not None, "waiting": self.calls.qsize(), "served": self.served,
                 "last_call_seconds": self.last_call_seconds,
-                "memory": rss_bytes(), **self.resources.describe()}
+                "memory": runtime.proc_bytes("/proc/self/status", "VmRSS"),
+                "memory_peak": runtime.proc_bytes("/proc/self/status", "VmHWM"), **self.resources.describe()}
 
     def write_record(self) -> None:
         """The record clients find the service by (written when its models are loaded)."""
@@ -402,15 +403,6 @@ def code_fingerprint() -> tuple:
                     newest = max(newest, path.stat().st_mtime_ns)
         stamps.append((str(package), newest))
     return tuple(stamps)
-
-
-def rss_bytes() -> int:
-    """This process's resident memory (VmRSS), 0 where /proc has none."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def main(argv: list[str] | None = None) -> None:
