@@ -334,7 +334,8 @@ def resident_table(args: argparse.Namespace, root: Path) -> list[str]:
         for name in args.prompts:
             prompt = Prompt(PROMPTS[name])
             own, own_alone, res, res_alone = [], [], [], []
-            ls.call(prompt)  # the service, and the profile one earlier run leaves
+            ls.call(prompt)  # the services (the pair's, the target's alone), and the profile an earlier run leaves
+            ls.call(prompt, extra=TARGET_ALONE)
             for r in range(args.repeat):
                 progress(f"resident: {name} {r + 1}/{args.repeat}")
                 own.append(ls.call(prompt, keep_alive="0"))
@@ -413,7 +414,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu-kernels-table", action="store_true",
                    help="also time the target alone under each --cpu-kernels configuration")
     p.add_argument("--only-extra", action="store_true",
-                   help="skip the main tables: only the --cpu-kernels / --llama-completion / --llama-cpp ones")
+                   help="skip the main tables: only the --cpu-kernels / --llama-completion / --resident ones")
     p.add_argument("--resident", action="store_true",
                    help="also: calls served by a resident service against calls in their own process")
     p.add_argument("--llama-completion", action="store_true",
@@ -439,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.only_extra:
             if args.llama_completion and 0.0 in args.temperatures:
                 print("\n".join(completion_table(args, root)))
+            if args.resident:
+                print("\n".join(resident_table(args, root)))
             return 0
         table, warm_runs, alone_runs = measure(args, root)
         print("\n".join(table))

@@ -415,3 +415,15 @@ def test_a_pair_that_does_not_fit_replaces_idle_services_or_is_declined(pair: li
     with pytest.raises(resources.Declined, match="localspec stop"):
         res._make_room(names, with_draft=True)
     assert not live() and "to make room" in capsys.readouterr().err
+
+
+def test_a_saved_chat_resumes_on_the_service(pair: list[str], tmp_path: Path, services: None) -> None:
+    """`/save NAME` in a chat served by a service, then `chat --resume NAME`: served too (no
+    load), with the saved conversation."""
+    env = {"LOCALSPEC_CACHE_DIR": str(tmp_path / "cache")}
+    saved = localspec("chat", *pair, "-t", "0", "-n", "6", env=env, input="hello there\n/save talk\n", stdin=None)
+    assert saved.returncode == 0 and "saved chat talk" in saved.stderr, saved.stderr
+    resumed = localspec("chat", *pair, "-t", "0", "-n", "6", "--resume", "talk", env=env, input="/stats\n", stdin=None)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed talk: 2 messages" in resumed.stderr and "stays loaded" not in resumed.stderr
+    assert live()[0][1]["served"] == 2

@@ -391,11 +391,13 @@ def _client_process(request: dict[str, Any], streams: ClientStreams) -> Any:
 def code_fingerprint() -> tuple:
     """What changes when localspec or llama-cpp-python is reinstalled or edited: the newest
     modification of localspec's modules and llama_cpp's package files."""
-    import llama_cpp
+    import importlib.util
+
     import localspec
 
+    llama = importlib.util.find_spec("llama_cpp")  # found, not imported: the call imports it when it needs it
     stamps = []
-    for package in (Path(localspec.__file__).parent, Path(llama_cpp.__file__).parent):
+    for package in (Path(localspec.__file__).parent, Path(llama.origin if llama and llama.origin else ".").parent):
         newest = 0
         for path in package.rglob("*"):
             if path.suffix in (".py", ".so"):
