@@ -41,9 +41,9 @@ def measure(path: Path, configs: Sequence[str], rounds: int, threads: int | None
     from localspec.errors import ModelError
     from localspec.llama.model import Model
 
-    from localspec.llama import kernels
+    from localspec.llama import buffer_types
 
-    crashing = kernels.crashing_buffer_types()
+    crashing = buffer_types.crashing_buffer_types()
     models, out = {}, {}
     for config in configs:
         if config == "llama" and crashing and not force:
@@ -94,14 +94,14 @@ def curve_table(results: dict[str, dict]) -> list[str]:
 
 def check_cost(path: Path, configs: Sequence[str]) -> list[str]:
     """What auto's first-run check of each configuration costs (a child process, measured)."""
-    from localspec.llama import kernels
+    from localspec.llama import buffer_types, kernel_verdicts
 
-    types = kernels.checked_types(kernels.read_weights(path))
+    types = buffer_types.checked_types(buffer_types.read_weights(path))
     lines = ["", f"First-run check of a configuration on {'/'.join(types)} weights (a child process; later runs "
              "read the verdict):", "", "| --cpu-kernels | verdict | seconds |", "| --- | --- | ---: |"]
     for config in configs:
         progress(f"checking {config} in a child process")
-        v = kernels.run_check(config, types)
+        v = kernel_verdicts.run_check(config, types)
         lines.append(f"| {config} | {v.detail} | {v.seconds:.2f} |")
     return lines
 

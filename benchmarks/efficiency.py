@@ -28,6 +28,7 @@ import numpy as np
 from localspec.verify import verifier
 from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig, SamplingParams, Shape
 from localspec.decoding.engine import Engine
+from localspec.decoding.tree import DraftTree
 from localspec.errors import ConfigError
 from localspec.llama.model import Model
 
@@ -121,14 +122,15 @@ def score(engine: Engine, methods: Sequence[tuple[str, int | None]], draws: int)
     if proposal is None:
         raise ConfigError("the last drafter proposes nothing here; score needs a draft model's drafter")
     L0 = len(context)
-    tree = drafter.draft(proposal, context, engine.shape, engine.sampling, engine.rng,
-                         engine.config.verifier in WITHOUT_REPLACEMENT)
-    engine._target_pass(tree)
+    draft = drafter.draft(proposal, engine.state, engine.shape, engine.sampling, engine.rng,
+                          engine.config.verifier in WITHOUT_REPLACEMENT)
+    tree = draft.tree
+    engine.state.target_pass(draft)
     logits = engine.target.logits_array(tree.n + 1)
     seeds = [int(s) for s in engine.rng.integers(0, 2**63, size=draws)]
     values = []
     for method, branch in methods:
-        nodes = list(range(tree.n)) if branch is None else tree.chain_nodes(branch)
+        nodes = list(range(tree.n)) if branch is None else chain_nodes(tree, branch)
         index = {j: i for i, j in enumerate(nodes)}
         rows = [0] + [j + 1 for j in nodes]
         target_rows, draft_rows = np.ascontiguousarray(logits[rows]), np.ascontiguousarray(tree.probs[rows])
@@ -136,9 +138,16 @@ def score(engine: Engine, methods: Sequence[tuple[str, int | None]], draws: int)
         total = sum(verifier.verify(method, target_rows, draft_rows if nodes else None, tokens, parents,
                                     sampling=engine.sampling, seed=s).n_accepted + 1 for s in seeds)
         values.append(total / draws)
-    engine.sequence.keep_branch(0, L0 - 1)  # nothing committed: the root stays out of the cache
-    drafter.commit(tree, (), ())
+    engine.state.target.keep_branch(0, L0 - 1)  # nothing committed: the root stays out of the cache
+    draft_seq = engine.state.draft_sequence()
+    if draft_seq is not None:  # the draft keeps the context it caught up on, none of its draft
+        draft_seq.keep_branch(0, L0)
     return values
+
+
+def chain_nodes(tree: DraftTree, branch: int) -> list[int]:
+    """The nodes on the root-to-leaf path of KV sequence `branch`, root side first."""
+    return [j for j, seqs in enumerate(tree.seqs) if branch in seqs]
 
 
 @dataclass(frozen=True)

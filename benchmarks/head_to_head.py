@@ -42,7 +42,7 @@ import numpy as np
 
 from localspec.llama import registry
 from localspec.api import load_model, stream_generate
-from localspec.prompt import prompt_tokens, render_chat
+from localspec.prompt import check_messages, prompt_tokens, render_messages, template_of
 from localspec.decoding.lookup import ContextLookup
 from localspec.decoding.planner import CostTable
 
@@ -110,11 +110,11 @@ def expected_tokens(alpha: float, depth: int) -> float:
 
 def host_header() -> list[str]:
     """The host every figure belongs to: CPU model, llama.cpp's feature line, its extra buffer types."""
-    from localspec.llama import kernels
+    from localspec.llama import buffer_types
     from localspec.llama.host import machine
 
     m = machine()
-    extra = ", ".join(kernels.extra_buffer_types()) or "none"
+    extra = ", ".join(buffer_types.extra_buffer_types()) or "none"
     return [f"Host: **{m['cpu']}**, {m['cores']} cores; llama-cpp-python {m['llama_cpp']}; "
             f"llama.cpp `{m['build'].strip().rstrip('|').strip()}`; CPU extra buffer types: {extra}.", ""]
 
@@ -245,7 +245,8 @@ def measure_all(args, target, draft, target_path: Path, draft_path: Path,
                                                         + (2 if bindir else 0)) for name in prompts)
     done = 0
     for name, prompt in prompts.items():
-        text = render_chat(target, [{"role": "user", "content": prompt}])
+        text = render_messages(target, template_of(target), check_messages([{"role": "user", "content": prompt}]),
+                               True, None)
         ptoks = chat_tokens(target, prompt)
         for t, rep in ((t, rep) for t in args.temperatures for rep in range(args.repeat)):
             def progress(what: str) -> None:

@@ -250,11 +250,12 @@ def default_target() -> Path:
 def chat_text(prompt: str) -> str:
     """The text localspec decodes from for a prompt: the target's chat template, rendered."""
     from localspec.llama.model import Model
-    from localspec.prompt import render_chat
+    from localspec.prompt import check_messages, render_messages, template_of
 
     vocab = Model.vocabulary(default_target())
     try:
-        return render_chat(vocab, [{"role": "user", "content": prompt}])
+        return render_messages(vocab, template_of(vocab), check_messages([{"role": "user", "content": prompt}]),
+                               True, None)
     finally:
         vocab.close()
 
@@ -263,9 +264,9 @@ def completion_flags() -> list[str]:
     """The llama-completion flags of this comparison: plain text in (the rendered chat prompt, no
     escapes, no conversation mode), greedy, and --no-repack where llama.cpp's own choice of CPU
     buffer types includes AMX (which crashes on some Xeons: the flag that makes it run there)."""
-    from localspec.llama import kernels
+    from localspec.llama import buffer_types
 
-    crashing = kernels.crashing_buffer_types()
+    crashing = buffer_types.crashing_buffer_types()
     return ["-no-cnv", "--no-escape", "--temp", "0", "--seed", "1", "-c", "4096", *(["-nr"] if crashing else [])]
 
 
@@ -353,11 +354,11 @@ def resident_table(args: argparse.Namespace, root: Path) -> list[str]:
 def kernels_table(args: argparse.Namespace, root: Path) -> list[str]:
     """The target alone, whole process, under each CPU kernel configuration this build can load
     (alternated, T = 0): what the configuration auto picks is worth to a user, start-up included."""
-    from localspec.llama import kernels
+    from localspec.llama import buffer_types
 
     configs = [c for c in ("llama", "repack", "plain")
-               if c != "repack" or kernels.REPACK_BUFFER in kernels.extra_buffer_types()]
-    if kernels.crashing_buffer_types():
+               if c != "repack" or buffer_types.REPACK_BUFFER in buffer_types.extra_buffer_types()]
+    if buffer_types.crashing_buffer_types():
         configs.remove("llama")  # it would crash the run
     common = ["-n", str(args.tokens), "-t", "0", "--seed", "1", *TARGET_ALONE]
     lines = ["| prompt | " + " | ".join(f"--cpu-kernels {c} s (decode tok/s)" for c in configs)

@@ -35,7 +35,8 @@ from localspec.llama.model import Model
 from localspec.decoding.profiles import Profiles
 from localspec.llama.prompt_cache import PromptCache
 from localspec.prompt import Prompt, prompt_tokens, supports_tools
-from localspec.tools import JsonCalls, ToolCall, ToolCallParser, ToolSet, call_tokens
+from localspec.tool_calls import ToolCall, ToolCallParser, call_tokens
+from localspec.tools import JsonCalls, ToolSet
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ class StopScanner:
 def _check_arguments(target: Any, draft: Any, config: Any, profiles: Any) -> None:
     """ConfigError naming the argument that is not what a generation takes (a path where a loaded
     model belongs, the target as its own draft, ...), before anything runs."""
-    from localspec.decoding.pairing import LazyModel
+    from localspec.llama.lazy import LazyModel
 
     if not isinstance(target, Model):
         raise ConfigError(f"target must be a loaded model, got {type(target).__name__}; load it with "
@@ -290,15 +291,12 @@ class Generation:
         return self._parser is not None and self._parser.writing
 
     def _start(self) -> None:
-        """The prompt into the target's cache: restored from the prompt cache as far as it has it,
-        the rest prefilled, then saved for later runs."""
-        cache = self.prompt_cache
+        """The prompt into the target's cache: restored from the prompt cache as far as it has it
+        (the draft model's too, when it is loaded), the rest prefilled, then saved for later runs."""
+        cache, state = self.prompt_cache, self.engine.state
         t0 = time.perf_counter()
         if cache is not None:
-            self.restored = cache.restore(self.target, self.prompt)
-            draft = self._loaded_draft()
-            if draft is not None:  # it catches up on the rest of the prompt when it first drafts
-                cache.restore(draft, self.prompt)
+            self.restored = state.restore(cache, self.prompt)
         t1 = time.perf_counter()
         self.engine.start(self.prompt)
         t2 = time.perf_counter()
@@ -306,23 +304,11 @@ class Generation:
             cache.save(self.target, self.prompt[:-1])
         self.restore_seconds, self.save_seconds = t1 - t0, time.perf_counter() - t2
 
-    def _loaded_draft(self) -> Model | None:
-        """The draft model when it is loaded (a lazy draft the planner has not loaded: None)."""
-        draft = self._models[1] if len(self._models) > 1 else None
-        if isinstance(draft, Model):
-            return draft
-        return draft.get() if draft is not None and getattr(draft, "loaded", False) else None
-
     def _save_draft(self) -> None:
-        """The draft's state of what it caught up on (the prompt and the answer so far): a later
-        prompt sharing a prefix with it restores that much (the draft catches up only once it drafts,
-        so its state is saved at the end, not after the target's prefill)."""
-        draft = self._loaded_draft()
-        if self.prompt_cache is not None and draft is not None:
+        """The draft's state of what it caught up on (see PairState.save_draft)."""
+        if self.prompt_cache is not None:
             t0 = time.perf_counter()
-            seq = draft.sequence
-            if seq.n_cached >= len(self.prompt) - 1 and seq.tokens[: len(self.prompt) - 1] == self.prompt[:-1]:
-                self.prompt_cache.save(draft, seq.tokens[: seq.n_cached])
+            self.engine.state.save_draft(self.prompt_cache, self.prompt)
             self.save_seconds += time.perf_counter() - t0
 
     def _finish(self) -> None:

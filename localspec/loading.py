@@ -90,7 +90,7 @@ def draft_options(options: dict, draft_n_gpu_layers: int | None, draft_rpc: str 
 def load_draft(names: PairNames, options: dict, lazy: bool) -> Any:
     """The draft model of `names` (fetched if needed): a Model, or a LazyModel loaded on first use."""
     from localspec.llama import registry
-    from localspec.decoding.pairing import LazyModel
+    from localspec.llama.lazy import LazyModel
 
     assert names.draft is not None
     if lazy:

@@ -16,7 +16,6 @@ OpenAI's messages, is given to the template as an object).
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import functools
 import json
@@ -24,18 +23,16 @@ import numbers
 import re
 from typing import Any, Iterable, Iterator, Sequence, Union
 
-import llama_cpp as lc
-
 from localspec.config import MAX_JSON_DEPTH, json_depth
 from localspec.errors import ModelError, PromptError
 from localspec.llama.model import Model
+from localspec.llama.vocab import apply_builtin_template
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
 # OpenAI message fields that would change the prompt but that localspec's templates do not render:
 # refused rather than dropped (an app's own keys, such as the chat command's "interrupted", are kept)
 UNUSED_MESSAGE_KEYS = ("function_call", "audio")
 ROLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,31}$")
-_SPECIAL_ATTRS = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_UNKNOWN  # read only where parse_special is on
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters around a placeholder (see _escape)
 
 
@@ -166,23 +163,19 @@ def supports_tools(template: str) -> bool:
     return "tools" in _template_variables(template)
 
 
-def render_chat(model: Model, messages: Sequence[dict], add_generation_prompt: bool = True,
-                tools: Sequence[dict] | None = None) -> str:
-    """The conversation (and the tools the model may call) as text, through the model's own chat
-    template: llama.cpp's built-in renderer when it knows the template and there are no tools,
-    else the template's Jinja as Hugging Face renders it."""
-    return _render(model, _template(model), check_messages(messages), add_generation_prompt, tools)
-
-
-def _template(model: Model) -> str:
+def template_of(model: Model) -> str:
+    """The model's chat template (PromptError when it has none)."""
     template = model.chat_template
     if not template:
         raise PromptError(f"{model.path.name} has no chat template; send a plain prompt instead")
     return template
 
 
-def _render(model: Model, template: str, messages: list[dict], add_generation_prompt: bool,
-            tools: Sequence[dict] | None) -> str:
+def render_messages(model: Model, template: str, messages: list[dict], add_generation_prompt: bool,
+                    tools: Sequence[dict] | None) -> str:
+    """Checked messages (:func:`check_messages`) and the tools the model may call as text, through
+    the model's chat template: llama.cpp's built-in renderer when it knows the template and there
+    are no tools, else the template's Jinja as Hugging Face renders it."""
     if tools or has_tool_messages(messages):
         if not supports_tools(template):
             raise PromptError(f"the chat template of {model.path.name} has no support for tools (tool "
@@ -200,10 +193,11 @@ def chat_tokens(model: Model, messages: Sequence[dict], tools: Sequence[dict] | 
     token or a marker such as ``<tool_call>`` in it is read as text, never as that token. (Each
     such marker is replaced by a placeholder before rendering; only the template's own text is
     read for tokens; the placeholders become the text again.)"""
-    template = _template(model)
+    template = template_of(model)
     checked = check_messages(messages)
-    real = _render(model, template, checked, True, tools)
-    marked = _render(model, template, _escape(model, checked), True, _escape(model, list(tools or [])) or None)
+    real = render_messages(model, template, checked, True, tools)
+    marked = render_messages(model, template, _escape(model, checked), True,
+                             _escape(model, list(tools or [])) or None)
     if _unescape(marked) != real:
         raise PromptError(f"the chat template of {model.path.name} treats message text differently when it "
                           "holds control tokens, so localspec cannot tell its markup from the messages; send a "
@@ -213,23 +207,11 @@ def chat_tokens(model: Model, messages: Sequence[dict], tools: Sequence[dict] | 
     return tokens + _tokenize_pieces(model, pieces)
 
 
-def _is_marker(model: Model, token: int) -> bool:
-    """A token llama.cpp's tokenizer reads out of text: a control or unknown token (with
-    parse_special), or a user-defined marker such as <tool_call> (even without it)."""
-    attr = model.token_attr(token)
-    if attr & _SPECIAL_ATTRS:
-        return True
-    if not attr & lc.LLAMA_TOKEN_ATTR_USER_DEFINED:
-        return False
-    text = model.token_text(token)
-    return text.startswith(b"<") and text.endswith(b">")
-
-
 def _marker_spans(model: Model, text: str) -> Iterator[tuple[int, int, int]]:
     """Where llama.cpp's tokenizer (parse_special on) reads a marker in `text`: (token, start, end)."""
     pos = 0
     for tok in model.tokenize(text, add_special=False, parse_special=True):
-        if not _is_marker(model, tok):
+        if not model.is_marker(tok):
             continue
         marker = model.token_text(tok).decode("utf-8", "replace")
         at = text.find(marker, pos)
@@ -286,13 +268,13 @@ def _template_pieces(model: Model, text: str) -> list[int | str]:
     out: list[int | str] = []
     pos = 0
     for tok, at, end in _marker_spans(model, text):
-        attr = model.token_attr(tok)
+        lstrip, rstrip = model.strips(tok)
         before = text[pos:at]
-        if attr & lc.LLAMA_TOKEN_ATTR_LSTRIP:
+        if lstrip:
             before = before.rstrip()
         out += [before, tok]
         pos = end
-        if attr & lc.LLAMA_TOKEN_ATTR_RSTRIP:
+        if rstrip:
             rest = text[pos:]
             pos += len(rest) - len(rest.lstrip())
     out.append(text[pos:])
@@ -320,7 +302,7 @@ def text_tokens(model: Model, text: str) -> list[int]:
     either — llama.cpp's tokenizer reads those (``<tool_call>``) even in plain text, so the text
     is cut inside each such marker and the parts tokenized apart."""
     tokens = model.tokenize(text, add_special=False, parse_special=False)
-    marker = next((t for t in tokens if _is_marker(model, t)), None)
+    marker = next((t for t in tokens if model.is_marker(t)), None)
     if marker is None:
         return tokens
     at = text.find(model.token_text(marker).decode("utf-8", "replace"))
@@ -357,22 +339,10 @@ def _render_builtin(template: str, messages: Sequence[dict], add_assistant: bool
     """llama.cpp's built-in template engine; None when it does not know this template. Message
     text keeps its NUL characters (see _nul_stand_in)."""
     nul = _nul_stand_in(template, messages)
-    msgs = (lc.llama_chat_message * len(messages))()
-    keep = []
-    for i, m in enumerate(messages):
-        role, content = m["role"].encode(), (m["content"].replace("\0", nul) if nul else m["content"]).encode()
-        keep += [role, content]
-        msgs[i].role = role
-        msgs[i].content = content
-    size = 4096 + sum(len(k) for k in keep) * 2
-    buf = ctypes.create_string_buffer(size)
-    n = lc.llama_chat_apply_template(template.encode(), msgs, len(messages), add_assistant, buf, size)
-    if n > size:
-        buf = ctypes.create_string_buffer(n + 1)
-        n = lc.llama_chat_apply_template(template.encode(), msgs, len(messages), add_assistant, buf, n + 1)
-    if n < 0:
+    pairs = [(m["role"], m["content"].replace("\0", nul) if nul else m["content"]) for m in messages]
+    text = apply_builtin_template(template, pairs, add_assistant)
+    if text is None:
         return None
-    text = buf.raw[:n].decode("utf-8", "replace")
     return text.replace(nul, "\0") if nul else text
 
 

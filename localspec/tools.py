@@ -1,5 +1,5 @@
-"""Tool calling: OpenAI's ``tools`` and ``tool_choice``, the grammar of the model's own tool-call
-syntax, and the calls parsed back out of what it generates.
+"""Tool calling: OpenAI's ``tools`` and ``tool_choice``, and the grammar of the model's own
+tool-call syntax (the calls parsed back out of what it generates: ``localspec.tool_calls``).
 
 The syntax is the one Qwen 2.5 and Hermes-style models are trained on, where ``<tool_call>`` and
 ``</tool_call>`` are single (user-defined) tokens of the vocabulary::
@@ -19,7 +19,7 @@ call tokens as tokens, so a model writing the *text* "<tool_call>" never opens a
 With ``auto`` a call may also be written as plain JSON, the whole answer being
 ``{"name": ..., "arguments": {...}}`` (bare or in a Markdown code block): small models trained on
 the syntax above often call that way (:class:`JsonCalls`; llama.cpp's server reads these too).
-:class:`ToolCallParser` reads the generated tokens back into content and :class:`ToolCall` objects.
+``localspec.tool_calls`` reads the generated tokens back into content and calls.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
 from localspec.config import JSON_LAYOUT, Constraint, check_json_depth
@@ -317,145 +316,3 @@ def _prefix_pattern(tools: Sequence[Tool]) -> str:
         ws, ws, then(":", "", then(ws, ws, then('"', "", names)))))))
     fence = then("```json\\n|```\\n", literal("```json\n") + "|" + literal("```\n"), tail)
     return f"(?:{fence}|{tail})"
-
-
-# ---------------------------------------------------------------- calls out of generated tokens
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A call the model made: ``arguments`` is the JSON text it wrote (an object valid for the
-    function's schema); ``fragments`` are that text's pieces as the tokens came (for streaming)."""
-
-    index: int
-    id: str
-    name: str
-    arguments: str
-    fragments: tuple[str, ...] = field(default=(), compare=False, repr=False)
-
-    def as_dict(self) -> dict[str, Any]:
-        """OpenAI's shape: {"id", "type": "function", "function": {"name", "arguments"}}."""
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-def call_tokens(model: Any) -> tuple[int, int]:
-    """The ids of the model's <tool_call> and </tool_call> tokens (ConfigError when it has none)."""
-    ids = [model.tokenize(text, add_special=False, parse_special=True) for text in (CALL_OPEN, CALL_CLOSE)]
-    if any(len(i) != 1 for i in ids):
-        raise ConfigError(f"{model.path.name} has no {CALL_OPEN} token: localspec calls tools in the "
-                          f"{CALL_OPEN} format of Qwen 2.5 and Hermes-style models, which this model does not use",
-                          "tools")
-    return ids[0][0], ids[1][0]
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-class ToolCallParser:
-    """Splits generated (token, text) pairs into the answer's content and its tool calls. Content
-    is released as it comes, except trailing whitespace, held until more text follows (the
-    newline before a call belongs to the syntax, not to the content), and, with `json_calls`,
-    the answer's start while it may still be a call written as plain JSON (:class:`JsonCalls`)."""
-
-    def __init__(self, open_token: int, close_token: int, json_calls: JsonCalls | None = None) -> None:
-        self.tokens = (open_token, close_token)
-        self.json_calls = json_calls
-        self.calls: list[ToolCall] = []
-        self.content = ""  # released so far
-        self._held = ""  # trailing whitespace of the content, not yet released
-        self._call: list[str] | None = None  # the text pieces of the call being written
-        self._start: str | None = "" if json_calls is not None else None  # the answer's start, held
-        self._json: list[str] | None = None  # the answer, once it opened a call written as plain JSON
-        self._cut = False  # at the end, the answer's plain-JSON calls went on with one cut off
-
-    def push(self, token: int | None, text: str) -> str:
-        """One generated token and its text; returns the content it releases."""
-        if self._json is not None:
-            self._json.append(text)
-            return ""
-        if self._start is None:
-            return self._push(token, text)
-        held, self._start = self._start, None
-        if token in self.tokens or self.json_calls is None:  # a call token: what was held is text before it
-            return self._text(held) + self._push(token, text)
-        start = held + text
-        if self.json_calls.opens(start):
-            self._json = [start]
-        elif self.json_calls.may_open(start):
-            self._start = start
-        else:
-            return self._text(start)
-        return ""
-
-    def _push(self, token: int | None, text: str) -> str:
-        if token == self.tokens[0] and self._call is None:
-            self._held = ""  # the newline before the first call is syntax
-            self._call = []
-            return ""
-        if token == self.tokens[1] and self._call is not None:
-            self.calls.append(self._parse(self._call, len(self.calls)))
-            self._call = None
-            return ""
-        if self._call is not None:
-            self._call.append(text)
-            return ""
-        if self.calls:  # between or after calls: the syntax's newlines
-            return ""
-        return self._text(text)
-
-    def _text(self, text: str) -> str:
-        """Content, released but for its trailing whitespace."""
-        text = self._held + text
-        kept = text.rstrip()
-        self._held = text[len(kept):]
-        self.content += kept
-        return kept
-
-    def flush(self) -> str:
-        """At the end of the answer: the calls written as plain JSON that are complete (all of
-        them, or those before one the end cut off), or the content still held (the answer's
-        start, trailing whitespace)."""
-        if self._json is not None:
-            calls, whole = JsonCalls.read("".join(self._json))
-            self._json, self._cut = None, not whole
-            for name, arguments in calls:
-                text = json.dumps(arguments, ensure_ascii=False)
-                self.calls.append(ToolCall(len(self.calls), new_call_id(), name, text, (text,)))
-            return ""
-        out = self._text(self._start) if self._start else ""
-        self._start = None
-        held, self._held = ("", "") if self.calls or self._call is not None else (self._held, "")
-        self.content += held
-        return out + held
-
-    @property
-    def writing(self) -> bool:
-        """A call is open and not complete (at the end: one was cut off)."""
-        return self._call is not None or self._json is not None or self._cut
-
-    @property
-    def complete(self) -> bool:
-        """Calls were made and none is cut off."""
-        return bool(self.calls) and not self.writing
-
-    @staticmethod
-    def _parse(pieces: list[str], index: int) -> ToolCall:
-        """A call from its text ('\\n{"name": ..., "arguments": {...}}\\n'), the grammar's layout."""
-        text = "".join(pieces)
-        body = json.loads(text)
-        name = body["name"]
-        head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
-        start = text.index(head) + len(head)
-        end = text.rindex("}")  # the body's own closing brace
-        arguments = text[start:end]
-        if json.loads(arguments) != body["arguments"]:  # not the layout the grammar forces: re-serialise
-            arguments = json.dumps(body["arguments"], ensure_ascii=False)
-            return ToolCall(index, new_call_id(), name, arguments, (arguments,))
-        fragments, pos = [], 0
-        for piece in pieces:
-            a, b = max(pos, start), min(pos + len(piece), end)
-            if a < b:
-                fragments.append(text[a:b])
-            pos += len(piece)
-        return ToolCall(index, new_call_id(), name, arguments, tuple(fragments))

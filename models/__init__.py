@@ -1,2 +1,1 @@
-"""Model definitions that ship with localspec: the registry of known pairs (``registry.json``) and
-the tiny-model generator (``tiny.py``: test models, and the model the CPU kernel check quantizes)."""
+"""Model definitions that ship with localspec: the registry of known pairs (``registry.json``)."""

@@ -10,9 +10,10 @@ import pytest
 
 from localspec.config import ModelOptions
 from localspec.llama.model import Model
-from localspec.models import tiny
 from localspec.llama.host import PROFILE_ENV
 from localspec.llama.prompt_cache import ENV as PROMPT_CACHE_ENV
+
+import tiny_models as tiny
 
 # exact, deterministic logits: F32 KV cache, flash attention off, one thread
 EXACT = dict(cache_type="f32", flash_attn="off", threads=1)

@@ -11,8 +11,9 @@ import pytest
 
 from localspec.api import default_pair, stream_generate
 from localspec.llama.model import Model
-from localspec.prompt import chat_tokens, render_chat
+from localspec.prompt import chat_tokens
 
+from chat_render import render_chat
 from greedy import assert_greedy_equal
 
 MESSAGES = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]

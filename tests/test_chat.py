@@ -23,7 +23,8 @@ from localspec.cli import chat as chat_module, cli
 from localspec.config import GenerationConfig
 from localspec.decoding.engine import GenerationStats
 from localspec.llama.model import Model
-from localspec.models import tiny
+
+import tiny_models as tiny
 
 
 

@@ -11,8 +11,9 @@ from click.testing import CliRunner
 
 from localspec.cli import cli
 from localspec.llama.model import Model
-from localspec.models import tiny
 
+import tiny_models as tiny
+from children import popen
 from greedy import assert_greedy_text
 
 PROMPT = "def add(a, b):"
@@ -260,7 +261,7 @@ def test_a_stop_before_the_first_token_still_prints_the_json(tiny_paths: tuple[P
 
     cmd = [sys.executable, "-m", "localspec", "-m", str(tiny_paths[0]), "-d", "none", "-k", "0", "--raw",
            "--ctx-size", "60000", "--threads", "1", "-n", "10", "-t", "0", "--json"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE)
+    proc = popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE)  # SIGINT: as Ctrl-C
     assert proc.stdin is not None
     proc.stdin.write(("word " * 30000).encode())  # a prefill of ~30000 tokens: seconds on one thread
     proc.stdin.close()

@@ -17,7 +17,9 @@ from localspec.decoding import constraint as C
 from localspec.decoding.constraint import Constraint, GrammarFollower
 from localspec.errors import ConfigError, ConstraintError, ModelError
 from localspec.llama.model import Model
-from localspec.models import tiny
+
+import tiny_models as tiny
+from masks import mask_logits
 
 PROMPT = "def add(a, b): return a + b"
 PERSON = {  # bounded: a greedy decode of a random model ends within a few dozen tokens
@@ -364,7 +366,7 @@ def greedy(model: Model, prompt: list[int], f: GrammarFollower | None, max_token
             seq.fill()
             logits = np.array(model.logits_array(1)[0])
             if f is not None:
-                C.mask_logits(logits, f.mask(row))
+                mask_logits(logits, f.mask(row))
             token = int(np.argmax(logits))
             seq.commit([token])
             if model.is_eog(token):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,11 +17,9 @@ from localspec.llama.model import Model
 from localspec.decoding.tree import DraftTree
 
 from conftest import load
+from efficiency import (Group, Method, chain_nodes, default_groups, paired_ratio, paired_scores,  # benchmarks/
+                        score, target_contexts)
 from greedy import assert_greedy_equal
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from efficiency import (Group, Method, default_groups, paired_ratio, paired_scores, score,  # noqa: E402
-                        target_contexts)
 
 PROMPT = "def add(a, b): return a"
 
@@ -34,10 +31,10 @@ def test_chain_nodes_follow_one_branch() -> None:
     aa = tree.add(12, a, (0,))
     ab = tree.add(13, a, (1,))
     ba = tree.add(14, b, (2,))
-    assert tree.chain_nodes(0) == [a, aa]
-    assert tree.chain_nodes(1) == [a, ab]
-    assert tree.chain_nodes(2) == [b, ba]
-    assert tree.chain_nodes(3) == []
+    assert chain_nodes(tree, 0) == [a, aa]
+    assert chain_nodes(tree, 1) == [a, ab]
+    assert chain_nodes(tree, 2) == [b, ba]
+    assert chain_nodes(tree, 3) == []
 
 
 def test_identical_draft_is_accepted(tiny_paths: tuple[Path, Path], tiny_target: Model) -> None:

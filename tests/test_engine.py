@@ -19,8 +19,8 @@ from localspec.config import GenerationConfig
 from localspec.errors import ConfigError, ModelError
 from localspec.llama.model import Model
 from localspec.decoding.pairing import check_pair
-from localspec.models import tiny
 
+import tiny_models as tiny
 from conftest import load
 from greedy import assert_greedy_equal
 
@@ -421,12 +421,12 @@ def test_combine_sums_generations() -> None:
 
 def test_a_context_beyond_the_machines_memory_is_refused_before_allocating(tiny_paths: tuple[Path, Path],
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec.llama import model as model_module
+    from localspec.llama import host
 
     with load(tiny_paths[0]) as m:
         per_cell = m.kv_bytes(1)
         assert per_cell == 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads of 16 dims, f32
-    monkeypatch.setattr(model_module, "available_memory", lambda: 100 * per_cell)
+    monkeypatch.setattr(host, "available_memory", lambda: 100 * per_cell)
     with pytest.raises(ModelError, match=r"ctx_size=4096 needs .* use --ctx-size 16 or less"):
         load(tiny_paths[0], n_ctx=4096)
     with load(tiny_paths[0], n_ctx=64):  # what fits loads

@@ -290,7 +290,7 @@ def test_state_files_that_are_not_regular_files_are_not_read(tmp_path: Path) -> 
     {"k": [1, 2]}, {"k": None}, "[" * 100000 + "]" * 100000, b"\xff\xfe", "[1]", None,
 ], ids=["ok-str", "seconds-str", "entry-list", "entry-null", "deep", "binary", "list", "fifo"])
 def test_malformed_kernel_checks_are_ignored(tmp_path: Path, content) -> None:
-    from localspec.llama.kernels import Checks, Verdict
+    from localspec.llama.kernel_verdicts import Checks, Verdict
 
     checks = Checks(tmp_path)
     if content is None:

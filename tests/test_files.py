@@ -519,7 +519,7 @@ def test_a_profile_directory_of_another_user_is_refused(tmp_path: Path, caplog: 
 
 
 def test_a_symlinked_kernel_record_is_not_read_nor_written(tmp_path: Path) -> None:
-    from localspec.llama.kernels import Checks, Verdict
+    from localspec.llama.kernel_verdicts import Checks, Verdict
 
     checks = Checks(tmp_path / "kc")
     checks.put("llama:Q4_0", Verdict(True, "fine", 0.5))

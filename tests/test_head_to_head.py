@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import head_to_head as h2h  # noqa: E402
+import head_to_head as h2h  # benchmarks/ (pyproject's pytest pythonpath)
 
 
 def row(system: str = "localspec", tokens: int = 100, seconds: float = 4.0, be: float | None = 2.0,

@@ -1,7 +1,7 @@
-"""CPU kernel configurations (localspec.llama.kernels): what each one loads where, the rule auto follows,
-and the check in a child process that keeps a configuration whose process dies from ever being
-used on a machine again (a configuration made to die here: the negative control on a host where
-none crashes by itself)."""
+"""CPU kernel configurations (localspec.llama.kernels, buffer_types, kernel_verdicts): what each one
+loads where, the rule auto follows, and the check in a child process that keeps a configuration
+whose process dies from ever being used on a machine again (a configuration made to die here: the
+negative control on a host where none crashes by itself)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from localspec.llama import kernel_check, kernels
+from localspec.llama import buffer_types, kernel_check, kernel_verdicts, kernels
 from localspec.cli import cli
 from localspec.config import ModelOptions
 from localspec.errors import ConfigError, ModelError
@@ -44,44 +44,45 @@ def q4_0(quantized_paths: dict[str, tuple[Path, Path]]) -> Path:
 def test_repack_rule_follows_llama_cpp() -> None:
     """ggml_repack_get_optimal_repack_type, per CPU: x86 repacks Q4_0/Q4_K/IQ4_NL in 8-row blocks
     and nothing of Q6_K/Q8_0; Arm with int8 matmul takes those and Q6_K/Q8_0 too."""
-    assert kernels.repack_rows("Q4_K", X86_AVX512) == 8 and kernels.repack_rows("Q4_0", X86_AVX512) == 8
-    assert kernels.repack_rows("Q2_K", X86_AVX512) == 8 and kernels.repack_rows("Q2_K", X86_AVX512 - {"AVX512"}) is None
-    assert kernels.repack_rows("Q6_K", X86_AVX512) is None and kernels.repack_rows("Q8_0", X86_AVX512) is None
-    assert kernels.repack_rows("Q4_0", ARM_I8MM) == 4 and kernels.repack_rows("Q8_0", ARM_I8MM) == 4
-    assert kernels.repack_rows("Q6_K", ARM_I8MM) == 8
-    assert kernels.repack_rows("F32", X86_AVX512) is None and kernels.repack_rows("Q4_K", frozenset()) is None
+    rows = buffer_types.repack_rows
+    assert rows("Q4_K", X86_AVX512) == 8 and rows("Q4_0", X86_AVX512) == 8
+    assert rows("Q2_K", X86_AVX512) == 8 and rows("Q2_K", X86_AVX512 - {"AVX512"}) is None
+    assert rows("Q6_K", X86_AVX512) is None and rows("Q8_0", X86_AVX512) is None
+    assert rows("Q4_0", ARM_I8MM) == 4 and rows("Q8_0", ARM_I8MM) == 4
+    assert rows("Q6_K", ARM_I8MM) == 8
+    assert rows("F32", X86_AVX512) is None and rows("Q4_K", frozenset()) is None
 
 
 def test_only_matrix_weights_with_whole_blocks_are_repacked() -> None:
-    weights = [kernels.Weight("token_embd.weight", "Q4_K", 2, 1024),  # read row by row: never
-               kernels.Weight("output.weight", "Q4_K", 2, 1024),
-               kernels.Weight("blk.0.attn_q.weight", "Q4_K", 2, 256),
-               kernels.Weight("blk.0.attn_k.weight", "Q4_K", 2, 100),  # 100 rows: no 8-row blocks
-               kernels.Weight("blk.0.ffn_down.weight", "Q6_K", 2, 256),  # no x86 kernel
-               kernels.Weight("blk.0.attn_norm.weight", "F32", 1, 1),
-               kernels.Weight("blk.0.mystery.weight", "Q4_0", 2, 256)]  # unknown role: never
-    got = [w.name for w in kernels.repackable(weights, X86_AVX512)]
+    weights = [buffer_types.Weight("token_embd.weight", "Q4_K", 2, 1024),  # read row by row: never
+               buffer_types.Weight("output.weight", "Q4_K", 2, 1024),
+               buffer_types.Weight("blk.0.attn_q.weight", "Q4_K", 2, 256),
+               buffer_types.Weight("blk.0.attn_k.weight", "Q4_K", 2, 100),  # 100 rows: no 8-row blocks
+               buffer_types.Weight("blk.0.ffn_down.weight", "Q6_K", 2, 256),  # no x86 kernel
+               buffer_types.Weight("blk.0.attn_norm.weight", "F32", 1, 1),
+               buffer_types.Weight("blk.0.mystery.weight", "Q4_0", 2, 256)]  # unknown role: never
+    got = [w.name for w in buffer_types.repackable(weights, X86_AVX512)]
     assert got == ["output.weight", "blk.0.attn_q.weight"]
 
 
 def test_name_pattern_matches_exactly_its_names() -> None:
     names = [f"blk.{i}.{kind}.weight" for i in range(12) for kind in ("attn_q", "ffn_down", "ffn_up")]
     chosen = [n for n in names if int(n.split(".")[1]) % 3 != 1] + ["output.weight"]
-    pattern = re.compile(kernels.name_pattern(chosen))
+    pattern = re.compile(buffer_types.name_pattern(chosen))
     for name in names + ["output.weight", "token_embd.weight", "blk.10.attn_q.weight.bias", "xblk.0.attn_q.weight"]:
         assert bool(pattern.search(name)) == (name in chosen), name
 
 
 def test_read_weights(q4_0: Path, tmp_path: Path) -> None:
-    weights = kernels.read_weights(q4_0)
+    weights = buffer_types.read_weights(q4_0)
     by_name = {w.name: w for w in weights}
-    assert by_name["blk.0.ffn_up.weight"] == kernels.Weight("blk.0.ffn_up.weight", "Q4_0", 2, 512)
+    assert by_name["blk.0.ffn_up.weight"] == buffer_types.Weight("blk.0.ffn_up.weight", "Q4_0", 2, 512)
     assert by_name["blk.0.attn_norm.weight"].dims == 1
-    assert kernels.checked_types(weights) == ("Q4_0", "Q6_K")  # Q6_K: the output matrix
+    assert buffer_types.checked_types(weights) == ("Q4_0", "Q6_K")  # Q6_K: the output matrix
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(q4_0.read_bytes()[:3000])
     with pytest.raises(ModelError, match="could not load .*cut.gguf"):
-        kernels.read_weights(cut)
+        buffer_types.read_weights(cut)
 
 
 @pytest.mark.parametrize("config", ["llama", "repack", "plain"])
@@ -89,7 +90,7 @@ def test_each_configuration_loads_and_computes_the_same(q4_0: Path, config: str)
     """Every configuration gives logits within quantization noise of the plain kernels (a wrong
     layout would be off by whole logits); repack puts exactly llama.cpp's choice in CPU_REPACK
     where AMX is absent, plain nothing."""
-    crashing = kernels.crashing_buffer_types()
+    crashing = buffer_types.crashing_buffer_types()
     if config == "llama" and crashing:
         pytest.skip(f"llama.cpp's own choice here includes {', '.join(crashing)}, known to crash on some CPUs")
     tokens = list(range(5, 29))
@@ -102,14 +103,14 @@ def test_each_configuration_loads_and_computes_the_same(q4_0: Path, config: str)
         got = m.logits_array(len(tokens)).copy()
         buffers = m.weight_buffers
     assert np.sqrt(np.mean((got - want) ** 2)) / np.sqrt(np.mean(want ** 2)) < 1e-3
-    repacks = kernels.REPACK_BUFFER in kernels.extra_buffer_types() and "AVX2" in kernels.cpu_features()
+    repacks = buffer_types.REPACK_BUFFER in buffer_types.extra_buffer_types() and "AVX2" in buffer_types.cpu_features()
     if config == "plain" or not repacks:
-        assert kernels.REPACK_BUFFER not in buffers and "AMX" not in buffers
+        assert buffer_types.REPACK_BUFFER not in buffers and "AMX" not in buffers
     else:
-        assert buffers.get(kernels.REPACK_BUFFER, 0) > 0
+        assert buffers.get(buffer_types.REPACK_BUFFER, 0) > 0
     if config == "repack":
         assert "AMX" not in buffers
-        if "AMX" not in kernels.extra_buffer_types():
+        if "AMX" not in buffer_types.extra_buffer_types():
             with load(q4_0, cpu_kernels="llama") as own:
                 assert own.weight_buffers == buffers
 
@@ -127,15 +128,15 @@ def test_bad_configuration_is_a_config_error(q4_0: Path) -> None:
 def test_auto_never_offers_a_buffer_type_known_to_crash(q4_0: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With AMX among the extra buffer types (an Intel host), llama.cpp's own choice is no
     candidate: repack first, then plain."""
-    weights = kernels.read_weights(q4_0)
-    real = kernels.extra_buffer_types()
-    monkeypatch.setattr(kernels, "extra_buffer_types", lambda: {"AMX": 1, **real})
+    weights = buffer_types.read_weights(q4_0)
+    real = buffer_types.extra_buffer_types()
+    monkeypatch.setattr(buffer_types, "extra_buffer_types", lambda: {"AMX": 1, **real})
     names = [name for name, _ in kernels.candidates(weights)]
     assert "llama" not in names and names[-1] == "plain"
-    if kernels.REPACK_BUFFER in real and kernels.repackable(weights, kernels.cpu_features()):
+    if buffer_types.REPACK_BUFFER in real and buffer_types.repackable(weights, buffer_types.cpu_features()):
         assert names == ["repack", "plain"]
         assert "AMX" in kernels.candidates(weights)[0][1] and "20824" in kernels.candidates(weights)[0][1]
-    monkeypatch.setattr(kernels, "extra_buffer_types", lambda: real)
+    monkeypatch.setattr(buffer_types, "extra_buffer_types", lambda: real)
     assert [name for name, _ in kernels.candidates(weights)][0] == "llama"  # control: no AMX, llama first
 
 
@@ -144,17 +145,17 @@ def test_auto_checks_once_and_says_what_it_chose(q4_0: Path, fresh_checks: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
         plan = kernels.resolve(q4_0, "auto")
-    assert plan.config == "llama" or "AMX" in kernels.extra_buffer_types()
+    assert plan.config == "llama" or "AMX" in buffer_types.extra_buffer_types()
     notices = [r.getMessage() for r in caplog.records]
     assert len(notices) == 1 and "CPU kernels for Q4_0/Q6_K weights" in notices[0] and "child process" in notices[0]
-    verdicts = kernels.Checks().all()
+    verdicts = kernel_verdicts.Checks().all()
     assert [v.ok for v in verdicts.values()] == [True]
     caplog.clear()
 
-    def no_child(*args: object) -> kernels.Check:
+    def no_child(*args: object) -> kernel_verdicts.Check:
         raise AssertionError("a recorded verdict must not be checked again")
 
-    monkeypatch.setattr(kernels, "Check", no_child)
+    monkeypatch.setattr(kernel_verdicts, "Check", no_child)
     with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
         assert kernels.resolve(q4_0, "auto") == plan
     assert not caplog.records  # later runs: silent, no child
@@ -166,16 +167,16 @@ def test_a_configuration_whose_child_dies_is_never_used(q4_0: Path, fresh_checks
     """Negative control: the child checking the first candidate dies of SIGSEGV (as llama.cpp's
     AMX kernels die on the hosts where they crash); auto rejects it, says so, takes the next one,
     and a later run never tries it again."""
-    first = kernels.candidates(kernels.read_weights(q4_0))[0][0]
-    monkeypatch.setenv(kernels.FAULT_ENV, first)
+    first = kernels.candidates(buffer_types.read_weights(q4_0))[0][0]
+    monkeypatch.setenv(kernel_check.FAULT_ENV, first)
     with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
         plan = kernels.resolve(q4_0, "auto")
     assert plan.config != first
     message = caplog.records[-1].getMessage()
     assert f"not {first} (killed by SIGSEGV" in message, message
-    dead = kernels.Checks().get(kernels.check_key(first, ("Q4_0", "Q6_K")))
+    dead = kernel_verdicts.Checks().get(kernel_verdicts.check_key(first, ("Q4_0", "Q6_K")))
     assert dead is not None and not dead.ok and "SIGSEGV" in dead.detail
-    monkeypatch.delenv(kernels.FAULT_ENV)  # the machine "heals", but the verdict stands
+    monkeypatch.delenv(kernel_check.FAULT_ENV)  # the machine "heals", but the verdict stands
     assert kernels.resolve(q4_0, "auto").config == plan.config
     with Model(q4_0, ModelOptions(ctx_size=64, batch_size=32)) as m:  # the default path obeys it too
         assert m.kernels is not None and m.kernels.config == plan.config
@@ -187,8 +188,8 @@ class Dies:
     def __init__(self, config: str, types: tuple[str, ...]) -> None:
         self.config, self.types = config, tuple(types)
 
-    def wait(self) -> kernels.Verdict:
-        return kernels.Verdict(False, "killed by SIGSEGV", 0.1)
+    def wait(self) -> kernel_verdicts.Verdict:
+        return kernel_verdicts.Verdict(False, "killed by SIGSEGV", 0.1)
 
 
 def test_a_load_overlaps_the_check_and_reloads_when_it_fails(q4_0: Path, fresh_checks: Path,
@@ -196,12 +197,12 @@ def test_a_load_overlaps_the_check_and_reloads_when_it_fails(q4_0: Path, fresh_c
     """On a machine's first run the model loads while its configuration is checked; when the
     check's child dies (negative control), the model is loaded again with the next configuration
     before anything is decoded, and it decodes."""
-    first, second = [name for name, _ in kernels.candidates(kernels.read_weights(q4_0))][:2]
-    monkeypatch.setenv(kernels.FAULT_ENV, first)
+    first, second = [name for name, _ in kernels.candidates(buffer_types.read_weights(q4_0))][:2]
+    monkeypatch.setenv(kernel_check.FAULT_ENV, first)
     choice = kernels.choose(q4_0, "auto")
     assert isinstance(choice, kernels.PendingPlan) and choice.plan.config == first
     assert not choice.confirmed()
-    kernels.Checks().path.unlink()  # again, through a model load
+    kernel_verdicts.Checks().path.unlink()  # again, through a model load
     with Model(q4_0, ModelOptions(ctx_size=64, batch_size=32)) as m:
         assert m.kernels is not None and m.kernels.config == second
         if second == "plain":
@@ -213,24 +214,25 @@ def test_a_load_overlaps_the_check_and_reloads_when_it_fails(q4_0: Path, fresh_c
 def test_when_every_configuration_dies_the_error_says_so(q4_0: Path, fresh_checks: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """... and how to go on: the --cpu-kernels choice to try, the record, how to check again."""
-    monkeypatch.setattr(kernels, "Check", Dies)
-    with pytest.raises(ModelError, match="every CPU kernel configuration failed its check on Q4_0/Q6_K weights") as info:
+    monkeypatch.setattr(kernel_verdicts, "Check", Dies)
+    failed = "every CPU kernel configuration failed its check on Q4_0/Q6_K weights"
+    with pytest.raises(ModelError, match=failed) as info:
         kernels.resolve(q4_0, "auto")
     message = str(info.value)
-    assert "try --cpu-kernels plain" in message and f"delete {kernels.Checks().path}" in message
-    assert kernels.Checks().path.is_file() and "timed out" not in message  # died: no retry promised
+    assert "try --cpu-kernels plain" in message and f"delete {kernel_verdicts.Checks().path}" in message
+    assert kernel_verdicts.Checks().path.is_file() and "timed out" not in message  # died: no retry promised
 
 
 class TimesOut(Dies):
     """A check whose child never answers (a busy machine)."""
 
-    def wait(self) -> kernels.Verdict:
-        return kernels.Verdict(False, "no answer within 180 s", 180.0, timed_out=True)
+    def wait(self) -> kernel_verdicts.Verdict:
+        return kernel_verdicts.Verdict(False, "no answer within 180 s", 180.0, timed_out=True)
 
 
 class Passes(Dies):
-    def wait(self) -> kernels.Verdict:
-        return kernels.Verdict(True, "fine", 0.1)
+    def wait(self) -> kernel_verdicts.Verdict:
+        return kernel_verdicts.Verdict(True, "fine", 0.1)
 
 
 def test_a_check_that_timed_out_is_checked_again_on_a_later_run(q4_0: Path, fresh_checks: Path,
@@ -238,23 +240,23 @@ def test_a_check_that_timed_out_is_checked_again_on_a_later_run(q4_0: Path, fres
     """A timeout fails the configuration in this run only (recorded as timed out, not as a
     verdict); a later run checks again, until it has timed out TIMEOUT_TRIES times. The
     negative control: a configuration whose child died is never checked again (above)."""
-    first = kernels.candidates(kernels.read_weights(q4_0))[0][0]
-    key = kernels.check_key(first, ("Q4_0", "Q6_K"))
-    monkeypatch.setattr(kernels, "Check", TimesOut)
+    first = kernels.candidates(buffer_types.read_weights(q4_0))[0][0]
+    key = kernel_verdicts.check_key(first, ("Q4_0", "Q6_K"))
+    monkeypatch.setattr(kernel_verdicts, "Check", TimesOut)
     with pytest.raises(ModelError, match="checks that timed out run again by themselves"):
         kernels.resolve(q4_0, "auto")
-    record = json.loads(kernels.Checks().path.read_text())
+    record = json.loads(kernel_verdicts.Checks().path.read_text())
     assert record[key]["timed_out"] is True and record[key]["timeouts"] == 1 and record[key]["ok"] is False
-    assert kernels.Checks().get(key) is None  # a later run: not a verdict
-    monkeypatch.setattr(kernels, "Check", Passes)
+    assert kernel_verdicts.Checks().get(key) is None  # a later run: not a verdict
+    monkeypatch.setattr(kernel_verdicts, "Check", Passes)
     assert kernels.resolve(q4_0, "auto").config == first  # checked again, and it passes now
-    assert kernels.Checks().get(key) == kernels.Verdict(True, "fine", 0.1)
-    kernels.Checks().path.unlink()
-    monkeypatch.setattr(kernels, "Check", TimesOut)
-    for _ in range(kernels.TIMEOUT_TRIES):
+    assert kernel_verdicts.Checks().get(key) == kernel_verdicts.Verdict(True, "fine", 0.1)
+    kernel_verdicts.Checks().path.unlink()
+    monkeypatch.setattr(kernel_verdicts, "Check", TimesOut)
+    for _ in range(kernel_verdicts.TIMEOUT_TRIES):
         with pytest.raises(ModelError):
             kernels.resolve(q4_0, "auto")
-    verdict = kernels.Checks().get(key)
+    verdict = kernel_verdicts.Checks().get(key)
     assert verdict is not None and not verdict.ok and "taken for a hang" in verdict.detail
 
 
@@ -267,20 +269,21 @@ def test_child_that_computes_garbage_is_rejected() -> None:
 
 
 def test_damaged_verdicts_are_ignored(q4_0: Path, fresh_checks: Path, caplog: pytest.LogCaptureFixture) -> None:
-    checks = kernels.Checks()
+    checks = kernel_verdicts.Checks()
     checks.path.parent.mkdir(parents=True, exist_ok=True)
     checks.path.write_text('{"llama:Q4_0,Q6_K": {"ok": "maybe"}, "x": 3')
-    with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
+    with caplog.at_level(logging.WARNING, logger="localspec.llama.kernel_verdicts"):
         plan = kernels.resolve(q4_0, "auto")
     assert plan.config in ("llama", "repack", "plain")
     assert any("unreadable kernel checks" in r.getMessage() for r in caplog.records)
     checks.path.write_text('{"llama:Q4_0,Q6_K": {"ok": true}, "plain:Q4_0,Q6_K": [1, 2]}')
-    assert kernels.Checks().get("llama:Q4_0,Q6_K") is None and kernels.Checks().get("plain:Q4_0,Q6_K") is None
+    assert kernel_verdicts.Checks().get("llama:Q4_0,Q6_K") is None
+    assert kernel_verdicts.Checks().get("plain:Q4_0,Q6_K") is None
 
 
 def test_f32_models_need_no_check(tiny_paths: tuple[Path, Path], fresh_checks: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernels, "Check", lambda *a: pytest.fail("no extra buffer type takes F32 weights"))
+    monkeypatch.setattr(kernel_verdicts, "Check", lambda *a: pytest.fail("no extra buffer type takes F32 weights"))
     assert kernels.resolve(tiny_paths[0], "auto").config in ("llama", "repack", "plain")
 
 
@@ -293,9 +296,9 @@ def test_repack_leaves_offloaded_layers_alone() -> None:
     """An override wins over device placement in llama.cpp's loader: with layers on a GPU or an
     RPC server, repack names only the weights that stay on the CPU (the last blocks and the
     output go first)."""
-    weights = [kernels.Weight(f"blk.{i}.attn_q.weight", "Q4_K", 2, 256) for i in range(4)]
-    weights.append(kernels.Weight("output.weight", "Q4_K", 2, 1024))
-    cpu = lambda n: [w.name for w in kernels.repackable(kernels.on_cpu(weights, n), X86_AVX512)]  # noqa: E731
+    weights = [buffer_types.Weight(f"blk.{i}.attn_q.weight", "Q4_K", 2, 256) for i in range(4)]
+    weights.append(buffer_types.Weight("output.weight", "Q4_K", 2, 1024))
+    cpu = lambda n: [w.name for w in buffer_types.repackable(buffer_types.on_cpu(weights, n), X86_AVX512)]  # noqa: E731
     assert cpu(0) == [w.name for w in weights]
     assert cpu(1) == [f"blk.{i}.attn_q.weight" for i in range(4)]  # the output layer offloaded
     assert cpu(3) == ["blk.0.attn_q.weight", "blk.1.attn_q.weight"]

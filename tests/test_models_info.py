@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from localspec.llama import registry
 from localspec.cli import cli, info as info_module
-from localspec.models import tiny
+
+import tiny_models as tiny
 
 
 def run(*args: str):
@@ -216,9 +217,9 @@ def test_info_shows_where_a_models_weights_go(quantized_paths: dict[str, tuple[P
 
 
 def test_info_names_a_buffer_type_known_to_crash(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec.llama import kernels
+    from localspec.llama import buffer_types
 
-    real = kernels.extra_buffer_types()
-    monkeypatch.setattr(kernels, "extra_buffer_types", lambda: {"AMX": 1, **real})
+    real = buffer_types.extra_buffer_types()
+    monkeypatch.setattr(buffer_types, "extra_buffer_types", lambda: {"AMX": 1, **real})
     text = run("info", "-m", "none").output
     assert "AMX: llama.cpp's AMX kernels crash" in text and "auto never uses it" in text

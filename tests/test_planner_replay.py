@@ -5,18 +5,13 @@ planner that locate the gap to the ceiling stay within it."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from localspec.decoding.planner import FIRST_TRY, CostTable, Planner
 
-import planner_replay as pr  # noqa: E402
-from head_to_head import ngram_runs, oracle_seconds  # noqa: E402
-
-from localspec.decoding.planner import FIRST_TRY, CostTable, Planner  # noqa: E402
+import planner_replay as pr  # benchmarks/ (pyproject's pytest pythonpath)
+from head_to_head import ngram_runs, oracle_seconds
 
 CURVE = {1: 0.036, 2: 0.070, 4: 0.100, 8: 0.200, 16: 0.300, 32: 0.560}  # a CPU-like curve, increasing
 COST = CostTable(dict(CURVE))

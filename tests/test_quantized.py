@@ -14,13 +14,13 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from localspec.llama import kernels
+from localspec.llama import buffer_types
 from localspec.verify import reference, verifier
 from localspec.api import stream_generate
 from localspec.config import SamplingParams
 from localspec.llama.model import Model
-from localspec.models import tiny
 
+import tiny_models as tiny
 from conftest import QUANTIZATIONS, load
 from greedy import assert_greedy_equal
 from test_engine import ALPHA, N_PLAIN, N_SPEC, NGRAM_PROMPT, PROMPT, first_tokens_key, tokens_of, two_sample_p
@@ -56,13 +56,13 @@ def test_default_kernels_hold_the_quantized_weights(pair: tuple[str, Model, Mode
     kind, target, _ = pair
     assert target.kernels is not None and target.kernels.config in ("llama", "repack", "plain")
     assert sum(target.weight_buffers.values()) > 0
-    weights = kernels.read_weights(target.path)
+    weights = buffer_types.read_weights(target.path)
     if (kind in ("q4_0", "q4_k_m") and target.kernels.config != "plain"
-            and kernels.REPACK_BUFFER in kernels.extra_buffer_types()
-            and kernels.repackable(weights, kernels.cpu_features())):
-        assert target.weight_buffers.get(kernels.REPACK_BUFFER, 0) > 0, target.weight_buffers
+            and buffer_types.REPACK_BUFFER in buffer_types.extra_buffer_types()
+            and buffer_types.repackable(weights, buffer_types.cpu_features())):
+        assert target.weight_buffers.get(buffer_types.REPACK_BUFFER, 0) > 0, target.weight_buffers
     if kind != "f32":
-        assert set(kernels.checked_types(weights)) - {"F32"}, "the file holds no quantized matrices"
+        assert set(buffer_types.checked_types(weights)) - {"F32"}, "the file holds no quantized matrices"
 
 
 @pytest.mark.parametrize("verifier_name,drafter,shape", GREEDY_CONFIGS, ids=GREEDY_IDS)

@@ -25,6 +25,8 @@ import pytest
 from localspec.resident import client, control, runtime
 from localspec.resident.protocol import STATUS, Channel
 
+from children import popen
+
 EXACT = ["--threads", "1", "--cache-type", "f32", "--ctx-size", "1024", "--prompt-cache", "off"]
 LONG = ["--raw", "-t", "1", "--seed", "3", "-n", "3000", "--regex", "[a-z ]{4000,}"]  # ~4 s on the tiny pair
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
@@ -38,9 +40,9 @@ def localspec(*args: str, keep_alive: str = "5m", env: dict[str, str] | None = N
 
 
 def start(*args: str, keep_alive: str = "5m") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "localspec", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "LOCALSPEC_KEEP_ALIVE": keep_alive})
+    return popen([sys.executable, "-m", "localspec", *args], stdout=subprocess.PIPE,  # SIGINT: as Ctrl-C
+                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                 env={**os.environ, "LOCALSPEC_KEEP_ALIVE": keep_alive})
 
 
 def live() -> list[tuple[runtime.Record, dict]]:
@@ -144,7 +146,7 @@ def test_same_output_as_its_own_process(pair: list[str], extra: list[str], servi
 
 
 def test_tool_calls_are_the_same(tmp_path: Path, services: None) -> None:
-    from localspec.models import tiny
+    import tiny_models as tiny
 
     target, draft = tiny.make_pair(tmp_path / "tools", seed=0, vocab=tiny.TOOLS_VOCAB)
     tools = tmp_path / "tools.json"

@@ -81,21 +81,6 @@ def test_rollback_withdraws_from_the_cache_and_the_followers(tiny_paths: tuple[P
         np.testing.assert_allclose(last_logits(seq), fresh_logits(tiny_paths[0], prompt + [320]), rtol=0, atol=1e-4)
 
 
-def test_follow_catches_up_and_diverges(tiny_paths: tuple[Path, Path]) -> None:
-    with load(tiny_paths[0]) as m:
-        seq = m.sequence
-        prompt = m.tokenize(PROMPT)
-        seq.start(prompt)
-        seq.fill()
-        seq.follow(prompt + [330, 331])
-        assert seq.tokens == prompt + [330, 331] and seq.pending == 2
-        seq.follow(prompt[:-1] + [332])  # diverges at the last prompt token: withdrawn from the cache too
-        assert seq.tokens == prompt[:-1] + [332] and seq.n_cached == len(prompt) - 1
-        seq.fill()
-        np.testing.assert_allclose(last_logits(seq), fresh_logits(tiny_paths[0], prompt[:-1] + [332]),
-                                   rtol=0, atol=1e-4)
-
-
 def test_keep_branch_keeps_the_accepted_path(tiny_paths: tuple[Path, Path]) -> None:
     """Two branches decoded on forked sequences; keeping branch 1 leaves exactly its tokens."""
     with load(tiny_paths[0]) as m:

@@ -31,6 +31,7 @@ from localspec.llama.model import Model
 from localspec.server import ServerLimits, schemas, worker
 from localspec.server.app import create_app
 from localspec.server.run import bind_socket, uvicorn_config
+from children import popen
 
 from conftest import QUANTIZATIONS, load
 from greedy import assert_greedy_text
@@ -492,11 +493,10 @@ def test_serve_host_that_does_not_resolve() -> None:
 
 def test_serve_command_runs_and_stops(tiny_paths: tuple[Path, Path]) -> None:
     """The real command in a subprocess: it announces the URL, answers, and Ctrl-C stops it cleanly."""
-    proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "-m", str(tiny_paths[0]),
-                             "-d", str(tiny_paths[1]), "--port", "0", "--ctx-size", "4096", "--threads", "1",
-                             "-t", "0", "-n", "5"],
-                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = popen([sys.executable, "-m", "localspec", "serve", "-m", str(tiny_paths[0]),  # SIGINT: as Ctrl-C
+                  "-d", str(tiny_paths[1]), "--port", "0", "--ctx-size", "4096", "--threads", "1",
+                  "-t", "0", "-n", "5"],
+                 stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     watchdog = threading.Timer(60, proc.kill)  # a hang fails the test instead of blocking it
     watchdog.start()
     try:

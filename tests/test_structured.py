@@ -29,6 +29,7 @@ from localspec.errors import ConfigError
 from localspec.llama.model import Model
 from localspec.prompt import prompt_tokens
 from greedy import NEAR_TIE, first_difference, next_token_logits
+from masks import mask_logits
 
 PROMPT = "def add(a, b): return a + b"
 PERSON = {  # bounded: a random tiny model finishes it within ~60 tokens
@@ -165,7 +166,7 @@ def masked_logits(target: Model, constraint: Constraint, prompt: list[int], gene
     f = C.GrammarFollower.for_model(constraint, target)
     f.reset(prompt)
     f.commit(generated)
-    return C.mask_logits(logits, f.mask(np.zeros(f.words, dtype=np.uint32)))
+    return mask_logits(logits, f.mask(np.zeros(f.words, dtype=np.uint32)))
 
 
 def assert_constrained_greedy_equal(target: Model, constraint: Constraint, got: list[int], want: list[int]) -> None:
@@ -248,12 +249,12 @@ def test_negative_control_unmasked_draft_rows_fail(tiny_target: Model, far_draft
     draft = ModelDrafter.draft
 
     def lying_draft(self, *args, **kw):
-        tree = draft(self, *args, **kw)
-        for r in range(tree.n + 1):
+        made = draft(self, *args, **kw)
+        for r in range(made.tree.n + 1):
             if r in unmasked:
-                tree.probs[r] = unmasked[r]
+                made.tree.probs[r] = unmasked[r]
         unmasked.clear()
-        return tree
+        return made
 
     monkeypatch.setattr(ModelDrafter, "_fill_row", fill_row)
     monkeypatch.setattr(ModelDrafter, "draft", lying_draft)

@@ -20,9 +20,9 @@ from localspec.cli.generate import with_context
 from localspec.config import GenerationConfig
 from localspec.errors import PromptError
 from localspec.llama.model import Model
-from localspec.models import tiny
 from localspec.prompt import chat_tokens, prompt_tokens
 
+import tiny_models as tiny
 from conftest import load
 
 TEXT = "alpha\0beta gamma"  # what a C string would keep: "alpha"

@@ -1,4 +1,5 @@
-"""The tiny random-weight GGUF models (localspec.models.tiny) load and behave in llama.cpp.
+"""The tiny random-weight GGUF models (tests/tiny_models.py, on localspec.llama.tiny_model) load and
+behave in llama.cpp.
 
 Everything goes through llama-cpp-python's low-level API, and every llama.cpp object created
 here is freed again, so the file can run many times in a row in one process.
@@ -20,7 +21,7 @@ import pytest
 pytest.importorskip("gguf")
 import llama_cpp as lc  # noqa: E402
 
-from localspec.models import tiny  # noqa: E402
+import tiny_models as tiny  # noqa: E402
 
 N_CONTEXTS = 200  # random contexts for the agreement statistics
 AGREEMENT_005 = (0.72, 0.96)  # measured 0.845-0.87 for seeds 0-3 (binomial sd ~0.025 at n=200)
@@ -415,7 +416,7 @@ def test_recurrent_model(tiny_files: dict[str, Path], target: Loaded) -> None:
 
 
 def test_command_line(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "localspec.models.tiny", str(tmp_path / "pair"),
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("tiny_models.py")), str(tmp_path / "pair"),
                           "--seed", "3", "--noise", "0.1"],
                          capture_output=True, text=True, check=True, timeout=60)
     paths = [Path(line) for line in out.stdout.splitlines()]

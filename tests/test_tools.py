@@ -41,11 +41,13 @@ from localspec.decoding.constraint import GrammarFollower, compile_constraint
 from localspec.errors import ConfigError
 from localspec.decoding.profiles import Profiles
 from localspec.llama.model import Model
-from localspec.models import tiny
-from localspec.prompt import chat_tokens, render_chat
+from localspec.prompt import chat_tokens
 from localspec.server import ServerLimits
 from localspec.server.app import create_app
-from localspec.tools import JsonCalls, ToolCallParser, ToolSet, call_tokens
+from localspec.tool_calls import ToolCallParser, call_tokens
+from localspec.tools import JsonCalls, ToolSet
+import tiny_models as tiny
+from chat_render import render_chat
 from serving import uvicorn_thread
 
 # ---------------------------------------------------------------- tools with bounded arguments

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from instances import random_instance
+from masks import unpack_mask
 from localspec.verify import reference, verifier
 from localspec.config import SamplingParams
 
@@ -57,7 +58,7 @@ def test_c_equals_reference_draw_for_draw_with_masks(method):
         c = run_c(inst)
         path, token = run_reference(inst)
         assert (c.path, c.token) == (path, token), (inst, c, path, token)
-        allowed = verifier.unpack_mask(inst.masks, inst.logits.shape[1])
+        allowed = unpack_mask(inst.masks, inst.logits.shape[1])
         rows = [0] + [j + 1 for j in c.path]
         out = [inst.tokens[j] for j in c.path] + [c.token]
         assert all(allowed[r, x] for r, x in zip(rows, out)), "a forbidden token was output"
@@ -96,7 +97,7 @@ def test_lenience_with_masks_matches_reference_and_never_admits_a_forbidden_toke
         eps = float(rng.choice([0.1, 0.5, 5.0]))
         c = run_c(inst, lenience=eps)
         assert (c.path, c.token) == run_reference(inst, lenience=eps)
-        allowed = verifier.unpack_mask(inst.masks, inst.logits.shape[1])
+        allowed = unpack_mask(inst.masks, inst.logits.shape[1])
         assert all(allowed[inst.parents[j] + 1, inst.tokens[j]] for j in c.path)
 
 

@@ -84,13 +84,13 @@ def llama_info() -> dict:
 def kernels_info(model: str | None, cpu_kernels: str) -> dict:
     """The CPU's extra weight buffer types, the kernel checks recorded on this machine, and
     (with a model) the configuration and weight buffer types that model gets."""
-    from localspec.llama import kernels
+    from localspec.llama import buffer_types, kernel_verdicts
 
     loaded = model_buffers(model, cpu_kernels) if model is not None else None  # may record a check
-    out: dict = {"extra_buffer_types": list(kernels.extra_buffer_types()),
-                 "known_to_crash": {k: kernels.KNOWN_CRASHING[k] for k in kernels.crashing_buffer_types()},
+    out: dict = {"extra_buffer_types": list(buffer_types.extra_buffer_types()),
+                 "known_to_crash": {k: buffer_types.KNOWN_CRASHING[k] for k in buffer_types.crashing_buffer_types()},
                  "checks": {key: {"ok": v.ok, "detail": v.detail, "seconds": round(v.seconds, 2)}
-                            for key, v in kernels.Checks().all().items()}}
+                            for key, v in kernel_verdicts.Checks().all().items()}}
     if loaded is not None:
         out["model"] = loaded
     return out

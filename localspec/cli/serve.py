@@ -28,7 +28,8 @@ LIMITS = ("max_body_bytes", "max_messages", "max_nesting", "max_queue", "header_
 
 def check_loaded_pair(loaded: Any) -> None:
     """ModelError when the draft (loaded, or lazily: its vocabulary alone) cannot draft for the target."""
-    from localspec.decoding.pairing import LazyModel, check_lazy_pair, check_pair
+    from localspec.decoding.pairing import check_lazy_pair, check_pair
+    from localspec.llama.lazy import LazyModel
     from localspec.decoding.profiles import Profiles
 
     if isinstance(loaded.draft, LazyModel):

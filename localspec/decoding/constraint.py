@@ -566,13 +566,8 @@ def is_allowed(row: np.ndarray, token: int) -> bool:
     return 0 <= token < 32 * len(row) and bool((int(row[token >> 5]) >> (token & 31)) & 1)
 
 
-def mask_logits(logits: np.ndarray, row: np.ndarray) -> np.ndarray:
-    """Forbidden tokens' logits set to -inf, in place (logits: one row of n_vocab floats)."""
-    logits[~allowed_tokens(row, logits.shape[-1])] = -np.inf
-    return logits
-
-
 # ---------------------------------------------------------------- the matcher as a follower
+
 
 class GrammarFollower:
     """A grammar matcher that follows a sequence's committed tokens (a

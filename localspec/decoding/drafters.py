@@ -10,11 +10,11 @@ were actually drawn from (what makes verification lossless).
 :func:`make_drafters` turns a drafter name into the drafters the engine considers each step.
 
 Each step the engine asks every drafter to :meth:`~Drafter.propose` (a :class:`DraftProposal`:
-its acceptance kind, how many levels it offers, what it must decode first), the planner picks
-one, the engine passes that proposal back to its drafter's :meth:`~Drafter.draft`, and after
-verification calls :meth:`~Drafter.commit` with the accepted path and the committed tokens. A
-model drafter keeps its model's :class:`~localspec.llama.sequence.KVSequence` in step with the target's
-context; the n-gram drafter holds no state between steps but its lookup.
+its acceptance kind, how many levels it offers, what it must decode first), the policy picks
+one (localspec.decoding.policy), and the engine passes that proposal back to its drafter's
+:meth:`~Drafter.draft`, which returns a :class:`~localspec.decoding.state.Draft`: the tree and
+what committing it needs. The pair's state (localspec.decoding.state.PairState) commits a
+verified step to every cache; drafters keep nothing between steps but the n-gram lookup.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ from localspec.config import GenerationConfig, SamplingParams, Shape
 from localspec.errors import ConfigError
 from localspec.decoding.lookup import ContextLookup, Proposal
 from localspec.llama.model import Model
-from localspec.decoding.pairing import LazyModel, check_lazy_pair, check_pair
+from localspec.decoding.pairing import check_lazy_pair, check_pair
+from localspec.llama.lazy import LazyModel
 from localspec.decoding.profiles import Profiled, Profiles
+from localspec.decoding.state import Draft, PairState
 from localspec.llama.host import key_of
-from localspec.llama.sequence import KVSequence
 from localspec.decoding.tree import DraftTree, leaf_ranges
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class DraftProposal:
 
 
 class RowMasks(Protocol):
-    """The token masks of a constrained generation's draft rows (localspec.decoding.structured.DraftMasks)."""
+    """The token masks of a constrained generation's draft rows (localspec.decoding.structured.StepMasks)."""
 
     def row(self, tree: DraftTree, node: int) -> np.ndarray:
         """The uint32 mask row of the tokens allowed after `node` of `tree` (-1: after the committed
@@ -71,19 +72,16 @@ class Drafter(Protocol):
         """False: drafting would load the draft model first."""
 
     def start(self, prompt: Sequence[int]) -> None:
-        """Prepare for a new prompt (a draft model keeps the cached prefix it shares)."""
+        """Prepare for a new prompt."""
 
     def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
         """What it can draft now after the committed `context` (None: nothing)."""
 
-    def draft(self, proposal: DraftProposal, context: Sequence[int], shape: Shape, sampling: SamplingParams,
-              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> DraftTree:
+    def draft(self, proposal: DraftProposal, state: PairState, shape: Shape, sampling: SamplingParams,
+              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> Draft:
         """The draft of `shape` for its own `proposal`, with the rows it was drawn from. With
         `masks` (a constrained generation), a drafter that samples draws from its masked
         distributions; a fixed proposal is already cut at its first forbidden token."""
-
-    def commit(self, tree: DraftTree, path: tuple[int, ...], committed: Sequence[int]) -> None:
-        """After verification of its draft: `path` was accepted and `committed` appended to the context."""
 
 
 @dataclass
@@ -124,7 +122,6 @@ class ModelDrafter:
         self.target = target
         self.n_vocab = target.n_vocab  # rows are padded or cut to the target's vocabulary
         self.buf = RowBuffer(max_nodes + 1, self.n_vocab)
-        self._depth = 0  # the last draft's depth: nodes above it were decoded, leaves at it were not
         self.acceptance_kind = f"{self.kind}:{key_of(source.identity)[:8]}"  # acceptance is per pair
         self.timing = DraftTiming()
 
@@ -132,7 +129,7 @@ class ModelDrafter:
     def loaded(self) -> bool:
         return not isinstance(self.source, LazyModel) or self.source.loaded
 
-    def _model(self) -> Model:
+    def model(self) -> Model:
         """The draft model, loaded (and checked against the target) if it was lazy."""
         if isinstance(self.source, LazyModel):
             if not self.source.loaded:
@@ -140,17 +137,13 @@ class ModelDrafter:
             return self.source.get()
         return self.source
 
-    def _sequence(self) -> KVSequence:
-        return self._model().sequence
-
     def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
         """Any depth (acceptance is tracked per pair), after catching up on what it has not seen."""
-        lag = len(context) - self._sequence().n_cached if self.loaded else len(context)
+        lag = len(context) - self.model().sequence.n_cached if self.loaded else len(context)
         return DraftProposal(self, self.acceptance_kind, max_depth, lag)
 
     def start(self, prompt: Sequence[int]) -> None:
-        if self.loaded:  # a lazy draft loaded later starts from an empty cache
-            self._sequence().start(prompt)
+        pass  # the pair's state starts the draft model's sequence
 
     def _fill_row(self, r: int, logits: np.ndarray, sampling: SamplingParams,
                   mask: np.ndarray | None = None) -> np.ndarray:
@@ -171,10 +164,11 @@ class ModelDrafter:
         verifier.probs(logits[:v], out=row[:v], sampling=sampling, masks=mask[None, :])
         return row
 
-    def _catch_up(self, context: Sequence[int]) -> np.ndarray:
-        """Decode the committed tokens the draft has not seen; the last one's logits."""
-        seq = self._sequence()
-        seq.follow(context)
+    def _catch_up(self, state: PairState) -> np.ndarray:
+        """Decode the committed tokens the draft has not decoded yet; the last one's logits."""
+        self.model()  # loaded now if it was lazy
+        seq = state.draft_sequence()
+        assert seq is not None
         seq.redecode_last()  # the root's logits are needed: decode it again if the cache holds it
         pending = seq.pending
         t0 = time.perf_counter()
@@ -182,14 +176,15 @@ class ModelDrafter:
         self.timing.catch_up = (pending, time.perf_counter() - t0)
         return seq.model.logits_array(1)[0]
 
-    def draft(self, proposal: DraftProposal, context: Sequence[int], shape: Shape, sampling: SamplingParams,
-              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> DraftTree:
+    def draft(self, proposal: DraftProposal, state: PairState, shape: Shape, sampling: SamplingParams,
+              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> Draft:
         self.buf.clear_one_hot()
         tree = DraftTree()
-        root_logits = self._catch_up(context)
-        seq = self._sequence()
+        root_logits = self._catch_up(state)
+        seq = state.draft_sequence()
+        assert seq is not None
+        context = state.tokens
         t0 = time.perf_counter()
-        self._depth = shape.depth
         seq.fork(shape.n_leaves)
         self._fill_row(0, root_logits, sampling, None if masks is None else masks.row(tree, -1))
         ranges = leaf_ranges(shape)
@@ -224,15 +219,7 @@ class ModelDrafter:
                     self._fill_row(n + 1, logits[i], sampling, None if masks is None else masks.row(tree, n))
         tree.probs = self.buf.rows[: tree.n + 1]
         self.timing.levels = (shape.depth, time.perf_counter() - t0)
-        return tree
-
-    def commit(self, tree: DraftTree, path: tuple[int, ...], committed: Sequence[int]) -> None:
-        """Keep the accepted path in the draft KV; drop everything else."""
-        seq = self._sequence()
-        decoded = sum(1 for j in path if tree.depths[j] < self._depth)  # leaves were never decoded
-        keep = len(seq.tokens) + decoded
-        seq.commit(committed)
-        seq.keep_branch(tree.branch_of(path), keep)
+        return Draft(tree, proposal.kind, self, decoded_depth=shape.depth)
 
 
 def ngram_kind(proposal: Proposal) -> str:
@@ -263,12 +250,9 @@ class NGramDrafter:
             return None
         return DraftProposal(self, ngram_kind(found), len(found.tokens), 0, tuple(found.tokens))
 
-    def draft(self, proposal: DraftProposal, context: Sequence[int], shape: Shape, sampling: SamplingParams,
-              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> DraftTree:
-        return one_hot_chain(self.buf, proposal.tokens[: shape.depth])
-
-    def commit(self, tree: DraftTree, path: tuple[int, ...], committed: Sequence[int]) -> None:
-        pass  # the lookup reads what was accepted from the context at the next proposal
+    def draft(self, proposal: DraftProposal, state: PairState, shape: Shape, sampling: SamplingParams,
+              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> Draft:
+        return Draft(one_hot_chain(self.buf, proposal.tokens[: shape.depth]), proposal.kind, self)
 
 
 def one_hot_chain(buf: RowBuffer, tokens: Sequence[int]) -> DraftTree:
@@ -300,25 +284,20 @@ class ForcedDrafter:
     source = None
     loaded = True
 
-    def __init__(self, n_vocab: int, max_nodes: int) -> None:
+    def __init__(self, grammar: ForcedSource, n_vocab: int, max_nodes: int) -> None:
+        self.grammar = grammar  # the matcher that follows the target's committed tokens
         self.buf = RowBuffer(max_nodes + 1, n_vocab)
-        self.grammar: ForcedSource | None = None  # bound by the engine once the grammar follows the target
 
     def start(self, prompt: Sequence[int]) -> None:
         pass
 
     def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
-        if self.grammar is None:
-            raise RuntimeError("the forced-token drafter was not bound to a grammar (Engine.start binds it)")
         tokens = self.grammar.forced()[:max_depth]
         return DraftProposal(self, self.kind, len(tokens), 0, tuple(tokens)) if tokens else None
 
-    def draft(self, proposal: DraftProposal, context: Sequence[int], shape: Shape, sampling: SamplingParams,
-              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> DraftTree:
-        return one_hot_chain(self.buf, proposal.tokens[: shape.depth])
-
-    def commit(self, tree: DraftTree, path: tuple[int, ...], committed: Sequence[int]) -> None:
-        pass
+    def draft(self, proposal: DraftProposal, state: PairState, shape: Shape, sampling: SamplingParams,
+              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> Draft:
+        return Draft(one_hot_chain(self.buf, proposal.tokens[: shape.depth]), proposal.kind, self, certain=True)
 
 
 def make_drafters(target: Model, draft: Model | LazyModel | None, config: GenerationConfig,
@@ -327,15 +306,9 @@ def make_drafters(target: Model, draft: Model | LazyModel | None, config: Genera
     GenerationConfig.is_target_alone: the target alone): auto: the n-gram lookup, and the draft
     model when one is given (the planner loads and uses it only where it pays); ngram; model;
     hybrid. A lazy draft's vocabulary check is kept in `profiles` (None: checked every time).
-    A constrained generation (config.constraint) considers the grammar's forced tokens first."""
+    (A constrained generation's engine adds the grammar's forced tokens before these.)"""
     if config.is_target_alone(draft is not None):
         return []
-    forced: list[Drafter] = [ForcedDrafter(target.n_vocab, max(config.shape.depth, 1))] if config.constraint else []
-    return forced + _proposing_drafters(target, draft, config, profiles)
-
-
-def _proposing_drafters(target: Model, draft: Model | LazyModel | None, config: GenerationConfig,
-                        profiles: Profiles | None) -> list[Drafter]:
     drafter, shape = config.drafter, config.shape
     max_nodes = max(shape.n_nodes, 1)
     ngram: list[Drafter] = [NGramDrafter(target.n_vocab, max_nodes)] if drafter != "model" else []

@@ -1,11 +1,12 @@
-"""The speculative step loop.
+"""The speculative step loop: draft → one target pass → C verify → commit (:meth:`Engine.step`).
 
 Invariant between steps: every committed token but the last (the "root") is in the target's KV
-cache as sequence 0; the target's :class:`~localspec.llama.sequence.KVSequence` (``target.sequence``)
-holds the committed tokens and says so. A step asks each drafter for a proposal, drafts a
-chain/paths/tree from the chosen one, runs ONE target decode over the root and all draft nodes
-(branches as KV sequences sharing the prefix), lets the C verifier accept a path and draw the
-extra token, commits the new tokens and keeps exactly the accepted path in both KV caches.
+cache as sequence 0; the pair's state (:class:`~localspec.decoding.state.PairState`) owns the
+target's and the draft's KV sequences and the grammar. A step asks each drafter for a proposal,
+the policy (localspec.decoding.policy: the planner, or the fixed rule) picks one and a depth, its
+drafter drafts a chain/paths/tree, ONE target decode runs over the root and every draft node
+(branches as KV sequences sharing the prefix), the C verifier accepts a path and draws the extra
+token, and the state commits the new tokens to every cache.
 
 The engine alone keeps the statistics of a generation (:meth:`Engine.stats`). It does no I/O:
 what the planner learned goes into the cost profiles it was given, which their owner saves.
@@ -22,19 +23,19 @@ import numpy as np
 
 from localspec.verify import verifier
 from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig
-from localspec.decoding.drafters import DraftProposal, Drafter, ForcedDrafter, ModelDrafter
+from localspec.decoding.drafters import Drafter, DraftProposal, ForcedDrafter, ModelDrafter
 from localspec.errors import PromptError
 from localspec.llama.model import Model
-from localspec.decoding.planner import PREFILL_WARM_UP, Planner
+from localspec.decoding.planner import Planner
+from localspec.decoding.policy import FixedPolicy, Policy
 from localspec.decoding.profiles import Profiles
-from localspec.decoding.tree import DraftTree
+from localspec.decoding.state import NO_DRAFT, Draft, PairState
+from localspec.llama.sequence import KVSequence
 
 if TYPE_CHECKING:
-    from localspec.decoding.structured import Structured
+    from localspec.decoding.structured import StepMasks, Structured
 
 log = logging.getLogger(__name__)
-
-MIN_PROPOSAL = 2  # a drafter followed by another is used when it proposes at least this many tokens
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,10 @@ class _Counters:
         self.verify_s += seconds[2]
 
 
+def _plain_prefill(sequence: KVSequence, upto: int) -> None:
+    sequence.fill(upto)
+
+
 class Engine:
     """Speculative decoding of one target with drafters tried in order (none: the target alone)."""
 
@@ -152,17 +157,21 @@ class Engine:
         if drafters:
             config = config.fitted(target.n_batch, target.options.n_seq_max)
         self.target = target
-        self.drafters = list(drafters)
         self.config = config
         self.shape = config.shape if drafters else config.shape.truncated(0)
         self.sampling = config.sampling
         self.rng = np.random.default_rng(config.seed)
-        self.sequence = target.sequence  # the committed tokens, and what the target's cache holds
         self.finish_reason: str | None = None  # "stop" (end of generation) or "length" once done
         self._counters = _Counters()
-        self.planner = (Planner(target, self.shape, sampled=not self.sampling.greedy, profiles=profiles)
-                        if config.plan == "auto" else None)
         self.structured = self._structured(config) if config.constraint is not None else None
+        forced = [ForcedDrafter(self.structured.follower, target.n_vocab, max(self.shape.depth, 1))
+                  if self.structured is not None and drafters else None]
+        self.drafters: list[Drafter] = [d for d in forced if d is not None] + list(drafters)
+        model_drafter = next((d for d in self.drafters if isinstance(d, ModelDrafter)), None)
+        self.state = PairState(target, model_drafter, self.structured)
+        self.planner = (Planner(target, self.shape, sampled=not self.sampling.greedy, profiles=profiles)
+                        if config.plan == "auto" else None)  # (the target alone's steps teach it c(1))
+        self.policy: Policy = self.planner if self.planner is not None else FixedPolicy(self.drafters)
 
     def _structured(self, config: GenerationConfig) -> "Structured":
         """The grammar of a constrained generation, compiled and followed from its start over the
@@ -184,7 +193,7 @@ class Engine:
     @property
     def tokens(self) -> list[int]:
         """The committed tokens: the prompt and what was generated."""
-        return self.sequence.tokens
+        return self.state.tokens
 
     # ------------------------------------------------------------------ prompt
 
@@ -198,110 +207,99 @@ class Engine:
         self._counters = _Counters(prompt_tokens=len(prompt))
         self.finish_reason = None
         t0 = time.perf_counter()
-        self._counters.cached = self.sequence.start(prompt)  # keeps the prefix the cache shares with this prompt
-        self._prefill(len(prompt) - 1)
-        if self.structured is not None:
-            self.structured.attach(prompt, [d for d in self.drafters if isinstance(d, ForcedDrafter)])
+        prefill = self.policy.prefill if self.drafters else _plain_prefill  # nothing drafts: nothing to measure
+        self._counters.cached = self.state.start(prompt, prefill)
         for d in self.drafters:
             d.start(prompt)
         self._counters.prompt_s = time.perf_counter() - t0
         self._counters.start = time.perf_counter()
 
-    def _prefill(self, upto: int) -> None:
-        """Decode the prompt into the target's cache up to `upto`. With the planner, chunks of the
-        pass sizes whose cost is unknown are decoded as verification passes are (logits for every
-        token) and timed: real work that measures the cost curve; the rest is timed as a prefill."""
-        seq = self.sequence
-        if self.planner is None or not self.drafters:
-            seq.fill(upto)
-            return
-        planner = self.planner
-        sizes = planner.sizes_to_measure(upto - seq.n_cached - PREFILL_WARM_UP)
-        if sizes:  # warm up first, unmeasured; nothing to measure: one plain prefill, as the target alone does
-            seq.fill(seq.n_cached + PREFILL_WARM_UP)
-        for n in sizes:
-            t0 = time.perf_counter()
-            seq.fill(seq.n_cached + n, outputs="all")
-            planner.target_cost.observe(n, time.perf_counter() - t0)
-        rest, t0 = upto - seq.n_cached, time.perf_counter()
-        seq.fill(upto)
-        planner.observe_prefill(planner.profile, rest, time.perf_counter() - t0)
-
     def finish(self) -> None:
         """The generation ended: what the planner learned goes into the cost profiles (for the
         next run, once their owner saves them). The caches' sequences are already true, so the
         next prompt reuses their shared prefix."""
-        if self.planner is not None:
-            self.planner.record()
+        self.policy.finish()
         self.close()
 
     def close(self) -> None:
         """The grammar of a constrained generation stops following the target (also after an
         error; the generation that owns the engine calls it in any case)."""
-        if self.structured is not None:
-            self.structured.detach()
+        self.state.close()
 
     # ------------------------------------------------------------------ step
 
-    def room(self) -> int:
-        """Draft depth the context still has room for (-1: not even the root fits)."""
-        return self.target.n_ctx - len(self.tokens)
-
     def step(self) -> list[int]:
-        """One speculative step. Returns the newly generated tokens (accepted + the extra one), cut
-        after an end-of-generation token and at max_tokens; sets finish_reason when done."""
-        c = self._counters
-        remaining = self.config.max_tokens - c.generated
-        if self.finish_reason or remaining <= 0 or self.room() < 0:
+        """One speculative step: draft → one target pass → C verify → commit. Returns the newly
+        generated tokens (accepted + the extra one), cut after an end-of-generation token and at
+        max_tokens; sets finish_reason when done."""
+        depth = self._depth_budget()
+        if depth is None:
             self.finish_reason = self.finish_reason or "length"
             return []
-        L0 = len(self.tokens)
-        depth = min(self.shape.depth, remaining - 1, self.room())
-        while depth > 0 and L0 + self.shape.truncated(depth).n_nodes > self.target.n_ctx:
-            depth -= 1  # every node of a tree takes a KV cell
         t0 = time.perf_counter()
-        tree, proposal = self._draft(depth)
-        forced = tree.n > 0 and proposal is not None and isinstance(proposal.drafter, ForcedDrafter)
+        masks = self.state.new_step()
+        draft = self._draft(depth, masks)
         t1 = time.perf_counter()
-        self._target_pass(tree, outputs="last" if forced else "all")
+        self.state.target_pass(draft)
         t2 = time.perf_counter()
-        v = self._verify_forced(tree) if forced else self._verify(tree)
+        verdict = self._verify(draft, masks)
         t3 = time.perf_counter()
-        new = self._emit(tree.path_tokens(v.path) + [v.token])
-        self.sequence.commit(new)
-        self.sequence.keep_branch(tree.branch_of(v.path), L0 + v.n_accepted)
-        if proposal is not None:
-            proposal.drafter.commit(tree, v.path, new)
-        kind = proposal.kind if proposal is not None and tree.n else None
-        c.step(kind, tree.n, v.n_accepted, (t1 - t0, t2 - t1, t3 - t2))
+        new = self._emit(draft.tree.path_tokens(verdict.path) + [verdict.token])
+        self.state.accept(draft, verdict.path, new)
+        self._counters.step(draft.kind if draft.n else None, draft.n, verdict.n_accepted, (t1 - t0, t2 - t1, t3 - t2))
         if self.structured is not None:
-            c.constraint_s = self.structured.seconds
-        if self.planner is not None:
-            self.planner.observe(kind, max(tree.depths, default=0), v.n_accepted, tree.n + 1,
-                                 None if forced else t2 - t1)
-            if proposal is not None and isinstance(proposal.drafter, ModelDrafter):
-                self.planner.observe_draft(proposal.drafter)
+            self._counters.constraint_s = self.structured.seconds
+        self.policy.observe_step(draft, verdict.n_accepted, t2 - t1)
         return new
 
-    def _verify(self, tree: DraftTree) -> verifier.Verdict:
-        """The configured verification of the step's draft (under the grammar's masks, if any)."""
-        masks = self.structured.rows(tree, forced=False) if self.structured is not None else None
+    def _depth_budget(self) -> int | None:
+        """How deep this step may draft: the shape, cut by max_tokens and the context's room
+        (every node of a tree takes a KV cell); None when the generation is over."""
+        remaining = self._remaining()
+        room = self.target.n_ctx - len(self.tokens)
+        if self.finish_reason or remaining <= 0 or room < 0:
+            return None
+        depth = min(self.shape.depth, remaining - 1, room)
+        while depth > 0 and len(self.tokens) + self.shape.truncated(depth).n_nodes > self.target.n_ctx:
+            depth -= 1
+        return depth
+
+    def _draft(self, depth: int, masks: StepMasks | None) -> Draft:
+        """The step's draft: the drafters' proposals (a fixed one cut before the first token the
+        grammar forbids), the one the policy picks, drafted at the depth it picks."""
+        if depth <= 0:
+            return NO_DRAFT
+        proposals: list[DraftProposal] = []
+        for d in self.drafters:
+            proposal = d.propose(self.tokens, depth)
+            if masks is not None and proposal is not None and proposal.tokens:
+                proposal = masks.cut(proposal)
+            if proposal is not None and min(proposal.levels, depth) > 0:
+                proposals.append(proposal)
+        picked = self.policy.pick(proposals, depth, self._counters.prompt_tokens, self._remaining())
+        if picked is None:
+            return NO_DRAFT
+        proposal, levels = picked
+        return proposal.drafter.draft(proposal, self.state, self.shape.truncated(levels), self.sampling, self.rng,
+                                      self.config.verifier in WITHOUT_REPLACEMENT, masks)
+
+    def _verify(self, draft: Draft, masks: StepMasks | None) -> verifier.Verdict:
+        """The configured verification of the step's draft, under the grammar's masks if any. A
+        certain draft (a forced chain, decoded with the last row's logits only) has rows that each
+        allow exactly its token (checked), so the masked target is certain of it and every rule
+        accepts it with probability 1 (each verifier's equations with p = q = a point mass); the
+        token after it is drawn from the last row under its mask, as after an empty draft."""
+        tree = draft.tree
+        rows = masks.verified_rows(tree, draft.certain) if masks is not None else None
+        if draft.certain:
+            v = verifier.verify(self.config.verifier, self.target.logits(1), None, [], [], sampling=self.sampling,
+                                seed=int(self.rng.integers(0, 2**63)), lenience=self.config.lenience,
+                                masks=None if rows is None else rows[tree.n:tree.n + 1])
+            return verifier.Verdict(tuple(range(tree.n)), v.token, tree.n)
         return verifier.verify(self.config.verifier, self.target.logits(tree.n + 1),
                                tree.probs if tree.n else None, tree.tokens, tree.parents,
                                sampling=self.sampling, seed=int(self.rng.integers(0, 2**63)),
-                               lenience=self.config.lenience, masks=masks)
-
-    def _verify_forced(self, tree: DraftTree) -> verifier.Verdict:
-        """A chain of forced tokens, decoded with the last row's logits only. Each row before the
-        last allows exactly its token (checked), so the masked target is certain of it and every
-        rule accepts it with probability 1 (eqs. of each verifier with p = q = a point mass); the
-        token after the chain is drawn from the last row under its mask, as with an empty draft."""
-        assert self.structured is not None
-        rows = self.structured.rows(tree, forced=True)
-        v = verifier.verify(self.config.verifier, self.target.logits(1), None, [], [], sampling=self.sampling,
-                            seed=int(self.rng.integers(0, 2**63)), lenience=self.config.lenience,
-                            masks=rows[tree.n:tree.n + 1])
-        return verifier.Verdict(tuple(range(tree.n)), v.token, tree.n)
+                               lenience=self.config.lenience, masks=rows)
 
     def _emit(self, new: list[int]) -> list[int]:
         """The tokens up to the first end-of-generation token, counted as generated (the
@@ -315,52 +313,6 @@ class Engine:
         if self.finish_reason is None and self._counters.generated >= self.config.max_tokens:
             self.finish_reason = "length"
         return new
-
-    def _target_pass(self, tree: DraftTree, outputs: str = "all") -> None:
-        """ONE target decode over the root and every draft node (each root-to-leaf path a KV
-        sequence sharing the prefix); `outputs` "last": only the last node's logits row."""
-        L0 = len(self.tokens)
-        branches = max((s[-1] for s in tree.seqs), default=0) + 1
-        self.sequence.fork(branches)
-        self.sequence.decode([self.tokens[-1]] + tree.tokens, [L0 - 1] + [L0 - 1 + d for d in tree.depths],
-                             [tuple(range(branches))] + tree.seqs, outputs=outputs)
-
-    def _draft(self, depth: int) -> tuple[DraftTree, DraftProposal | None]:
-        """The step's draft and the proposal it was made from (None: nothing drafted).
-        With the planner: the proposal with the best predicted rate, at its best depth (none when
-        no drafter beats the target alone). Without (plan fixed): the first drafter that proposes
-        at least MIN_PROPOSAL tokens (the last one's proposal is always taken)."""
-        structured = self.structured
-        if structured is not None:
-            assert structured.masks is not None
-            structured.masks.begin()
-        if depth <= 0:
-            return DraftTree(), None
-        choice: tuple[float, int, DraftProposal] | None = None
-        for i, d in enumerate(self.drafters):
-            proposal = d.propose(self.tokens, depth)
-            if structured is not None and proposal is not None and proposal.tokens:
-                proposal = structured.cut(proposal)  # a fixed draft ends before its first forbidden token
-            available = min(proposal.levels, depth) if proposal is not None else 0
-            if proposal is None or available <= 0:
-                continue
-            if self.planner is None:
-                if i == len(self.drafters) - 1 or available >= min(MIN_PROPOSAL, depth):
-                    choice = (0.0, available, proposal)
-                    break
-                continue
-            if not d.loaded and not self.planner.worth_loading(d, self._counters.prompt_tokens, self._remaining()):
-                continue
-            planned, rate = self.planner.choose(d, proposal.kind, available, proposal.lag)
-            if planned > 0 and (choice is None or rate > choice[0]):
-                choice = (rate, planned, proposal)
-        if choice is None:
-            return DraftTree(), None
-        _, planned, proposal = choice
-        tree = proposal.drafter.draft(proposal, self.tokens, self.shape.truncated(planned), self.sampling, self.rng,
-                                      self.config.verifier in WITHOUT_REPLACEMENT,
-                                      None if structured is None else structured.masks)
-        return tree, proposal
 
     def _remaining(self) -> int:
         return self.config.max_tokens - self._counters.generated

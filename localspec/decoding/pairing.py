@@ -1,75 +1,23 @@
-"""Which draft can draft for which target, and a draft loaded only when it is needed.
+"""Which draft can draft for which target.
 
-:func:`check_pair` applies llama.cpp's rules (common/speculative.cpp) to two loaded models;
-:func:`check_lazy_pair` reads only a lazy draft's vocabulary, once per machine when given the
-cost profiles (the verdict is kept in the target's profile); :class:`LazyModel` loads on first
-use.
+:func:`check_pair` applies llama.cpp's rules (common/speculative.cpp) to two loaded models (once
+per loaded pair: the target keeps the drafts it has checked); :func:`check_lazy_pair` reads only
+the vocabulary of a draft not loaded yet (``localspec.llama.lazy.LazyModel``), once per machine
+when given the cost profiles (the verdict is kept in the target's profile).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import threading
-import time
-import weakref
 from pathlib import Path
 
 from localspec.decoding.profiles import Profiles
-from localspec.llama.host import identity, key_of
-from localspec.config import ModelOptions
 from localspec.errors import ModelError
-from localspec.llama.model import Model, _check_gguf_file, claimed
-
-log = logging.getLogger(__name__)
+from localspec.llama.host import key_of
+from localspec.llama.lazy import LazyModel
+from localspec.llama.model import Model
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp common/speculative: tolerated n_vocab gap
 VOCAB_CHECK_START_TOKEN_ID = 5  # ... and tokens compared from this id on
-
-
-class LazyModel:
-    """A model loaded on first use (a draft the planner may never need). The planner records its
-    load time (`load_seconds`) in its cost profile."""
-
-    def __init__(self, path: str | os.PathLike, options: ModelOptions | None = None, paired: bool = False) -> None:
-        self.path = Path(path).expanduser()
-        self.options = options or ModelOptions()
-        self.paired = paired  # a registry pair: its vocabulary is known to match the target's
-        _check_gguf_file(self.path)
-        self.identity = identity(self.path, self.options)
-        self._model: Model | None = None
-        self._busy = threading.Lock()
-        self.load_seconds: float | None = None  # set when it is loaded
-
-    def in_use(self) -> contextlib.AbstractContextManager[None]:
-        """Claim the draft for one generation (localspec.llama.model.claimed)."""
-        return claimed(self._busy, self.path.name)
-
-    @property
-    def loaded(self) -> bool:
-        return self._model is not None
-
-    @property
-    def file_bytes(self) -> int:
-        return self.path.stat().st_size
-
-    @property
-    def name(self) -> str:
-        return self._model.name if self._model is not None else self.path.stem
-
-    def get(self) -> Model:
-        if self._model is None:
-            t0 = time.perf_counter()
-            self._model = Model(self.path, self.options)
-            self.load_seconds = time.perf_counter() - t0
-            log.info("loaded the draft %s in %.2f s", self.path.name, self.load_seconds)
-        return self._model
-
-    def close(self) -> None:
-        if self._model is not None:
-            self._model.close()
-            self._model = None
 
 
 def check_lazy_pair(target: Model, draft: LazyModel, store: Profiles) -> None:
@@ -100,15 +48,12 @@ def _vocabulary_verdict(target: Model, draft_path: Path) -> str:
         vocab.close()
 
 
-_checked_pairs: "weakref.WeakKeyDictionary[Model, weakref.WeakSet[Model]]" = weakref.WeakKeyDictionary()
-
-
 def check_pair(target: Model, draft: Model) -> None:
     """Can `draft` propose tokens for `target`? llama.cpp's rules (common/speculative.cpp):
     same vocabulary type, same BOS/EOS and add-BOS, vocab sizes within 128, and the same token
     text from id 5 on. Raises ModelError naming the first difference."""
     t, d = target, draft
-    if d in _checked_pairs.get(t, ()):
+    if d in t.checked_drafts:
         return  # checked once per loaded pair: it compares the whole vocabulary
 
     def fail(why: str) -> None:
@@ -127,4 +72,4 @@ def check_pair(target: Model, draft: Model) -> None:
         a, b = t.token_text(tok), d.token_text(tok)
         if a != b:
             fail(f"token {tok} is {a!r} in the target but {b!r} in the draft")
-    _checked_pairs.setdefault(t, weakref.WeakSet()).add(d)
+    t.checked_drafts.add(d)

@@ -30,14 +30,17 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from localspec.config import Shape
 from localspec.decoding.profiles import Profile, Profiled, Profiles
 
 if TYPE_CHECKING:
-    from localspec.decoding.drafters import Drafter, ModelDrafter
+    from localspec.decoding.drafters import Drafter, DraftProposal, ModelDrafter
+    from localspec.decoding.state import Draft
+    from localspec.llama.sequence import KVSequence
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +196,50 @@ class Planner:
         self.target_cost = CostTable(dict(self.profile.costs), lambda: self.profile.prefill)
         self._acceptance: dict[str, Acceptance] = {}
         self._draft_costs: dict[str, tuple[Profile, CostTable]] = {}
+
+    # ------------------------------------------------------------------ the policy (localspec.decoding.policy)
+
+    def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
+             remaining: int) -> tuple[DraftProposal, int] | None:
+        """The proposal with the best predicted rate, at its best depth; None when none beats the
+        target alone (a draft model not loaded yet only where loading it would pay)."""
+        best: tuple[float, int, DraftProposal] | None = None
+        for proposal in proposals:
+            drafter = proposal.drafter
+            if not drafter.loaded and not self.worth_loading(drafter, prompt_tokens, remaining):
+                continue
+            planned, rate = self.choose(drafter, proposal.kind, min(proposal.levels, depth), proposal.lag)
+            if planned > 0 and (best is None or rate > best[0]):
+                best = (rate, planned, proposal)
+        return None if best is None else (best[2], best[1])
+
+    def prefill(self, sequence: KVSequence, upto: int) -> None:
+        """Decode the prompt up to `upto`: chunks of the pass sizes whose cost is unknown are
+        decoded as verification passes are (logits for every token) and timed, real work that
+        measures the cost curve; the rest is timed as a prefill (nothing to measure: one plain
+        prefill, as the target alone does)."""
+        sizes = self.sizes_to_measure(upto - sequence.n_cached - PREFILL_WARM_UP)
+        if sizes:  # warm up first, unmeasured (a cold first decode is slow)
+            sequence.fill(sequence.n_cached + PREFILL_WARM_UP)
+        for n in sizes:
+            t0 = time.perf_counter()
+            sequence.fill(sequence.n_cached + n, outputs="all")
+            self.target_cost.observe(n, time.perf_counter() - t0)
+        rest, t0 = upto - sequence.n_cached, time.perf_counter()
+        sequence.fill(upto)
+        self.observe_prefill(self.profile, rest, time.perf_counter() - t0)
+
+    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float) -> None:
+        """A verified step: acceptance of its kind, the target pass's cost (not a forced chain's,
+        decoded with one logits row), the draft model's timing."""
+        kind = draft.kind if draft.n else None
+        self.observe(kind, max(draft.tree.depths, default=0), n_accepted, draft.n + 1,
+                     None if draft.certain else target_seconds)
+        if draft.decoded_depth:  # a draft model's draft
+            self.observe_draft(draft.drafter)  # type: ignore[arg-type]
+
+    def finish(self) -> None:
+        self.record()
 
     def profile_of(self, model: Profiled) -> Profile:
         """The cost profile of a loaded (or lazily loaded) model."""

@@ -1,13 +1,15 @@
 """A constrained generation's step: the grammar follows the target's committed tokens and gives
 the token masks of every row a step verifies.
 
-:class:`Structured` is what the engine holds when its config has a constraint: the compiled
+:class:`Structured` is what the pair's state holds when the config has a constraint: the compiled
 grammar and the :class:`~localspec.decoding.constraint.GrammarFollower` of the model's
 llguidance tokenizer, both made when the engine is made, so a grammar that cannot be enforced
 is a ConfigError before any decoding (the follower follows the grammar's start over the model's
 vocabulary); the follower is attached to the target's
-:class:`~localspec.llama.sequence.KVSequence` for one generation; :class:`DraftMasks` holds the
-step's mask rows in preallocated buffers.
+:class:`~localspec.llama.sequence.KVSequence` for one generation. Each step gets its
+:class:`StepMasks` (:meth:`Structured.step`): the mask rows of that step's draft, in preallocated
+buffers, and the rows the verifier takes (:meth:`StepMasks.verified_rows`), after which the grammar is
+back at the committed tokens.
 
 Row ids are the verifier's: row 0 is after the committed tokens, row j+1 after draft node j. A
 row is computed once per step (:meth:`DraftMasks.row` caches it by the path it follows), so the
@@ -24,7 +26,7 @@ import numpy as np
 
 from localspec.config import Constraint
 from localspec.decoding.constraint import GrammarFollower, allocate_masks, compile_constraint, is_allowed
-from localspec.decoding.drafters import DraftProposal, ForcedDrafter
+from localspec.decoding.drafters import DraftProposal
 from localspec.decoding.tree import DraftTree
 from localspec.errors import ConstraintError
 from localspec.llama.model import Model
@@ -32,7 +34,7 @@ from localspec.llama.model import Model
 log = logging.getLogger(__name__)
 
 
-class DraftMasks:
+class StepMasks:
     """The mask rows of one step's draft, computed once each (see the module docstring)."""
 
     def __init__(self, follower: GrammarFollower, max_nodes: int) -> None:
@@ -41,16 +43,39 @@ class DraftMasks:
         self._paths: list[tuple[int, ...] | None] = [None] * (max_nodes + 1)  # the draft path each row is after
         self.seconds = 0.0  # spent computing rows and returning the grammar to the committed tokens
 
-    def begin(self) -> None:
+    def _begin(self) -> StepMasks:
         """A new step: the committed tokens changed, no row is known."""
         for r in range(len(self._paths)):
             self._paths[r] = None
+        return self
 
-    def end(self) -> None:
+    def _end(self) -> None:
         """The step's masks are done: the grammar is back at the committed tokens."""
         t0 = time.perf_counter()
         self.follower.end_draft()
         self.seconds += time.perf_counter() - t0
+
+    def cut(self, proposal: DraftProposal) -> DraftProposal | None:
+        """A fixed proposal cut at its first token the masks forbid (None: nothing left)."""
+        k = self.allowed_prefix(proposal.tokens[: proposal.levels])
+        if k == len(proposal.tokens):
+            return proposal
+        if k == 0:
+            return None
+        return DraftProposal(proposal.drafter, proposal.kind, min(proposal.levels, k), proposal.lag,
+                             proposal.tokens[:k])
+
+    def verified_rows(self, tree: DraftTree, certain: bool) -> np.ndarray:
+        """The step's last use of its masks: the rows of its draft for the verifier (`certain`: a
+        forced chain, each row checked to allow exactly its token), the grammar back at the
+        committed tokens afterwards."""
+        try:
+            rows = self.complete(tree)
+            if certain:
+                self.check_forced(tree)
+        finally:
+            self._end()
+        return rows
 
     def _row_after(self, r: int, path: tuple[int, ...]) -> np.ndarray:
         if self._paths[r] != path:
@@ -114,7 +139,7 @@ class Structured:
         self.target = target
         self.max_nodes = max_nodes
         self.follower = GrammarFollower.for_model(constraint, target)  # its start followed once per model
-        self.masks = DraftMasks(self.follower, max_nodes)
+        self.masks = StepMasks(self.follower, max_nodes)
 
     @property
     def seconds(self) -> float:
@@ -122,41 +147,22 @@ class Structured:
         forced tokens, following the committed tokens."""
         return self.masks.seconds + self.follower.seconds
 
-    def attach(self, prompt: Sequence[int], forced: Sequence[ForcedDrafter]) -> None:
+    def attach(self, prompt: Sequence[int]) -> None:
         """After the prefill: the grammar follows the target's committed tokens from the prompt on."""
         self.detach()
         follower = self.follower
         follower.reset(prompt)
         self.target.sequence.followers.append(follower)
         follower.seconds = self.masks.seconds = 0.0
-        for d in forced:
-            d.grammar = follower
 
     def detach(self) -> None:
         """The generation ended (or failed): the grammar no longer follows the target."""
         if self.follower in self.target.sequence.followers:
             self.target.sequence.followers.remove(self.follower)
 
-    def cut(self, proposal: DraftProposal) -> DraftProposal | None:
-        """A fixed proposal cut at its first token the masks forbid (None: nothing left)."""
-        k = self.masks.allowed_prefix(proposal.tokens[: proposal.levels])
-        if k == len(proposal.tokens):
-            return proposal
-        if k == 0:
-            return None
-        return DraftProposal(proposal.drafter, proposal.kind, min(proposal.levels, k), proposal.lag,
-                             proposal.tokens[:k])
-
-    def rows(self, tree: DraftTree, forced: bool) -> np.ndarray:
-        """The mask rows of a step's draft (`forced`: a forced chain, each row checked to allow
-        exactly its token), the grammar back at the committed tokens afterwards."""
-        try:
-            rows = self.masks.complete(tree)
-            if forced:
-                self.masks.check_forced(tree)
-        finally:
-            self.masks.end()
-        return rows
+    def step(self) -> StepMasks:
+        """A step begins: its draft's mask rows (nothing known yet)."""
+        return self.masks._begin()
 
     @property
     def satisfied(self) -> bool:

@@ -43,10 +43,6 @@ class DraftTree:
     def path_tokens(self, path: tuple[int, ...]) -> list[int]:
         return [self.tokens[j] for j in path]
 
-    def chain_nodes(self, branch: int) -> list[int]:
-        """The nodes on the root-to-leaf path of KV sequence `branch`, root side first."""
-        return [j for j, seqs in enumerate(self.seqs) if branch in seqs]
-
     def branch_of(self, path: tuple[int, ...]) -> int:
         """A KV sequence that holds the accepted path (the root's is 0)."""
         return self.seqs[path[-1]][0] if path else 0

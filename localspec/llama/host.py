@@ -1,7 +1,7 @@
-"""This machine as llama.cpp runs on it: its CPU, the llama.cpp build, what a model's speed
-depends on here (its identity, and the key per-machine state is filed under), and where that
-state lives (the profile directory: cost profiles, CPU kernel checks; read and written through
-localspec.files, which touches only files localspec wrote)."""
+"""This machine as llama.cpp runs on it: its CPU and free memory, the llama.cpp build, what a
+model's speed depends on here (its identity, and the key per-machine state is filed under), and
+where that state lives (the profile directory: cost profiles, CPU kernel checks; read and written
+through localspec.files, which touches only files localspec wrote)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,17 @@ def profile_dir() -> Path:
 
     override = environment.get(PROFILE_ENV)
     return override if override is not None else registry.cache_root() / "profiles"
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations (Linux: MemAvailable), None if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def cpuinfo(*keys: str) -> str | None:

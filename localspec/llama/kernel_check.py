@@ -1,4 +1,4 @@
-"""The child process of a CPU kernel check (``localspec.llama.kernels``): ``python -m
+"""The child process of a CPU kernel check (``localspec.llama.kernel_verdicts``): ``python -m
 localspec.llama.kernel_check CONFIG TYPE...`` quantizes a tiny model to each weight type with llama.cpp's
 own quantizer, decodes with the configuration and with the plain kernels, and compares the logits.
 It exits 0 when they agree; a configuration that crashes kills only this process."""
@@ -14,21 +14,23 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.llama import backend
 from localspec.config import ModelOptions
 from localspec.errors import ModelError
-from localspec.llama.kernels import CHECK_FTYPES, CHECK_TOLERANCE, FAULT_ENV
+from localspec.llama import backend, tiny_model
+from localspec.llama.buffer_types import CHECK_FTYPES
 from localspec.llama.model import Model
-from localspec.models import tiny
+
+FAULT_ENV = "LOCALSPEC_KERNEL_CHECK_FAULT"  # tests: the child dies (SIGSEGV) checking these configurations
+CHECK_TOLERANCE = 0.1  # relative RMS difference between a configuration's logits and the plain kernels'
 
 
 def _tiny_models(directory: Path, types: Sequence[str]) -> list[tuple[str, Path]]:
     """A tiny random model quantized by llama.cpp to each weight type (dimensions that the
     quantized types, CPU_REPACK's interleaves and AMX's tiles all take)."""
     backend.init()  # llama.cpp's quantizer logs through localspec's quiet callback
-    source = tiny.write_tiny_model(directory / "check-f32.gguf", **tiny.QUANTIZABLE)
+    source = tiny_model.write_check_model(directory / "check-f32.gguf")
     try:
-        return [(t, tiny.quantize(source, directory / f"check-{t}.gguf", CHECK_FTYPES[t])) for t in types]
+        return [(t, tiny_model.quantize(source, directory / f"check-{t}.gguf", CHECK_FTYPES[t])) for t in types]
     except RuntimeError as exc:
         raise ModelError(str(exc)) from None
 

@@ -1,32 +1,34 @@
 """A GGUF model in a llama.cpp context, through llama-cpp-python's low-level API.
 
-One :class:`Model` owns a model, a context and a reusable batch. It tokenizes, detokenizes
-incrementally (UTF-8 safe), applies the model's chat template, decodes batches whose tokens may
-belong to several sequences (token trees share a prefix through ``seq_id`` sets on a unified KV
-cache), exposes the output logits as a zero-copy view, and edits the KV cache per sequence.
+One :class:`Model` owns a model, a context and a reusable batch. It decodes batches whose tokens
+may belong to several sequences (token trees share a prefix through ``seq_id`` sets on a unified
+KV cache), exposes the output logits as a zero-copy view, edits the KV cache per sequence and
+saves and restores a sequence's state. Its vocabulary side (tokenizing, pieces, the chat
+template) is ``localspec.llama.vocab``; the CPU kernels its weights load with are chosen by
+``localspec.llama.kernels``.
 """
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import ctypes
 import logging
 import os
-import re
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import llama_cpp as lc
 import numpy as np
 
-from localspec.llama import backend, host, kernels, rpc
 from localspec.config import ModelOptions
-from localspec.errors import ModelError, PromptError, RemoteError
+from localspec.errors import ModelError, RemoteError
+from localspec.llama import backend, buffer_types, host, kernels, rpc
+from localspec.llama.logits import LogitsPointer
 from localspec.llama.sequence import KVSequence
-from localspec.verify.verifier import LogitsPointer
+from localspec.llama.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +39,8 @@ LOAD_MODES = {"auto": lc.LLAMA_LOAD_MODE_AUTO, "mmap": lc.LLAMA_LOAD_MODE_MMAP,
               "read": lc.LLAMA_LOAD_MODE_NONE}  # read: copy the weights into memory (no mapped duplicates)
 
 
-_BUFFER_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
-
-
-def _weight_buffers(lines: Sequence[str]) -> dict[str, float]:
-    """MiB of weights per buffer type, from llama.cpp's `load_tensors: <type> model buffer size` lines."""
-    out: dict[str, float] = {}
-    for m in _BUFFER_LINE.finditer("".join(lines)):
-        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
-    return out
-
-
-def _check_gguf_file(path: Path) -> None:
+def check_gguf_file(path: Path) -> None:
+    """A ModelError unless `path` is a readable regular file that starts as a GGUF file does."""
     if not path.exists():
         raise ModelError(f"model file not found: {path}")
     if not path.is_file():
@@ -61,17 +53,6 @@ def _check_gguf_file(path: Path) -> None:
     if magic != b"GGUF":
         raise ModelError(f"{path} is not a GGUF file (it starts with {magic!r}); "
                          "localspec loads llama.cpp GGUF models")
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to new allocations (Linux: MemAvailable), None if unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 @contextlib.contextmanager
@@ -89,33 +70,12 @@ def claimed(lock: threading.Lock, name: str) -> Iterator[None]:
         lock.release()
 
 
-class IncrementalDetokenizer:
-    """Token ids -> text pieces, never splitting a UTF-8 character across pieces."""
-
-    def __init__(self, model: "Model") -> None:
-        self._model = model
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def add(self, token: int) -> str:
-        return self._decoder.decode(self._model.token_bytes(token))
-
-    def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
-
-
-class Model:
+class Model(Vocabulary):
     """A loaded GGUF model with its context. Use as a context manager or call close()."""
 
     def __init__(self, path: str | os.PathLike, options: ModelOptions | None = None) -> None:
-        self.path = Path(path).expanduser()
-        self.options = options or ModelOptions()
-        _check_gguf_file(self.path)
-        backend.init()
+        self._unloaded(path, options)
         started = time.perf_counter()
-        self._model = None
-        self._ctx = None
-        self._batch = None
-        self._identity: dict | None = None
         self._load_model()
         try:
             self._check_rollback()
@@ -124,10 +84,7 @@ class Model:
         except Exception:
             self.close()
             raise
-        self._pieces: dict[int, bytes] = {}
-        self._busy = threading.Lock()
-        self.sequence = KVSequence(self)  # what the KV cache holds: its one owner
-        self.load_seconds: float | None = time.perf_counter() - started  # weights and context
+        self.load_seconds = time.perf_counter() - started  # weights and context
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -135,19 +92,24 @@ class Model:
     def vocabulary(cls, path: str | os.PathLike) -> "Model":
         """Only the vocabulary of a GGUF file (no weights, no context): enough to check a pair."""
         self = cls.__new__(cls)
-        self.path = Path(path).expanduser()
-        self.options = ModelOptions()
-        self._model = self._ctx = self._batch = None
-        self._identity = None
-        self._pieces = {}
-        self._busy = threading.Lock()
-        self.sequence = KVSequence(self)
-        self.load_seconds = None
-        self.weight_buffers = {}
-        _check_gguf_file(self.path)
-        backend.init()
+        self._unloaded(path, None)
         self._load_model(vocab_only=True)
         return self
+
+    def _unloaded(self, path: str | os.PathLike, options: ModelOptions | None) -> None:
+        """The state before llama.cpp loads anything: the file checked, llama.cpp's process set up."""
+        self.path = Path(path).expanduser()
+        self.options = options or ModelOptions()
+        check_gguf_file(self.path)
+        backend.init()
+        self._model = self._ctx = self._batch = None
+        self._identity: dict | None = None
+        self._pieces: dict[int, bytes] = {}
+        self._busy = threading.Lock()
+        self.sequence = KVSequence(self)  # what the KV cache holds: its one owner
+        self.checked_drafts: weakref.WeakSet[Model] = weakref.WeakSet()  # drafts pairing.check_pair passed
+        self.load_seconds: float | None = None
+        self.weight_buffers: dict[str, float] = {}
 
     def _load_model(self, vocab_only: bool = False) -> None:
         """Load the weights (or only the vocabulary). A CPU kernel configuration checked for the
@@ -157,22 +119,8 @@ class Model:
         if vocab_only:
             self._model = self._load_weights(None, vocab_only=True)
         else:
-            offloaded = self._gpu_layers()
-            choice = kernels.choose(self.path, self.options.cpu_kernels, gpu_layers=offloaded)
-            pending = choice if isinstance(choice, kernels.PendingPlan) else None
-            plan = pending.plan if pending is not None else choice
-            try:
-                self._model = self._load_weights(plan)
-            except BaseException:
-                if pending is not None:
-                    pending.confirmed()  # the check's verdict holds whatever became of this load
-                raise
-            if pending is not None and not pending.confirmed():
-                lc.llama_model_free(self._model)
-                self._model = None
-                plan = kernels.resolve(self.path, self.options.cpu_kernels, offloaded)  # the next configuration
-                self._model = self._load_weights(plan)
-            self.kernels = plan
+            self._model, self.kernels = kernels.load_checked(self.path, self.options.cpu_kernels, self._gpu_layers(),
+                                                             self._load_weights, lc.llama_model_free)
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
 
@@ -206,7 +154,7 @@ class Model:
             with backend.capture_log() as lines:
                 model = lc.llama_model_load_from_file(str(self.path).encode(), params)
         del keep_alive  # llama.cpp reads the overrides during the load only
-        self.weight_buffers = _weight_buffers(lines)
+        self.weight_buffers = buffer_types.weight_buffers(lines)
         if not model:
             raise ModelError(f"llama.cpp could not load {self.path} (unsupported architecture, "
                              "truncated download, or not enough memory); set LOCALSPEC_LLAMA_LOG=1 "
@@ -230,7 +178,7 @@ class Model:
     def _check_context_fits(self) -> None:
         """Refuse a context whose KV cache cannot fit in this machine's memory, before llama.cpp
         allocates it (a huge --ctx-size would otherwise take gigabytes and then fail, or swap)."""
-        available = available_memory()
+        available = host.available_memory()
         if available is None or self._gpu_layers():  # unknown, or the cache lives on other devices
             return
         need = self.kv_bytes(self.options.ctx_size)
@@ -280,11 +228,6 @@ class Model:
         self._b_seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(nseq,)) for i in range(cap)]
         for row in self._b_seq:
             row[0] = 0
-
-    def _live(self) -> None:
-        """A ModelError, never a crash or an AttributeError, for a model used after close()."""
-        if self._model is None:
-            raise ModelError(f"{self.path.name} is closed; load it again to use it")
 
     def in_use(self) -> contextlib.AbstractContextManager[None]:
         """Claim the model for one generation (see claimed)."""
@@ -356,94 +299,6 @@ class Model:
     def size_bytes(self) -> int:
         self._live()
         return int(lc.llama_model_size(self._model))
-
-    @property
-    def bos(self) -> int:
-        self._live()
-        return int(lc.llama_vocab_bos(self._vocab))
-
-    @property
-    def eos(self) -> int:
-        self._live()
-        return int(lc.llama_vocab_eos(self._vocab))
-
-    @property
-    def add_bos(self) -> bool:
-        self._live()
-        return bool(lc.llama_vocab_get_add_bos(self._vocab))
-
-    @property
-    def vocab_type(self) -> int:
-        self._live()
-        return int(lc.llama_vocab_type(self._vocab))
-
-    @property
-    def vocab_pointer(self) -> Any:
-        """llama.cpp's vocabulary of this model (a ``llama_vocab_p``), for libraries that read it
-        themselves (llguidance's tokenizer). Valid while the model is open: close() frees it."""
-        self._live()
-        return self._vocab
-
-    def is_eog(self, token: int) -> bool:
-        """End of generation (EOS, EOT, <|im_end|>, ...)."""
-        self._live()
-        return bool(lc.llama_vocab_is_eog(self._vocab, token))
-
-    def token_text(self, token: int) -> bytes:
-        self._live()
-        return lc.llama_vocab_get_text(self._vocab, token) or b""
-
-    def token_attr(self, token: int) -> int:
-        """llama.cpp's LLAMA_TOKEN_ATTR_* bits of a token (control, user-defined, byte, ...)."""
-        self._live()
-        return int(lc.llama_vocab_get_attr(self._vocab, token))
-
-    # ------------------------------------------------------------------ text
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Text -> token ids (add_special: BOS if the model wants one; parse_special: read
-        control tokens such as <|im_start|> written in the text, as chat templates do). The text is
-        passed with its length, so a NUL in it is text too; PromptError where the vocabulary has
-        no token for it (llama.cpp would drop it)."""
-        self._live()
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        buf = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            buf = (lc.llama_token * cap)()
-            n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            raise ModelError("tokenization failed")
-        tokens = list(buf[:n])
-        if b"\0" in data and b"".join(map(self.token_bytes, tokens)).count(b"\0") < data.count(b"\0"):
-            raise PromptError(f"the text holds a NUL character (U+0000), for which the vocabulary of {self.path.name} "
-                              "has no token; remove it")
-        return tokens
-
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes a token stands for in generated text (control tokens render as nothing)."""
-        piece = self._pieces.get(token)
-        if piece is None:
-            self._live()
-            buf = ctypes.create_string_buffer(64)
-            n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            piece = buf.raw[: max(n, 0)]
-            self._pieces[token] = piece
-        return piece
-
-    def detokenizer(self) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self)
-
-    @property
-    def chat_template(self) -> str | None:
-        self._live()
-        tmpl = lc.llama_model_chat_template(self._model, None)
-        return tmpl.decode("utf-8", "replace") if tmpl else None
 
     # ------------------------------------------------------------------ decoding
 

@@ -108,16 +108,6 @@ class KVSequence:
             f.reset(self.tokens)
         return True
 
-    def follow(self, context: Sequence[int]) -> None:
-        """Catch the committed tokens up with `context` (a draft model following the target's
-        context): what the two share stays, the rest is withdrawn, then the new tokens are
-        committed (not decoded: :meth:`fill` does that)."""
-        shared = common_prefix(self.tokens, context) if context[: len(self.tokens)] != self.tokens else len(self.tokens)
-        if shared < len(self.tokens):
-            self.rollback(len(self.tokens) - shared)
-        if len(context) > shared:
-            self.commit(context[shared:])
-
     def clear(self) -> None:
         """Empty the cache and the context."""
         self.model.clear_memory()

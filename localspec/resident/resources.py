@@ -21,7 +21,6 @@ from localspec.cli.options import load_for, model_kwargs
 from localspec.cli.resources import Resources
 from localspec.config import GenerationConfig
 from localspec.loading import Loaded, PairNames, draft_loading, draft_options, load_draft, pair_names
-from localspec.resident import runtime
 from localspec.resident import control
 from localspec.resident.control import stop_service
 
@@ -76,8 +75,10 @@ def _cache_place(setting: Any) -> str | None:
 
 
 def available_memory() -> int:
-    """MemAvailable in bytes (0 where /proc/meminfo has none)."""
-    return runtime.proc_bytes("/proc/meminfo", "MemAvailable")
+    """MemAvailable in bytes (0 where it is not known)."""
+    from localspec.llama.host import available_memory as available
+
+    return available() or 0
 
 
 class ServiceResources(Resources):

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model
 from localspec import __version__
 from localspec.config import GenerationConfig
 from localspec.decoding.engine import GenerationStats
-from localspec.tools import ToolCall
+from localspec.tool_calls import ToolCall
 
 FINGERPRINT = f"localspec-{__version__}"
 

@@ -48,6 +48,7 @@ import numpy as np
 from localspec._verifier import ffi, lib
 from localspec.config import CHAIN_ONLY, SamplingParams, VERIFIERS as METHODS
 from localspec.errors import VerifierError
+from localspec.llama.logits import LogitsPointer
 
 PLAIN = SamplingParams()  # the target's own distribution: temperature 1, nothing truncated
 _METHOD_IDS = {name: i for i, name in enumerate(METHODS)}
@@ -67,16 +68,6 @@ class Verdict:
     path: tuple[int, ...]  # accepted node indices, root to leaf
     token: int  # the correction (after a rejection) or bonus (all accepted) token
     n_accepted: int
-
-
-@dataclass(frozen=True)
-class LogitsPointer:
-    """Rows of float32 logits owned by someone else (e.g. llama.cpp's output buffer)."""
-
-    address: int
-    n_rows: int
-    n_vocab: int
-    row_stride: int | None = None  # floats between rows; default n_vocab
 
 
 def _c_sampling(sampling: SamplingParams, out: Any) -> None:
@@ -144,13 +135,6 @@ def pack_mask(allowed: np.ndarray) -> np.ndarray:
     padded[..., :V] = a
     packed = np.packbits(padded, axis=-1, bitorder="little")  # byte k, bit b = token 8k + b
     return np.ascontiguousarray(packed).view("<u4").astype(np.uint32)
-
-
-def unpack_mask(masks: np.ndarray, n_vocab: int) -> np.ndarray:
-    """Inverse of :func:`pack_mask`: uint32 ``[..., words]`` -> boolean ``[..., n_vocab]``."""
-    m = np.ascontiguousarray(np.asarray(masks, dtype=np.uint32)).astype("<u4")
-    bits = np.unpackbits(m.view(np.uint8), axis=-1, bitorder="little")
-    return bits[..., :n_vocab].astype(np.bool_)
 
 
 def _masks(value: Any, n_rows: int, n_vocab: int) -> tuple[Any, int, Any]:

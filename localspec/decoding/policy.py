@@ -1,0 +1,63 @@
+"""Which drafter drafts how deep at each step: policy, apart from the mechanism that drafts,
+decodes, verifies and commits (localspec.decoding.engine).
+
+A :class:`Policy` picks one of a step's proposals and a depth, decodes the prompt (the planner
+measures its cost curve on the way), and observes each step (what it cost, what was accepted).
+:class:`~localspec.decoding.planner.Planner` is the cost-aware policy (``--plan auto``);
+:class:`FixedPolicy` always drafts the full shape from the first drafter that offers enough
+(``--plan fixed``) and learns nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from localspec.decoding.drafters import Drafter, DraftProposal
+    from localspec.decoding.state import Draft
+    from localspec.llama.sequence import KVSequence
+
+MIN_PROPOSAL = 2  # a drafter followed by another is used when it proposes at least this many tokens
+
+
+class Policy(Protocol):
+    """What the engine asks of a policy."""
+
+    def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
+             remaining: int) -> tuple[DraftProposal, int] | None:
+        """The proposal to draft from and how many levels (None: the target alone this step);
+        `proposals` in the drafters' order, each offering at least one level."""
+
+    def prefill(self, sequence: KVSequence, upto: int) -> None:
+        """Decode the prompt into the target's sequence up to `upto`."""
+
+    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float) -> None:
+        """A step was verified: its draft, how many of its tokens were accepted, the target pass's time."""
+
+    def finish(self) -> None:
+        """The generation ended: what was learned goes into the cost profiles."""
+
+
+class FixedPolicy:
+    """--plan fixed: the first drafter (in order) that proposes at least MIN_PROPOSAL levels, or
+    the last one's proposal, drafted as deep as it offers."""
+
+    def __init__(self, drafters: Sequence[Drafter]) -> None:
+        self.last = drafters[-1] if drafters else None
+
+    def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
+             remaining: int) -> tuple[DraftProposal, int] | None:
+        for proposal in proposals:
+            available = min(proposal.levels, depth)
+            if proposal.drafter is self.last or available >= min(MIN_PROPOSAL, depth):
+                return proposal, available
+        return None
+
+    def prefill(self, sequence: KVSequence, upto: int) -> None:
+        sequence.fill(upto)
+
+    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
