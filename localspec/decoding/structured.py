@@ -12,7 +12,7 @@ buffers, and the rows the verifier takes (:meth:`StepMasks.verified_rows`), afte
 back at the committed tokens.
 
 Row ids are the verifier's: row 0 is after the committed tokens, row j+1 after draft node j. A
-row is computed once per step (:meth:`DraftMasks.row` caches it by the path it follows), so the
+row is computed once per step (:meth:`StepMasks.row` caches it by the path it follows), so the
 masks a draft model drew its children from are the ones the verifier sees.
 """
 
