@@ -81,12 +81,12 @@ def llama_info() -> dict:
             "devices": backend_devices()}
 
 
-def kernels_info(model: str | None, cpu_kernels: str) -> dict:
+def kernels_info(model: str | None, cpu_kernels: str, n_gpu_layers: int = 0) -> dict:
     """The CPU's extra weight buffer types, the kernel checks recorded on this machine, and
     (with a model) the configuration and weight buffer types that model gets."""
     from localspec.llama import buffer_types, kernel_verdicts
 
-    loaded = model_buffers(model, cpu_kernels) if model is not None else None  # may record a check
+    loaded = model_buffers(model, cpu_kernels, n_gpu_layers) if model is not None else None  # may record a check
     out: dict = {"extra_buffer_types": list(buffer_types.extra_buffer_types()),
                  "known_to_crash": {k: buffer_types.KNOWN_CRASHING[k] for k in buffer_types.crashing_buffer_types()},
                  "checks": {key: {"ok": v.ok, "detail": v.detail, "seconds": round(v.seconds, 2)}
@@ -96,8 +96,8 @@ def kernels_info(model: str | None, cpu_kernels: str) -> dict:
     return out
 
 
-def model_buffers(name: str, cpu_kernels: str) -> dict:
-    """Load a model (a tiny context) and report where llama.cpp put its weights."""
+def model_buffers(name: str, cpu_kernels: str, n_gpu_layers: int = 0) -> dict:
+    """Load a model (a tiny context) with n_gpu_layers offloaded and report where llama.cpp put its weights."""
     from localspec.llama import registry
     from localspec.config import ModelOptions
     from localspec.errors import LocalspecError
@@ -105,9 +105,11 @@ def model_buffers(name: str, cpu_kernels: str) -> dict:
 
     try:
         path = registry.resolve(name)
-        with Model(path, ModelOptions(ctx_size=64, batch_size=16, n_seq_max=1, cpu_kernels=cpu_kernels)) as m:
+        with Model(path, ModelOptions(ctx_size=64, batch_size=16, n_seq_max=1, cpu_kernels=cpu_kernels,
+                                      n_gpu_layers=n_gpu_layers)) as m:
             plan = m.kernels
-            return {"path": str(path), "cpu_kernels": cpu_kernels, "config": plan.config if plan else None,
+            return {"path": str(path), "cpu_kernels": cpu_kernels, "n_gpu_layers": n_gpu_layers,
+                    "config": plan.config if plan else None,
                     "reason": plan.reason if plan else None, "weight_buffers_mib": m.weight_buffers}
     except LocalspecError as exc:
         return {"path": name, "cpu_kernels": cpu_kernels, "error": str(exc)}
@@ -182,7 +184,8 @@ def rpc_info(endpoints: tuple[str, ...]) -> dict:
     return out
 
 
-def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kernels: str = "auto") -> dict:
+def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kernels: str = "auto",
+            n_gpu_layers: int = 0) -> dict:
     from localspec.llama import registry
     from localspec.decoding.profiles import Profiles
     from localspec.llama.prompt_cache import PromptCache
@@ -196,7 +199,7 @@ def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kerne
                    "executable": sys.executable},
         "platform": {"system": platform.platform(), "machine": platform.machine(), **_cpus()},
         "llama_cpp": llama,
-        "cpu_kernels": kernels_info(model, cpu_kernels) if "error" not in llama else {},
+        "cpu_kernels": kernels_info(model, cpu_kernels, n_gpu_layers) if "error" not in llama else {},
         "verifier": native_info(),
         "packages": {name: _version(name) for name in ("numpy", "cffi", "click", "jinja2")},
         "cache": {"dir": str(registry.cache_dir()), "from_env": environment.is_set(registry.CACHE_ENV)},
@@ -251,7 +254,8 @@ def _kernels_lines(k: dict) -> list[str]:
         lines.append(f"  {m['path']}: {m['error']}")
     else:
         buffers = ", ".join(f"{name} {mib:.0f} MiB" for name, mib in sorted(m["weight_buffers_mib"].items()))
-        lines.append(f"  {Path(m['path']).name} with --cpu-kernels {m['cpu_kernels']}: {m['config']} "
+        gpu = f" --n-gpu-layers {m['n_gpu_layers']}" if m.get("n_gpu_layers") else ""
+        lines.append(f"  {Path(m['path']).name} with --cpu-kernels {m['cpu_kernels']}{gpu}: {m['config']} "
                      f"({m['reason']}); weights in {buffers}")
     return lines
 
@@ -311,7 +315,9 @@ def render(info: dict) -> str:
 @click.option("--cpu-kernels", type=click.Choice(CPU_KERNELS), default=MODEL_DEFAULTS.cpu_kernels,
               show_default=True, cls=EnvOption, envvar="LOCALSPEC_CPU_KERNELS",
               help="The configuration to load it with.")
-def info(as_json: bool, rpc: str | None, model: str | None, cpu_kernels: str) -> None:
+@click.option("--n-gpu-layers", type=click.IntRange(min=-1, max=2**31 - 1), default=0, show_default=True,
+              help="Layers of that model to offload to the GPU (-1: all), to see where its weights go.")
+def info(as_json: bool, rpc: str | None, model: str | None, cpu_kernels: str, n_gpu_layers: int) -> None:
     """Versions, the llama.cpp build and its devices, CPU kernels, the native verifier, the model cache.
 
     Useful in bug reports. Shows llama.cpp's extra weight buffer types (AMX,
@@ -323,6 +329,7 @@ def info(as_json: bool, rpc: str | None, model: str | None, cpu_kernels: str) ->
     localspec info
     localspec info --json
     localspec info -m model.gguf --cpu-kernels llama
+    localspec info -m model.gguf --n-gpu-layers -1
     localspec info --rpc 192.168.1.20:50052
     """
     from localspec.config import parse_endpoints
@@ -332,7 +339,7 @@ def info(as_json: bool, rpc: str | None, model: str | None, cpu_kernels: str) ->
         model = default_target_if_cached()
     elif model.lower() == "none":
         model = None
-    data = collect(endpoints, model, cpu_kernels)
+    data = collect(endpoints, model, cpu_kernels, n_gpu_layers)
     click.echo(json.dumps(data, indent=2) if as_json else render(data))
     if data["verifier"]["self_test"] != "ok":
         raise SystemExit(exit_code(CheckFailed))
