@@ -31,6 +31,7 @@ from localspec.llama.model import Model
 from localspec.server import ServerLimits, schemas, worker
 from localspec.server.app import create_app
 from localspec.server.run import bind_socket, uvicorn_config
+import tiny_models as tiny
 from children import popen
 
 from conftest import QUANTIZATIONS, load
@@ -757,8 +758,6 @@ def test_samplers_the_server_lacks_are_refused_not_ignored(served: Served, field
 
 
 def test_serve_refuses_a_draft_that_cannot_draft_for_the_target(tiny_paths: tuple[Path, Path], tmp_path: Path) -> None:
-    from localspec.models import tiny
-
     other = tiny.make_mismatched_draft(tmp_path)
     r = CliRunner().invoke(cli, ["serve", "-m", str(tiny_paths[0]), "-d", str(other), "--port", "0"])
     assert r.exit_code == 1 and "cannot draft for target" in r.output and "Traceback" not in r.output
