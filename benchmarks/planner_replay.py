@@ -103,8 +103,28 @@ MORE = {  # a second set of grounded prompts: other code, other languages, other
     "bullets": "Turn this notice into a bulleted list, keeping the wording:\n\n" + _NOTICE,
     "extract": "List every machine mentioned in this review with what the text says about it:\n\n" + _REVIEW,
 }
-REPLAY_PROMPTS = {**PROMPTS, **HELD_OUT, **MORE}
-REPLAY_GROUNDED = (*GROUNDED_PROMPTS, *HELD_OUT, *MORE)
+_GO = ("func countWords(lines []string) map[string]int {\n\tcounts := make(map[string]int)\n"
+       "\tfor _, line := range lines {\n\t\tfor _, word := range strings.Fields(line) {\n"
+       "\t\t\tword = strings.ToLower(word)\n\t\t\tcounts[word]++\n\t\t}\n\t}\n\treturn counts\n}\n")
+_SQL = ("SELECT customers.name, orders.total\nFROM customers\nJOIN orders ON orders.customer_id = customers.id\n"
+        "WHERE orders.created_at >= '2024-01-01'\nORDER BY orders.total DESC\nLIMIT 10;\n")
+_EMAIL = ("Hi Sam, thanks for sending the draft contract. Legal has two changes: the payment term should be 30 "
+          "days instead of 45, and the notice period for ending the contract should be three months. Could you "
+          "send an updated version by Friday? We would like to sign it at the meeting on the 14th. Best, Ana")
+_CONFIG = ('{"server": {"host": "localhost", "port": 8080, "workers": 4}, "database": {"url": '
+           '"postgres://db/app", "pool": 10}, "logging": {"level": "info", "file": "app.log"}}')
+HELD_BACK = {  # issue 36's held-back set: grounded prompts written before that round's tuning, never changed
+    "go-rename": "Rename `counts` to `frequencies` in this Go function and show the whole code:\n\n" + _GO,
+    "go-comment": "Add a doc comment to this Go function and show the whole code:\n\n" + _GO,
+    "sql-alias": "Rewrite this SQL query with the table aliases c and o and show the whole query:\n\n" + _SQL,
+    "sql-limit": "Change this query to return the top 25 rows and show the whole query:\n\n" + _SQL,
+    "email-points": "List the requested changes in this email as bullet points:\n\n" + _EMAIL,
+    "email-reply": "Write a short reply to this email that repeats the two changes:\n\n" + _EMAIL,
+    "json-pretty": "Format this JSON with two-space indentation:\n\n" + _CONFIG,
+    "json-port": "Change the port to 9090 in this JSON and show the whole JSON:\n\n" + _CONFIG,
+}
+REPLAY_PROMPTS = {**PROMPTS, **HELD_OUT, **MORE, **HELD_BACK}
+REPLAY_GROUNDED = (*GROUNDED_PROMPTS, *HELD_OUT, *MORE, *HELD_BACK)
 DEPTH = GenerationConfig().shape.depth  # the engine's default draft depth
 SEARCH_DEPTHS = (0, 1, 2, 3, 4, 5, 7, 9, 11, 15, 19, 23, 27, 31)  # depths hindsight() tries per kind
 NGRAM = NGramDrafter  # the planner reads only `source` (None: free proposals) from a drafter
