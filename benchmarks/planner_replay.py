@@ -35,6 +35,7 @@ gets by drafting (at T = 0 a one-hot draft is accepted exactly where it equals t
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -278,7 +279,7 @@ def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens:
               + "".join(f" {names[v]} cold | {names[v]} warm |" for v in variants))
     lines = [header, "|" + " --- |" + " ---: |" * (4 + 2 * len(variants))]
     warm = {v: warm_profile(answers, curve, prefill, cost, max_tokens, rounds, v) for v in variants}
-    grounded: list[list[float]] = []
+    rows: dict[str, list[float]] = {}
     for name, (prompt, output) in answers.items():
         print(f"replaying {name}", file=sys.stderr, flush=True)
         cells = [ngram_ceiling(prompt, output, cost), hindsight(prompt, output, cost, max_tokens),
@@ -287,24 +288,50 @@ def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens:
             cells.append(speedup(fresh_profile(curve, prefill, False), prompt, output, cost, max_tokens, v))
             snapshot = Profile.from_json(warm[v].to_json())  # each prompt replayed from the same warm profile
             cells.append(speedup(snapshot, prompt, output, cost, max_tokens, v))
-        if name in REPLAY_GROUNDED:
-            grounded.append(cells)
+        rows[name] = cells
         label = f"{name} (grounded)" if name in REPLAY_GROUNDED else name
         lines.append(f"| {label} | {len(output)} | " + " | ".join(f"{x:.2f}×" for x in cells) + " |")
-    means = [math.exp(sum(math.log(x) for x in column) / len(column)) for column in zip(*grounded)]
-    if means:
-        lines.append("| grounded, geometric mean | | " + " | ".join(f"{x:.2f}×" for x in means) + " |")
-        lines.append("| grounded, worst | | " + " | ".join(f"{min(column):.2f}×" for column in zip(*grounded)) + " |")
+    for label, names in (("grounded", REPLAY_GROUNDED), ("held back (issue 36)", HELD_BACK), ("every prompt", rows)):
+        lines += summary(label, [cells for name, cells in rows.items() if name in names])
     return lines
 
 
-def record(target, prompts: dict[str, str], max_tokens: int) -> Answers:
-    """The target alone's greedy answer to each prompt (chat template), as token ids."""
+def summary(label: str, cells: list[list[float]]) -> list[str]:
+    """Geometric mean and worst of each column over a set of prompts (none: no lines)."""
+    if not cells:
+        return []
+    means = [math.exp(sum(math.log(x) for x in column) / len(column)) for column in zip(*cells)]
+    return [f"| {label}, geometric mean | | " + " | ".join(f"{x:.2f}×" for x in means) + " |",
+            f"| {label}, worst | | " + " | ".join(f"{min(column):.2f}×" for column in zip(*cells)) + " |"]
+
+
+def record(target, prompts: dict[str, str], max_tokens: int, saved: Path | None = None) -> Answers:
+    """The target alone's greedy answer to each prompt (chat template), as token ids; with
+    `saved`, answers recorded earlier for the same model file, prompt text and length are read
+    from there and new ones added to it (a replay then needs no decoding)."""
+    key = {"model": Path(target.path).name, "bytes": target.file_bytes, "tokens": max_tokens}
+    store = _read_answers(saved, key)
     answers = {}
     for name, text in prompts.items():
+        found = store.get(name)
+        if found is not None and found.get("text") == text:
+            answers[name] = (list(found["prompt"]), list(found["output"]))
+            continue
         print(f"recording {name}", file=sys.stderr, flush=True)
         answers[name] = greedy_answer(target, text, max_tokens)
+        store[name] = {"text": text, "prompt": answers[name][0], "output": answers[name][1]}
+    if saved is not None:
+        saved.write_text(json.dumps({**key, "answers": store}))
     return answers
+
+
+def _read_answers(saved: Path | None, key: dict) -> dict:
+    """The answers in `saved` if it holds answers of this model and length, else none."""
+    if saved is None or not saved.is_file():
+        return {}
+    data = json.loads(saved.read_text())
+    same = all(data.get(k) == v for k, v in key.items())
+    return data.get("answers", {}) if same else {}
 
 
 def prefill_rate(target, tokens: int = 256) -> float:
@@ -329,6 +356,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--curve", default=None, metavar="N:RATIO,...",
                    help="replay with this cost curve, c(n)/c(1) by pass size (as printed at the end of a run, "
                         "e.g. 2:1.76,4:3.02,16:8.43,32:14.02), instead of the one measured now")
+    p.add_argument("--answers", type=Path, default=None, metavar="FILE",
+                   help="keep the recorded answers in FILE (JSON) and reuse those of the same model, prompt and "
+                        "--tokens: a replay with --curve and --prefill-rate then decodes nothing")
     p.add_argument("--prefill-rate", type=float, default=None, metavar="RATIO",
                    help="with --curve: a long prefill's cost per token in c(1) (default: measured now)")
     args = p.parse_args(argv)
@@ -357,8 +387,40 @@ def parse_curve(p: argparse.ArgumentParser, spec: str) -> dict[int, float]:
     return curve
 
 
+NOMINAL_C1 = 0.03  # seconds: c(1) of a replay that decodes nothing (speedups are ratios, the scale cancels)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    prompts = {n: REPLAY_PROMPTS[n] for n in args.prompts}
+    saved = recorded(args.answers, prompts, args.tokens)
+    if saved is not None and args.curve is not None and args.prefill_rate is not None:
+        print(f"replaying the answers in {args.answers} (no model loaded)", file=sys.stderr, flush=True)
+        curve = {n: NOMINAL_C1 * ratio for n, ratio in args.curve.items()}
+        answers, prefill = saved, NOMINAL_C1 * args.prefill_rate
+    else:
+        answers, curve, prefill = measure(args, prompts)
+    variants = [False, True] if args.shadow else [False]
+    print("\n".join(table(answers, curve, prefill, args.tokens, args.warm_rounds, variants)))
+    c1 = curve[1]
+    print("\nn-gram decode speedup over the target alone; cost curve c(n)/c(1): "
+          + ", ".join(f"{n}: {curve[n] / c1:.2f}" for n in sorted(curve)) + f"; prefill {prefill / c1:.2f} c(1)/token")
+    return 0
+
+
+def recorded(saved: Path | None, prompts: dict[str, str], max_tokens: int) -> Answers | None:
+    """Every prompt's answer from `saved` (whatever model recorded them), or None if one is missing."""
+    if saved is None or not saved.is_file():
+        return None
+    data = json.loads(saved.read_text())
+    store = data.get("answers", {}) if data.get("tokens") == max_tokens else {}
+    if any(store.get(name, {}).get("text") != text for name, text in prompts.items()):
+        return None
+    return {name: (list(store[name]["prompt"]), list(store[name]["output"])) for name in prompts}
+
+
+def measure(args: argparse.Namespace, prompts: dict[str, str]) -> tuple[Answers, dict[int, float], float]:
+    """The default pair's target: its cost curve (or c(1) under the given ratios), prefill rate and answers."""
     from localspec.llama import registry
     from localspec.api import load_model
 
@@ -372,13 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             c1 = cost_curve(target, sizes=(1,))[1]
             curve = {n: c1 * ratio for n, ratio in args.curve.items()}
             prefill = c1 * args.prefill_rate if args.prefill_rate is not None else prefill_rate(target)
-        answers = record(target, {n: REPLAY_PROMPTS[n] for n in args.prompts}, args.tokens)
-    variants = [False, True] if args.shadow else [False]
-    print("\n".join(table(answers, curve, prefill, args.tokens, args.warm_rounds, variants)))
-    c1 = curve[1]
-    print("\nn-gram decode speedup over the target alone; cost curve c(n)/c(1): "
-          + ", ".join(f"{n}: {curve[n] / c1:.2f}" for n in sorted(curve)) + f"; prefill {prefill / c1:.2f} c(1)/token")
-    return 0
+        answers = record(target, prompts, args.tokens, args.answers)
+    return answers, curve, prefill
 
 
 if __name__ == "__main__":
