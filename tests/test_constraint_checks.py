@@ -29,7 +29,8 @@ from click.testing import CliRunner
 
 from localspec.api import Generation, stream_generate
 from localspec.cli import cli
-from localspec.config import MAX_JSON_DEPTH, Constraint, GenerationConfig, json_depth
+from localspec.config import Constraint, GenerationConfig
+from localspec.constraints import MAX_JSON_DEPTH, json_depth
 from localspec.decoding import constraint as C
 from localspec.decoding.profiles import Profiles
 from localspec.errors import ConfigError, ConstraintError, PromptError, RequestError, exit_code

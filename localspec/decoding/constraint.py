@@ -72,7 +72,7 @@ import llguidance
 import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
-from localspec.config import JSON_LAYOUT, Constraint, grammar_from_file
+from localspec.constraints import JSON_LAYOUT, Constraint, grammar_from_file
 from localspec.errors import ConfigError, ConstraintError, ModelError
 from localspec.llama.model import Model
 

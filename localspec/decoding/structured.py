@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.config import Constraint
+from localspec.constraints import Constraint
 from localspec.decoding.constraint import GrammarFollower, allocate_masks, compile_constraint, is_allowed
 from localspec.decoding.drafters import DraftProposal
 from localspec.decoding.tree import DraftTree
