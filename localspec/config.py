@@ -281,8 +281,8 @@ class GenerationConfig:
                 "lenience (lossy over-acceptance) needs verifier 'token'")
         require(self.constraint is None or isinstance(self.constraint, Constraint), "constraint",
                 f"constraint must be a localspec.config.Constraint (or None), got {type(self.constraint).__name__}")
-        # tool calling's grammar is text or calls, and stop strings apply to the text only (api.StopScanner)
-        require(not (self.constraint is not None and self.constraint.param != "tools" and self.stop), "stop",
+        # a constraint says whether stop strings may come with it (tool calling's grammar: see Constraint)
+        require(not (self.constraint is not None and not self.constraint.allow_stop_strings and self.stop), "stop",
                 "stop strings cannot be combined with a constraint: the grammar decides where the output "
                 "ends, and text cut at a stop string would no longer match it")
         self._check_shape()

@@ -43,12 +43,18 @@ class Constraint:
     """What a generation's output must match. ``source`` is the schema as JSON text
     (``json_schema``), the regex, or the grammar text; empty for ``json_object`` (any JSON
     object). ``name`` is the schema's name (response_format's ``json_schema.name``), if any.
-    ``param`` is the setting it came from, named by the errors it causes (not part of equality)."""
+    ``param`` is the setting it came from, named by the errors it causes (not part of equality).
+    ``allow_stop_strings`` says whether stop strings may be combined with it: no for a constraint
+    the caller asked for (the grammar decides where the output ends, and text cut at a stop string
+    would no longer match it); yes for tool calling's grammar (``ToolSet.constraint``), whose
+    answer is text or calls, the stop strings applying to the text only (``api.StopScanner``).
+    It says how the constraint is used, not what it matches: not part of equality either."""
 
     kind: Kind
     source: str = ""
     name: str | None = None
     param: str | None = field(default=None, compare=False)
+    allow_stop_strings: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -90,12 +96,14 @@ class Constraint:
         return cls("regex", pattern, None, param)
 
     @classmethod
-    def grammar(cls, text: str, *, lark: bool | None = None, param: str = "grammar") -> "Constraint":
+    def grammar(cls, text: str, *, lark: bool | None = None, param: str = "grammar",
+                allow_stop_strings: bool = False) -> "Constraint":
         """A grammar: GBNF (llama.cpp's, as llama-server's ``grammar``), or Lark (llguidance's
-        syntax) when ``lark`` says so or, by default, when the text starts with ``%llguidance``."""
+        syntax) when ``lark`` says so or, by default, when the text starts with ``%llguidance``.
+        ``allow_stop_strings``: see the class."""
         if lark is None:
             lark = isinstance(text, str) and text.lstrip().startswith(LARK_MARKER)
-        return cls("lark" if lark else "gbnf", text, None, param)
+        return cls("lark" if lark else "gbnf", text, None, param, allow_stop_strings)
 
     @classmethod
     def from_response_format(cls, value: Mapping[str, Any] | None,

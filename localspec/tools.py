@@ -182,7 +182,7 @@ class ToolSet:
 
     def constraint(self) -> Constraint:
         """The grammar of an answer under this tool choice (see the module docstring)."""
-        return Constraint.grammar(tool_grammar(self), lark=True, param="tools")
+        return Constraint.grammar(tool_grammar(self), lark=True, param="tools", allow_stop_strings=True)
 
 
 def _body_rules(tools: Sequence[Tool]) -> list[str]:
