@@ -37,7 +37,8 @@ from localspec import load_model
 from localspec.api import Response, StopScanner, stream_generate
 from localspec.cli import cli
 from localspec.config import Constraint, GenerationConfig
-from localspec.decoding.constraint import GrammarFollower, compile_constraint
+from localspec.decoding.constraint import compile_constraint
+from localspec.decoding.follower import GrammarFollower
 from localspec.errors import ConfigError
 from localspec.decoding.profiles import Profiles
 from localspec.llama.model import Model
