@@ -82,13 +82,50 @@ def test_tokenizer_from_the_models_vocabulary(tiny_target: Model, tok: llguidanc
 
 def test_tokenizer_in_the_background_and_closed_models(tiny_paths: tuple[Path, Path]) -> None:
     vocab = Model.vocabulary(tiny_paths[0])
+    assert vocab.grammar_tokenizer is None
     future = T.start_tokenizer(vocab)
-    assert T.start_tokenizer(vocab) is future
+    assert T.start_tokenizer(vocab) is future and vocab.grammar_tokenizer is future  # kept on the model
     built = future.result(timeout=60)
     assert built.vocab_size == vocab.n_vocab and T.tokenizer_for(vocab) is built
     vocab.close()
     with pytest.raises(ModelError, match="closed"):
         T.tokenizer_for(vocab)  # its tokenizer points into the freed vocabulary: refused
+
+
+def test_tokenizer_lives_on_its_model(tiny_paths: tuple[Path, Path]) -> None:
+    """Threads that ask at once get one tokenizer (one build); it goes with its model (no module
+    cache holds it); another model of the same file builds its own."""
+    import gc
+    import threading
+    import weakref
+
+    vocab = Model.vocabulary(tiny_paths[0])
+    got: list[Any] = []
+    barrier = threading.Barrier(8)
+
+    def ask() -> None:
+        barrier.wait()
+        got.append(T.start_tokenizer(vocab))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(got) == 8 and all(future is got[0] for future in got) and vocab.grammar_tokenizer is got[0]
+    got[0].result(timeout=60)
+    again = Model.vocabulary(tiny_paths[0])
+    try:
+        assert T.start_tokenizer(again) is not got[0]
+        again.grammar_tokenizer.result(timeout=60)
+    finally:
+        again.close()
+    gone = weakref.ref(got[0])
+    vocab.close()
+    got.clear()
+    vocab = None  # type: ignore[assignment]  # the last reference to the model
+    gc.collect()
+    assert gone() is None
 
 
 def test_tokenizer_started_from_the_file_before_the_load(tiny_paths: tuple[Path, Path]) -> None:
@@ -99,7 +136,7 @@ def test_tokenizer_started_from_the_file_before_the_load(tiny_paths: tuple[Path,
     model = Model.vocabulary(tiny_paths[0])
     other = Model.vocabulary(tiny_paths[1])  # another file: not given the prestarted tokenizer
     try:
-        assert T.start_tokenizer(model) is early
+        assert T.start_tokenizer(model) is early and model.grammar_tokenizer is early
         early.result(timeout=60)
         assert early.vocabulary is not None and early.vocabulary is not model  # its own vocabulary, kept open
         assert str(tiny_paths[0].resolve()) not in T._PRESTARTED  # taken once

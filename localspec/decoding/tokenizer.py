@@ -15,7 +15,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,9 +29,11 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------- the tokenizer
 
 class VocabModel(Protocol):
-    """What building a tokenizer needs of a model (localspec.llama.model.Model has it)."""
+    """What building a tokenizer needs of a model (localspec.llama.model.Model has it), and where
+    the model keeps its tokenizer once started (:func:`start_tokenizer`; None before)."""
 
     n_vocab: int
+    grammar_tokenizer: Any  # TokenizerFuture | None
 
     @property
     def vocab_pointer(self) -> Any: ...
@@ -124,10 +125,8 @@ class TokenizerFuture:
         return self._future.result(timeout)
 
 
-_TOKENIZERS: "weakref.WeakKeyDictionary[Any, TokenizerFuture]" = weakref.WeakKeyDictionary()
-_TOKENIZERS_LOCK = threading.Lock()
-
-
+# each model keeps its own tokenizer (Model.grammar_tokenizer); this lock guards those and _PRESTARTED
+_LOCK = threading.Lock()
 _PRESTARTED: dict[str, TokenizerFuture] = {}  # by GGUF file (its resolved path): built before the model loads
 
 
@@ -136,7 +135,7 @@ def prestart_tokenizer(path: str | os.PathLike) -> None:
     background thread, so that it overlaps with loading the file's weights: for a constrained
     generation known before the load. start_tokenizer of a model loaded from that file takes it."""
     key = str(Path(path).expanduser().resolve())
-    with _TOKENIZERS_LOCK:
+    with _LOCK:
         future = _PRESTARTED.get(key)
         if future is None or future.failed():
             _PRESTARTED[key] = TokenizerFuture(path=Path(key))
@@ -144,15 +143,16 @@ def prestart_tokenizer(path: str | os.PathLike) -> None:
 
 def start_tokenizer(model: VocabModel) -> TokenizerFuture:
     """Start building the model's tokenizer in a background thread, once per model (a later
-    call returns the same future; one prestart_tokenizer started for its file is taken)."""
+    call returns the same future; one prestart_tokenizer started for its file is taken). The
+    model keeps it (``model.grammar_tokenizer``): it lives as long as the model."""
     model.vocab_pointer  # a closed model: ModelError now, not a crash in the thread
     path = getattr(model, "path", None)
-    with _TOKENIZERS_LOCK:
-        future = _TOKENIZERS.get(model)
+    with _LOCK:
+        future = model.grammar_tokenizer
         if future is None or future.failed():
             early = _PRESTARTED.pop(str(Path(path).resolve()), None) if path is not None else None
             future = early if early is not None and not early.failed() else TokenizerFuture(model)
-            _TOKENIZERS[model] = future
+            model.grammar_tokenizer = future
         return future
 
 
