@@ -129,7 +129,7 @@ def shares(task: Task, text: str) -> Shares:
     """Forced and copied tokens of an answer, and whether it is valid (parses as JSON; the grammar
     accepts it complete), replayed through the grammar on the target's vocabulary."""
     from localspec.config import Constraint
-    from localspec.decoding.constraint import GrammarFollower
+    from localspec.decoding.follower import GrammarFollower
     from localspec.llama.model import Model
 
     vocab = Model.vocabulary(default_target())
@@ -251,7 +251,7 @@ HEADER = ["| task | tokens | valid | forced % | copied % | ceiling | tokens/pass
 
 def setup_cost() -> list[str]:
     """What building the grammar's tokenizer costs (once per process; the CLI overlaps it with the load)."""
-    from localspec.decoding.constraint import build_tokenizer
+    from localspec.decoding.tokenizer import build_tokenizer
     from localspec.llama.model import Model
 
     vocab = Model.vocabulary(default_target())

@@ -111,7 +111,7 @@ def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int |
     names = pair_names(model, draft)
     t0 = time.perf_counter()
     if grammar:
-        from localspec.decoding.constraint import prestart_tokenizer
+        from localspec.decoding.tokenizer import prestart_tokenizer
 
         prestart_tokenizer(registry.resolve(names.target))
     target = load_model(names.target, **options)

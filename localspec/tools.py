@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
-from localspec.config import JSON_LAYOUT, Constraint, check_json_depth
+from localspec.constraints import JSON_LAYOUT, Constraint, check_json_depth
 from localspec.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -182,7 +182,7 @@ class ToolSet:
 
     def constraint(self) -> Constraint:
         """The grammar of an answer under this tool choice (see the module docstring)."""
-        return Constraint.grammar(tool_grammar(self), lark=True, param="tools")
+        return Constraint.grammar(tool_grammar(self), lark=True, param="tools", allow_stop_strings=True)
 
 
 def _body_rules(tools: Sequence[Tool]) -> list[str]:

@@ -1,5 +1,6 @@
-"""The constraint engine (localspec.decoding.constraint): specs, validation before decoding, the
-tokenizer from a GGUF vocabulary, and the grammar matcher that follows a model's tokens."""
+"""The constraint engine (localspec.constraints; localspec.decoding: constraint, tokenizer, masks,
+follower): specs, validation before decoding, the tokenizer from a GGUF vocabulary, and the
+grammar matcher that follows a model's tokens."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import llguidance
 import numpy as np
 import pytest
 
-from localspec import errors
+from localspec import constraints, errors
+from localspec.constraints import Constraint
 from localspec.decoding import constraint as C
-from localspec.decoding.constraint import Constraint, GrammarFollower
+from localspec.decoding import masks as M, tokenizer as T
+from localspec.decoding.follower import GrammarFollower
 from localspec.errors import ConfigError, ConstraintError, ModelError
 from localspec.llama.model import Model
 
@@ -44,7 +47,7 @@ SPECS = {
 
 @pytest.fixture(scope="module")
 def tok(tiny_target: Model) -> llguidance.LLTokenizer:
-    return C.tokenizer_for(tiny_target)
+    return T.tokenizer_for(tiny_target)
 
 
 def follower(c: Constraint, model: Model) -> GrammarFollower:
@@ -54,7 +57,7 @@ def follower(c: Constraint, model: Model) -> GrammarFollower:
 
 
 def allowed(f: GrammarFollower) -> np.ndarray:
-    return C.allowed_tokens(f.mask(np.zeros(f.words, dtype=np.uint32)), f.n_vocab)
+    return M.allowed_tokens(f.mask(np.zeros(f.words, dtype=np.uint32)), f.n_vocab)
 
 
 def text_of(model: Model, tokens: list[int]) -> str:
@@ -73,40 +76,77 @@ def test_tokenizer_from_the_models_vocabulary(tiny_target: Model, tok: llguidanc
             assert tok.decode_bytes([t]) == piece, t
         else:
             assert tok.is_special_token(t) or t == 0, t  # <unk> renders as nothing: never text
-    assert C.tokenizer_for(tiny_target) is tok  # once per model
-    assert C.start_tokenizer(tiny_target).result() is tok
+    assert T.tokenizer_for(tiny_target) is tok  # once per model
+    assert T.start_tokenizer(tiny_target).result() is tok
 
 
 def test_tokenizer_in_the_background_and_closed_models(tiny_paths: tuple[Path, Path]) -> None:
     vocab = Model.vocabulary(tiny_paths[0])
-    future = C.start_tokenizer(vocab)
-    assert C.start_tokenizer(vocab) is future
+    assert vocab.grammar_tokenizer is None
+    future = T.start_tokenizer(vocab)
+    assert T.start_tokenizer(vocab) is future and vocab.grammar_tokenizer is future  # kept on the model
     built = future.result(timeout=60)
-    assert built.vocab_size == vocab.n_vocab and C.tokenizer_for(vocab) is built
+    assert built.vocab_size == vocab.n_vocab and T.tokenizer_for(vocab) is built
     vocab.close()
     with pytest.raises(ModelError, match="closed"):
-        C.tokenizer_for(vocab)  # its tokenizer points into the freed vocabulary: refused
+        T.tokenizer_for(vocab)  # its tokenizer points into the freed vocabulary: refused
+
+
+def test_tokenizer_lives_on_its_model(tiny_paths: tuple[Path, Path]) -> None:
+    """Threads that ask at once get one tokenizer (one build); it goes with its model (no module
+    cache holds it); another model of the same file builds its own."""
+    import gc
+    import threading
+    import weakref
+
+    vocab = Model.vocabulary(tiny_paths[0])
+    got: list[Any] = []
+    barrier = threading.Barrier(8)
+
+    def ask() -> None:
+        barrier.wait()
+        got.append(T.start_tokenizer(vocab))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(got) == 8 and all(future is got[0] for future in got) and vocab.grammar_tokenizer is got[0]
+    got[0].result(timeout=60)
+    again = Model.vocabulary(tiny_paths[0])
+    try:
+        assert T.start_tokenizer(again) is not got[0]
+        again.grammar_tokenizer.result(timeout=60)
+    finally:
+        again.close()
+    gone = weakref.ref(got[0])
+    vocab.close()
+    got.clear()
+    vocab = None  # type: ignore[assignment]  # the last reference to the model
+    gc.collect()
+    assert gone() is None
 
 
 def test_tokenizer_started_from_the_file_before_the_load(tiny_paths: tuple[Path, Path]) -> None:
     """prestart_tokenizer builds from the file's vocabulary alone; the model loaded from that file
     takes that tokenizer, and it masks as one built from the loaded model does."""
-    C.prestart_tokenizer(tiny_paths[0])
-    early = C._PRESTARTED[str(tiny_paths[0].resolve())]
+    T.prestart_tokenizer(tiny_paths[0])
+    early = T._PRESTARTED[str(tiny_paths[0].resolve())]
     model = Model.vocabulary(tiny_paths[0])
     other = Model.vocabulary(tiny_paths[1])  # another file: not given the prestarted tokenizer
     try:
-        assert C.start_tokenizer(model) is early
+        assert T.start_tokenizer(model) is early and model.grammar_tokenizer is early
         early.result(timeout=60)
         assert early.vocabulary is not None and early.vocabulary is not model  # its own vocabulary, kept open
-        assert str(tiny_paths[0].resolve()) not in C._PRESTARTED  # taken once
-        assert C.start_tokenizer(other) is not early
+        assert str(tiny_paths[0].resolve()) not in T._PRESTARTED  # taken once
+        assert T.start_tokenizer(other) is not early
         schema = Constraint.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
         masks = []
-        for tokenizer in (early.result(timeout=60), C.build_tokenizer(model)):
-            follower = C.GrammarFollower(schema, tokenizer, model.n_vocab)
+        for tokenizer in (early.result(timeout=60), T.build_tokenizer(model)):
+            follower = GrammarFollower(schema, tokenizer, model.n_vocab)
             follower.reset([1])
-            masks.append((follower.mask(C.allocate_masks(1, model.n_vocab)[0]).copy(), follower.forced()))
+            masks.append((follower.mask(M.allocate_masks(1, model.n_vocab)[0]).copy(), follower.forced()))
         assert np.array_equal(masks[0][0], masks[1][0]) and masks[0][1] == masks[1][1] and masks[0][1]
     finally:
         model.close()
@@ -149,13 +189,13 @@ def test_grammar_text_and_files(tmp_path: Path) -> None:
     (tmp_path / "g.lark").write_text('start: "a" | "b"\n')
     (tmp_path / "g.gbnf").write_text('root ::= "a" | "b"\n')
     (tmp_path / "g.txt").write_text('%llguidance {}\nstart: "a"\n')
-    assert [C.grammar_from_file(tmp_path / n).kind for n in ("g.lark", "g.gbnf", "g.txt")] == ["lark", "gbnf", "lark"]
+    assert [constraints.grammar_from_file(tmp_path / n).kind for n in ("g.lark", "g.gbnf", "g.txt")] == ["lark", "gbnf", "lark"]
     for name in ("g.lark", "g.gbnf", "g.txt"):
-        C.compile_constraint(C.grammar_from_file(tmp_path / name))
+        C.compile_constraint(constraints.grammar_from_file(tmp_path / name))
     (tmp_path / "bin.gbnf").write_bytes(b"root ::= \xff")
     for missing in (tmp_path / "nope.gbnf", tmp_path / "bin.gbnf", tmp_path):
         with pytest.raises(ConfigError) as info:
-            C.grammar_from_file(missing)
+            constraints.grammar_from_file(missing)
         assert info.value.param == "grammar"
 
 
@@ -258,14 +298,14 @@ def test_forced_tokens_of_a_fixed_key(tiny_target: Model, tok: llguidance.LLToke
     f = follower(Constraint.json_schema(PERSON), tiny_target)
     forced = f.forced()
     assert tok.decode_bytes(forced) == b'{"name": "'  # the layout of json.dumps: ", " and ": "
-    rows = C.allocate_masks(len(forced) + 1, f.n_vocab)
+    rows = M.allocate_masks(len(forced) + 1, f.n_vocab)
     assert f.masks_along(forced, rows) == len(forced)
     for token, row in zip(forced, rows):  # each forced node allows exactly one token: the forced one
-        assert list(np.flatnonzero(C.allowed_tokens(row, f.n_vocab))) == [token]
-    assert C.allowed_tokens(rows[-1], f.n_vocab).sum() > 1  # then the name is free text
+        assert list(np.flatnonzero(M.allowed_tokens(row, f.n_vocab))) == [token]
+    assert M.allowed_tokens(rows[-1], f.n_vocab).sum() > 1  # then the name is free text
     assert f.n_consumed == 0 and f.forced() == forced  # masks_along committed nothing
     f.commit(forced)
-    assert f.forced() == [] and np.array_equal(allowed(f), C.allowed_tokens(rows[-1], f.n_vocab))
+    assert f.forced() == [] and np.array_equal(allowed(f), M.allowed_tokens(rows[-1], f.n_vocab))
 
 
 def test_rollback_restores_masks(tiny_target: Model) -> None:
@@ -318,12 +358,12 @@ def test_masks_along_stops_at_the_first_forbidden_token(tiny_target: Model) -> N
     digit = tiny_target.tokenize("7", add_special=False)[-1]
     before = allowed(f)
     path = word + [digit] + word
-    rows = C.allocate_masks(len(path) + 1, f.n_vocab)
+    rows = M.allocate_masks(len(path) + 1, f.n_vocab)
     assert f.masks_along(path, rows) == len(word)
-    assert not C.is_allowed(rows[len(word)], digit) and C.is_allowed(rows[len(word)], tiny_target.eos)
+    assert not M.is_allowed(rows[len(word)], digit) and M.is_allowed(rows[len(word)], tiny_target.eos)
     assert f.n_consumed == 0 and np.array_equal(allowed(f), before)
     with pytest.raises(ValueError, match="rows"):
-        f.masks_along(word, C.allocate_masks(len(word), f.n_vocab))
+        f.masks_along(word, M.allocate_masks(len(word), f.n_vocab))
     with pytest.raises(ValueError, match="uint32"):
         f.mask(np.zeros(f.words + 1, dtype=np.uint32))
 
@@ -336,14 +376,14 @@ def test_mask_width_follows_the_logits_not_the_tokenizer(tiny_target: Model, tok
     wide = GrammarFollower(grammar, tok, tok.vocab_size + 70)  # logits wider than the vocabulary: padded
     wide.reset([])
     wide_row = wide.mask(np.zeros(wide.words, dtype=np.uint32))
-    assert wide.words == C.mask_words(tok.vocab_size + 70)
-    assert np.array_equal(C.allowed_tokens(wide_row, wide.n_vocab)[:tok.vocab_size], exact)
-    assert not C.allowed_tokens(wide_row, 32 * wide.words)[tok.vocab_size:].any()
+    assert wide.words == M.mask_words(tok.vocab_size + 70)
+    assert np.array_equal(M.allowed_tokens(wide_row, wide.n_vocab)[:tok.vocab_size], exact)
+    assert not M.allowed_tokens(wide_row, 32 * wide.words)[tok.vocab_size:].any()
     narrow = GrammarFollower(grammar, tok, 300)  # narrower: cut, no bit past n_vocab
     narrow.reset([])
     row = narrow.mask(np.zeros(narrow.words, dtype=np.uint32))
-    assert np.array_equal(C.allowed_tokens(row, 300), exact[:300])
-    assert not C.allowed_tokens(row, 32 * narrow.words)[300:].any()
+    assert np.array_equal(M.allowed_tokens(row, 300), exact[:300])
+    assert not M.allowed_tokens(row, 32 * narrow.words)[300:].any()
 
 
 # ---------------------------------------------------------------- a constrained greedy decode
@@ -356,7 +396,7 @@ def greedy(model: Model, prompt: list[int], f: GrammarFollower | None, max_token
         seq.followers.append(f)
     try:
         seq.start(prompt)
-        row = np.zeros(C.mask_words(model.n_vocab), dtype=np.uint32)
+        row = np.zeros(M.mask_words(model.n_vocab), dtype=np.uint32)
         for _ in range(max_tokens):
             forced = f.forced() if f is not None else []
             if forced:

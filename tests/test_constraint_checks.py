@@ -29,8 +29,10 @@ from click.testing import CliRunner
 
 from localspec.api import Generation, stream_generate
 from localspec.cli import cli
-from localspec.config import MAX_JSON_DEPTH, Constraint, GenerationConfig, json_depth
+from localspec.config import Constraint, GenerationConfig
+from localspec.constraints import MAX_JSON_DEPTH, json_depth
 from localspec.decoding import constraint as C
+from localspec.decoding import follower as F, masks as M, tokenizer as T
 from localspec.decoding.profiles import Profiles
 from localspec.errors import ConfigError, ConstraintError, PromptError, RequestError, exit_code
 from localspec.llama.model import Model
@@ -118,13 +120,13 @@ def follow_unchecked(grammar: str, tokenizer: llguidance.LLTokenizer, steps: int
     either run fails (None: neither did)."""
     for pick in (0, -1):
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-        row = np.zeros(C.mask_words(tokenizer.vocab_size), dtype=np.uint32)
+        row = np.zeros(M.mask_words(tokenizer.vocab_size), dtype=np.uint32)
         for _ in range(steps):
             if not matcher.is_error():
                 matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
             if matcher.is_error():
                 return matcher.get_error()
-            allowed = [int(t) for t in np.flatnonzero(C.allowed_tokens(row, tokenizer.vocab_size))
+            allowed = [int(t) for t in np.flatnonzero(M.allowed_tokens(row, tokenizer.vocab_size))
                        if int(t) not in tokenizer.eos_tokens]
             if not allowed:
                 break
@@ -139,7 +141,7 @@ def test_negative_control_unchecked_they_fail_mid_generation(tiny_target: Model,
                                                              param: str, fragment: str, early: bool) -> None:
     """Without the check each stress grammar makes llguidance fail within its first tokens (the
     check is not vacuous), while the grammars of valid constraints follow on."""
-    tokenizer = C.tokenizer_for(tiny_target)
+    tokenizer = T.tokenizer_for(tiny_target)
     assert follow_unchecked(C._to_grammar(constraint_of(options)), tokenizer) is not None
     for good in (dict(regex="[a-z]{1,5}"), dict(json_schema={"type": "object", "properties": {"a": {"$ref": "#"}}}),
                  dict(grammar='root ::= "(" root ")" | "x"'), dict(grammar='%llguidance {}\nstart: <s> "a"')):
@@ -159,15 +161,15 @@ def test_tool_parameters_are_checked_as_schemas() -> None:
 def test_the_check_leaves_the_follower_at_its_start(tiny_target: Model) -> None:
     """The follower checks a copy of its matcher: its first mask and forced tokens are a fresh
     matcher's, although the check followed START_TOKENS tokens (the copy is no longer at the start)."""
-    tokenizer = C.tokenizer_for(tiny_target)
+    tokenizer = T.tokenizer_for(tiny_target)
     constraint = Constraint.json_schema({"type": "object", "properties": {"name": {"type": "string"}},
                                          "required": ["name"]})
     grammar = C.compile_constraint(constraint)
     walked = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
     assert C.start_problem(walked, tokenizer) is None
-    follower = C.GrammarFollower(constraint, tokenizer, tiny_target.n_vocab)
+    follower = F.GrammarFollower(constraint, tokenizer, tiny_target.n_vocab)
     fresh = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-    rows = np.zeros((3, C.mask_words(tokenizer.vocab_size)), dtype=np.uint32)
+    rows = np.zeros((3, M.mask_words(tokenizer.vocab_size)), dtype=np.uint32)
     for matcher, row in zip((fresh, walked), rows):
         matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
     follower.mask(rows[2])
@@ -186,7 +188,7 @@ def test_the_start_is_followed_once_per_model_and_grammar(tiny_target: Model, mo
             calls.append(1)
         return real(matcher, tokenizer)
 
-    monkeypatch.setattr(C, "start_problem", counted)
+    monkeypatch.setattr(F, "start_problem", counted)  # the follower follows it over the model's vocabulary
     config = GenerationConfig(constraint=Constraint.regex("[a-z]{1,7}-once"), max_tokens=2)
     for _ in range(3):
         Generation(tiny_target, None, PROMPT, config, Profiles.in_memory())
@@ -199,7 +201,7 @@ def test_the_start_is_followed_once_per_model_and_grammar(tiny_target: Model, mo
 def test_a_matcher_failure_later_is_our_bug(tiny_target: Model) -> None:
     """After the check, a failure of the matcher is an internal error (ConstraintError saying it is a
     bug: exit 1, HTTP 500), never the client's (ConfigError: exit 2, HTTP 400)."""
-    follower = C.GrammarFollower.for_model(Constraint.regex("[a-z]+"), tiny_target)
+    follower = F.GrammarFollower.for_model(Constraint.regex("[a-z]+"), tiny_target)
     follower.reset(tiny_target.tokenize(PROMPT))
     with pytest.raises(ConstraintError) as err:
         follower.commit(tiny_target.tokenize("7", add_special=False)[-1:])

@@ -22,7 +22,7 @@ from scipy import stats
 
 from localspec.api import Generation, Response, generate, stream_generate
 from localspec.config import Constraint, GenerationConfig
-from localspec.decoding import constraint as C
+from localspec.decoding import follower as F
 from localspec.decoding.drafters import ModelDrafter
 from localspec.decoding.profiles import Profiles
 from localspec.errors import ConfigError
@@ -163,7 +163,7 @@ def test_json_object(tiny_target: Model) -> None:
 
 def masked_logits(target: Model, constraint: Constraint, prompt: list[int], generated: list[int]) -> np.ndarray:
     logits = next_token_logits(target, prompt + generated)
-    f = C.GrammarFollower.for_model(constraint, target)
+    f = F.GrammarFollower.for_model(constraint, target)
     f.reset(prompt)
     f.commit(generated)
     return mask_logits(logits, f.mask(np.zeros(f.words, dtype=np.uint32)))
@@ -299,7 +299,7 @@ def test_bad_constraints_fail_before_decoding(tiny_target: Model, options: dict,
 def test_settings_round_trip() -> None:
     for options in (dict(response_format=RESPONSE_FORMAT), dict(response_format={"type": "json_object"}),
                     dict(regex="a+"), dict(grammar='root ::= "a"'), dict(json_schema=PERSON),
-                    dict(constraint=C.Constraint.grammar('start: "a"', lark=True))):
+                    dict(constraint=Constraint.grammar('start: "a"', lark=True))):
         config = GenerationConfig.from_options(**options)
         assert config.constraint is not None
         again = GenerationConfig.from_options(**config.options())
@@ -313,10 +313,10 @@ def test_no_constraint_loads_no_grammar(tiny_target: Model) -> None:
     assert g.engine.structured is None and not any(isinstance(d, type) for d in g.engine.drafters)
     satisfied = [r.constraint_satisfied for r in g]  # a random seed: the model may end before 4 tokens
     assert satisfied and all(s is None for s in satisfied)
-    assert not any(isinstance(f, C.GrammarFollower) for f in tiny_target.sequence.followers)
+    assert not any(isinstance(f, F.GrammarFollower) for f in tiny_target.sequence.followers)
 
 
 def test_grammar_stops_following_after_the_generation(tiny_target: Model) -> None:
     generate(tiny_target, None, PROMPT, max_tokens=6, regex="[a-z]{1,20}", profiles=Profiles.in_memory())
-    assert not any(isinstance(f, C.GrammarFollower) for f in tiny_target.sequence.followers)
+    assert not any(isinstance(f, F.GrammarFollower) for f in tiny_target.sequence.followers)
     generate(tiny_target, None, PROMPT, max_tokens=6, profiles=Profiles.in_memory())  # free text again

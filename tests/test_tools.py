@@ -37,7 +37,8 @@ from localspec import load_model
 from localspec.api import Response, StopScanner, stream_generate
 from localspec.cli import cli
 from localspec.config import Constraint, GenerationConfig
-from localspec.decoding.constraint import GrammarFollower, compile_constraint
+from localspec.decoding.constraint import compile_constraint
+from localspec.decoding.follower import GrammarFollower
 from localspec.errors import ConfigError
 from localspec.decoding.profiles import Profiles
 from localspec.llama.model import Model
@@ -122,6 +123,24 @@ def schema_errors(value: Any, schema: dict, at: str = "$") -> list[str]:
             if key in props:
                 errors += schema_errors(item, props[key], f"{at}.{key}")
     return errors
+
+
+def test_only_a_constraint_that_allows_them_takes_stop_strings() -> None:
+    """Stop strings with a constraint are refused (the grammar decides where the output ends),
+    unless the constraint says they may come with it: tool calling's grammar, whose answer is text
+    or calls (the stops cut the text). The setting a constraint names (param) decides nothing."""
+    tools = ToolSet.parse(TOOLS, "auto").constraint()
+    assert tools.allow_stop_strings and tools.param == "tools"
+    assert GenerationConfig(constraint=tools, stop=("x",)).stop == ("x",)
+    grammar = '%llguidance {}\nstart: "a"'
+    for refused in (Constraint.grammar(grammar), Constraint.grammar(grammar, param="tools"), Constraint.regex("a")):
+        assert not refused.allow_stop_strings
+        with pytest.raises(ConfigError) as info:
+            GenerationConfig(constraint=refused, stop=("x",))
+        assert info.value.param == "stop"
+    allowed = Constraint.grammar(grammar, allow_stop_strings=True)
+    assert GenerationConfig(constraint=allowed, stop=("x",)).stop == ("x",)
+    assert allowed == Constraint.grammar(grammar)  # how it is used, not what it matches: not compared
 
 
 def test_schema_errors_is_a_real_check() -> None:

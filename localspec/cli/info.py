@@ -332,7 +332,7 @@ def info(as_json: bool, rpc: str | None, model: str | None, cpu_kernels: str, n_
     localspec info -m model.gguf --n-gpu-layers -1
     localspec info --rpc 192.168.1.20:50052
     """
-    from localspec.config import parse_endpoints
+    from localspec.endpoints import parse_endpoints
 
     endpoints = parse_endpoints(rpc)  # ConfigError naming --rpc (and $LOCALSPEC_RPC where it came from)
     if model is None:

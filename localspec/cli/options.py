@@ -22,15 +22,13 @@ from localspec.config import (
     DEFAULTS,
     DRAFTERS,
     LOAD_MODES,
-    MAX_JSON_DEPTH,
     MODEL_DEFAULTS,
     PLANS,
     SETTING_KEYS,
     VERIFIERS,
-    Constraint,
     GenerationConfig,
-    grammar_from_file,
 )
+from localspec.constraints import MAX_JSON_DEPTH, Constraint, grammar_from_file
 from localspec.errors import ConfigError, LocalspecError, exit_code
 from localspec.files import SPEC_LIMIT, read_user_text
 from localspec.loading import Loaded, draft_loading, load_pair

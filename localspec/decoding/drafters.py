@@ -269,7 +269,7 @@ def one_hot_chain(buf: RowBuffer, tokens: Sequence[int]) -> DraftTree:
 
 class ForcedSource(Protocol):
     """What the forced-token drafter reads: the grammar matcher of the target's committed tokens
-    (localspec.decoding.constraint.GrammarFollower)."""
+    (localspec.decoding.follower.GrammarFollower)."""
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces next (empty: there is a choice)."""

@@ -108,6 +108,9 @@ class Model(Vocabulary):
         self._busy = threading.Lock()
         self.sequence = KVSequence(self)  # what the KV cache holds: its one owner
         self.checked_drafts: weakref.WeakSet[Model] = weakref.WeakSet()  # drafts pairing.check_pair passed
+        # llguidance's tokenizer of this vocabulary, once started (decoding.tokenizer.start_tokenizer:
+        # a TokenizerFuture, with the grammars already followed over it)
+        self.grammar_tokenizer: Any = None
         self.load_seconds: float | None = None
         self.weight_buffers: dict[str, float] = {}
 
