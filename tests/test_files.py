@@ -25,7 +25,8 @@ from localspec import files
 from localspec.cli import cli
 from localspec.errors import ConfigError
 from localspec.files import Foreign, StateDir
-from localspec.llama.prompt_cache import SUFFIX, PromptCache, model_key
+from localspec.llama.prompt_cache import PromptCache
+from localspec.llama.prompt_store import SUFFIX, model_key
 
 OTHER_UID = 12345  # another user (the tests run as root, which may chown)
 OLD = 1_000_000_000  # an mtime long past: a file that is touched shows it
