@@ -443,7 +443,7 @@ def test_a_symlinked_chat_is_neither_resumed_nor_overwritten(tiny_paths: tuple[P
 
 
 def test_a_chat_store_open_to_others_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec.cli.chat import load_chat
+    from localspec.cli.chat_store import load_chat
 
     monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
     (tmp_path / "chats").mkdir(mode=0o777)
