@@ -53,7 +53,7 @@ from localspec.config import GenerationConfig  # noqa: E402
 from localspec.decoding.drafters import NGramDrafter, ngram_kind  # noqa: E402
 from localspec.decoding.lookup import ContextLookup  # noqa: E402
 from localspec.decoding.planner import NO_LIMIT, Acceptance, CostTable, Planner  # noqa: E402
-from localspec.decoding.profiles import Profile  # noqa: E402
+from localspec.decoding.profiles import Profile, Profiles  # noqa: E402
 
 _CODE = ('def parse_config(path):\n    result = {}\n    with open(path) as handle:\n        for line in handle:\n'
          '            line = line.strip()\n            if not line or line.startswith("#"):\n                continue\n'
@@ -228,7 +228,8 @@ def fresh_profile(curve: dict[int, float], prefill: float, warm_costs: bool) -> 
 def planner_for(profile: Profile, uncapped: bool = False) -> Planner:
     """A planner of the engine's default shape that learns into `profile` (`uncapped`: one that
     drafts any kind as deep as its acceptance says pays, however little explored)."""
-    return (UncappedPlanner if uncapped else Planner)(_Target(), GenerationConfig().shape, profile=profile)
+    return (UncappedPlanner if uncapped else Planner)(_Target(), GenerationConfig().shape,
+                                                      profiles=Profiles.in_memory(), profile=profile)
 
 
 class UnexploredAcceptance(Acceptance):

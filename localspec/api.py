@@ -257,7 +257,7 @@ class Generation:
         if len(self.prompt) >= target.n_ctx:
             raise PromptError(f"the prompt has {len(self.prompt)} tokens but the context holds {target.n_ctx}; "
                              "shorten the prompt or raise --ctx-size")
-        drafters = make_drafters(target, draft, self.config, self.profiles)
+        drafters = make_drafters(target, draft, self.config)
         self.engine = Engine(target, drafters, self.config, self.profiles)
         self._models = [m for m in (target, draft) if m is not None]
         parser = self._parser

@@ -29,8 +29,7 @@ LOCALSPEC_CPU_KERNELS (``--cpu-kernels``), LOCALSPEC_RPC (``--rpc``), LOCALSPEC_
 (``serve --api-key``) and LOCALSPEC_PROMPT_CACHE (``--prompt-cache``, also read by the Python API).
 
 Read when the C verifier is built (``native/build_verifier.py``): LOCALSPEC_CFLAGS, LOCALSPEC_LDFLAGS.
-Read by the tests: LOCALSPEC_KERNEL_CHECK_FAULT (CPU kernel configurations whose check crashes,
-comma-separated), LOCALSPEC_REQUIRE_RPC, LOCALSPEC_SKIP_REAL_MODELS. Any other LOCALSPEC_* variable
+Read by the tests: LOCALSPEC_REQUIRE_RPC, LOCALSPEC_SKIP_REAL_MODELS. Any other LOCALSPEC_* variable
 is reported by the command line as unknown (with the closest known name: a typo would otherwise
 be ignored).
 
@@ -172,11 +171,6 @@ def parse_words(text: str, name: str, param: str | None = None) -> list[str]:
                       param) from None
 
 
-def parse_names(text: str, name: str, param: str | None = None) -> tuple[str, ...]:
-    """Comma-separated names (blanks dropped)."""
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
 def _text(text: str, name: str, param: str | None = None) -> str:
     return text
 
@@ -213,7 +207,6 @@ VARIABLES: dict[str, Variable] = _variables(
     Variable("LOCALSPEC_LLAMA_LOG", parse_bool, False, "llama.cpp's log lines at debug level"),
     Variable("LOCALSPEC_KEEP_ALIVE", parse_duration, 300.0,
              "how long a resident service keeps the models loaded after a call (0 = never)", "--keep-alive"),
-    Variable("LOCALSPEC_KERNEL_CHECK_FAULT", parse_names, (), "tests: CPU kernel checks that crash"),
     Variable("LOCALSPEC_MODEL", _text, None, "target model (GGUF path or registry name)", "--model"),
     Variable("LOCALSPEC_DRAFT", _text, None, "draft model (GGUF path, registry name or none)", "--draft"),
     Variable("LOCALSPEC_CACHE_TYPE", _text, None, "KV cache type", "--cache-type"),

@@ -220,7 +220,7 @@ def _profile(tmp_path: Path) -> tuple[Path, dict]:
 
     data = {"version": VERSION, "key": "k", "identity": {"file": "/x/m.gguf", "threads": 1},
             "costs": {"1": 0.01, "4": 0.02}, "prefill": 0.001, "load": 0.5,
-            "acceptance": {"model": [[10.0, 8.0], [2.0, 3.0]]}, "checks": {"pair:x": "ok"}, "updated": 1.0}
+            "acceptance": {"model": [[10.0, 8.0], [2.0, 3.0]]}, "updated": 1.0}
     return tmp_path / "k.json", data
 
 
@@ -234,7 +234,7 @@ BAD_PROFILES = {
     "acceptance negative": lambda d: d.update(acceptance={"m": [[-1.0], [0.0]]}),
     "acceptance str": lambda d: d.update(acceptance={"m": "ab"}),
     "acceptance too long": lambda d: d.update(acceptance={"m": [[1.0] * 5000, [0.0] * 5000]}),
-    "checks value dict": lambda d: d.update(checks={"a": {}}), "identity.file int": lambda d: d["identity"].update(file=5),
+    "identity.file int": lambda d: d["identity"].update(file=5),
     "updated str": lambda d: d.update(updated="x"),
 }
 BAD_FILES = {"deep": "[" * 100000 + "]" * 100000, "utf-16": "utf16", "empty": "", "null": "null",

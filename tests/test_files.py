@@ -25,7 +25,8 @@ from localspec import files
 from localspec.cli import cli
 from localspec.errors import ConfigError
 from localspec.files import Foreign, StateDir
-from localspec.llama.prompt_cache import SUFFIX, PromptCache, model_key
+from localspec.llama.prompt_cache import PromptCache
+from localspec.llama.prompt_store import SUFFIX, model_key
 
 OTHER_UID = 12345  # another user (the tests run as root, which may chown)
 OLD = 1_000_000_000  # an mtime long past: a file that is touched shows it
@@ -442,7 +443,7 @@ def test_a_symlinked_chat_is_neither_resumed_nor_overwritten(tiny_paths: tuple[P
 
 
 def test_a_chat_store_open_to_others_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from localspec.cli.chat import load_chat
+    from localspec.cli.chat_store import load_chat
 
     monkeypatch.setenv("LOCALSPEC_CACHE_DIR", str(tmp_path))
     (tmp_path / "chats").mkdir(mode=0o777)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,21 @@ def test_auto_checks_once_and_says_what_it_chose(q4_0: Path, fresh_checks: Path,
     assert not caplog.records  # later runs: silent, no child
 
 
+CRASHING_CHILD = """import os, signal, sys
+if sys.argv[2] in sys.argv[1].split(","):
+    os.kill(os.getpid(), signal.SIGSEGV)
+from localspec.llama import kernel_check
+sys.exit(kernel_check.main(sys.argv[2:]))
+"""
+
+
+def crash_checks_of(monkeypatch: pytest.MonkeyPatch, configs: str) -> None:
+    """The check's child dies of SIGSEGV checking these configurations (comma-separated), as
+    llama.cpp's AMX kernels die on the hosts where they crash; the others are checked as usual.
+    The child is another process, so its command is replaced (kernel_verdicts.CHILD)."""
+    monkeypatch.setattr(kernel_verdicts, "CHILD", [sys.executable, "-c", CRASHING_CHILD, configs])
+
+
 def test_a_configuration_whose_child_dies_is_never_used(q4_0: Path, fresh_checks: Path,
                                                         caplog: pytest.LogCaptureFixture,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,7 +184,8 @@ def test_a_configuration_whose_child_dies_is_never_used(q4_0: Path, fresh_checks
     AMX kernels die on the hosts where they crash); auto rejects it, says so, takes the next one,
     and a later run never tries it again."""
     first = kernels.candidates(buffer_types.read_weights(q4_0))[0][0]
-    monkeypatch.setenv(kernel_check.FAULT_ENV, first)
+    healthy = kernel_verdicts.CHILD
+    crash_checks_of(monkeypatch, first)
     with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
         plan = kernels.resolve(q4_0, "auto")
     assert plan.config != first
@@ -176,7 +193,7 @@ def test_a_configuration_whose_child_dies_is_never_used(q4_0: Path, fresh_checks
     assert f"not {first} (killed by SIGSEGV" in message, message
     dead = kernel_verdicts.Checks().get(kernel_verdicts.check_key(first, ("Q4_0", "Q6_K")))
     assert dead is not None and not dead.ok and "SIGSEGV" in dead.detail
-    monkeypatch.delenv(kernel_check.FAULT_ENV)  # the machine "heals", but the verdict stands
+    monkeypatch.setattr(kernel_verdicts, "CHILD", healthy)  # the machine "heals", but the verdict stands
     assert kernels.resolve(q4_0, "auto").config == plan.config
     with Model(q4_0, ModelOptions(ctx_size=64, batch_size=32)) as m:  # the default path obeys it too
         assert m.kernels is not None and m.kernels.config == plan.config
@@ -198,7 +215,7 @@ def test_a_load_overlaps_the_check_and_reloads_when_it_fails(q4_0: Path, fresh_c
     check's child dies (negative control), the model is loaded again with the next configuration
     before anything is decoded, and it decodes."""
     first, second = [name for name, _ in kernels.candidates(buffer_types.read_weights(q4_0))][:2]
-    monkeypatch.setenv(kernel_check.FAULT_ENV, first)
+    crash_checks_of(monkeypatch, first)
     choice = kernels.choose(q4_0, "auto")
     assert isinstance(choice, kernels.PendingPlan) and choice.plan.config == first
     assert not choice.confirmed()

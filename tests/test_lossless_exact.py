@@ -12,7 +12,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from localspec.verify import lossless, reference
+from localspec.verify import lossless, reference, reference_tree
 from localspec.config import SamplingParams, Shape
 from localspec.verify.lossless import ToyGrammar, ToyModel
 
@@ -109,14 +109,14 @@ def always_accept(method, tp, dp, tree, rng):
     return tuple(range(n)), rng.categorical(tp[n], 1.0, n)
 
 
-def target_residual(method, tp, dp, tree, rng, _orig=reference._sample_residual):
+def target_residual(method, tp, dp, tree, rng, _orig=reference_tree.sample_residual):
     """Residual = the target row instead of max(target - draft, 0)."""
-    saved = reference._sample_residual
-    reference._sample_residual = lambda t, d, a, r, slot: r.categorical(t, 1.0, slot)
+    saved = reference_tree.sample_residual
+    reference_tree.sample_residual = lambda t, d, a, r, slot: r.categorical(t, 1.0, slot)
     try:
         return reference.verify(method, tp, dp, tree.tokens, tree.parents, rng)
     finally:
-        reference._sample_residual = saved
+        reference_tree.sample_residual = saved
 
 
 def skip_draft_renormalisation(method, tp, dp, tree, rng):
@@ -182,18 +182,18 @@ def mask_ignored_on_residual(settings):
     def step(method, tp, dp, tree, rng):
         raw = _masked_rows(tree, settings, lambda c: None)
         base, stride = tp.ctypes.data, tp.strides[0]
-        saved = reference._sample_residual
+        saved = reference_tree.sample_residual
 
         def residual(t, d, a, r, slot):
             row = (t.ctypes.data - base) // stride  # t is a row view of tp
             assert 0 <= row < len(raw) and t.base is not None
             return saved(raw[row], d, a, r, slot)
 
-        reference._sample_residual = residual
+        reference_tree.sample_residual = residual
         try:
             return reference.verify(method, tp, dp, tree.tokens, tree.parents, rng)
         finally:
-            reference._sample_residual = saved
+            reference_tree.sample_residual = saved
 
     return step
 

@@ -18,7 +18,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from localspec.verify import lossless, reference
+from localspec.verify import lossless, reference, reference_tree
 from localspec.config import SamplingParams, Shape
 from localspec.verify.lossless import ToyGrammar, ToyModel
 
@@ -75,12 +75,12 @@ def _target_residual(method):
     inner = _reference_step(method)
 
     def step(*args):
-        saved = reference._sample_residual
-        reference._sample_residual = lambda t, d, a, r, slot: r.categorical(t, 1.0, slot)
+        saved = reference_tree.sample_residual
+        reference_tree.sample_residual = lambda t, d, a, r, slot: r.categorical(t, 1.0, slot)
         try:
             return inner(*args)
         finally:
-            reference._sample_residual = saved
+            reference_tree.sample_residual = saved
     return step
 
 

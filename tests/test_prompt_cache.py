@@ -23,7 +23,8 @@ from localspec.config import GenerationConfig, ModelOptions
 from localspec.decoding.profiles import Profiles
 from localspec.errors import ConfigError
 from localspec.llama.model import Model
-from localspec.llama.prompt_cache import MAGIC, SUFFIX, PromptCache, parse_limit
+from localspec.llama.prompt_cache import PromptCache, parse_limit
+from localspec.llama.prompt_store import MAGIC, SUFFIX
 
 from conftest import EXACT, load
 

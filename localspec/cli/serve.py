@@ -30,12 +30,9 @@ def check_loaded_pair(loaded: Any) -> None:
     """ModelError when the draft (loaded, or lazily: its vocabulary alone) cannot draft for the target."""
     from localspec.decoding.pairing import check_lazy_pair, check_pair
     from localspec.llama.lazy import LazyModel
-    from localspec.decoding.profiles import Profiles
 
     if isinstance(loaded.draft, LazyModel):
-        profiles = Profiles()
-        check_lazy_pair(loaded.target, loaded.draft, profiles)
-        profiles.save()  # the verdict, so that the next start reads no vocabulary
+        check_lazy_pair(loaded.target, loaded.draft)
     elif loaded.draft is not None:
         check_pair(loaded.target, loaded.draft)
 

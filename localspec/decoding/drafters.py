@@ -33,7 +33,7 @@ from localspec.decoding.lookup import ContextLookup, Proposal
 from localspec.llama.model import Model
 from localspec.decoding.pairing import check_lazy_pair, check_pair
 from localspec.llama.lazy import LazyModel
-from localspec.decoding.profiles import Profiled, Profiles
+from localspec.decoding.profiles import Profiled
 from localspec.decoding.state import Draft, PairState
 from localspec.llama.host import key_of
 from localspec.decoding.tree import DraftTree, leaf_ranges
@@ -300,12 +300,11 @@ class ForcedDrafter:
         return Draft(one_hot_chain(self.buf, proposal.tokens[: shape.depth]), proposal.kind, self, certain=True)
 
 
-def make_drafters(target: Model, draft: Model | LazyModel | None, config: GenerationConfig,
-                  profiles: Profiles | None = None) -> list[Drafter]:
+def make_drafters(target: Model, draft: Model | LazyModel | None, config: GenerationConfig) -> list[Drafter]:
     """The drafters the engine considers for the setting `drafter` (none where
     GenerationConfig.is_target_alone: the target alone): auto: the n-gram lookup, and the draft
     model when one is given (the planner loads and uses it only where it pays); ngram; model;
-    hybrid. A lazy draft's vocabulary check is kept in `profiles` (None: checked every time).
+    hybrid. A lazy draft's vocabulary is checked against the target's (once: pairing).
     (A constrained generation's engine adds the grammar's forced tokens before these.)"""
     if config.is_target_alone(draft is not None):
         return []
@@ -324,5 +323,5 @@ def make_drafters(target: Model, draft: Model | LazyModel | None, config: Genera
     if isinstance(draft, Model):
         check_pair(target, draft)
     else:
-        check_lazy_pair(target, draft, Profiles.in_memory() if profiles is None else profiles)
+        check_lazy_pair(target, draft)
     return ngram + [ModelDrafter(draft, target, max_nodes)]

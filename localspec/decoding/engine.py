@@ -150,7 +150,9 @@ def _plain_prefill(sequence: KVSequence, upto: int) -> None:
 
 
 class Engine:
-    """Speculative decoding of one target with drafters tried in order (none: the target alone)."""
+    """Speculative decoding of one target with drafters tried in order (none: the target alone).
+    The planner (``plan="auto"``) learns into `profiles`, which whoever sets up the generation owns
+    and saves (None: profiles in memory, never saved — a check, a test)."""
 
     def __init__(self, target: Model, drafters: Sequence[Drafter], config: GenerationConfig,
                  profiles: Profiles | None = None) -> None:
@@ -169,7 +171,8 @@ class Engine:
         self.drafters: list[Drafter] = [d for d in forced if d is not None] + list(drafters)
         model_drafter = next((d for d in self.drafters if isinstance(d, ModelDrafter)), None)
         self.state = PairState(target, model_drafter, self.structured)
-        self.planner = (Planner(target, self.shape, sampled=not self.sampling.greedy, profiles=profiles)
+        self.planner = (Planner(target, self.shape, sampled=not self.sampling.greedy,
+                                profiles=Profiles.in_memory() if profiles is None else profiles)
                         if config.plan == "auto" else None)  # (the target alone's steps teach it c(1))
         self.policy: Policy = self.planner if self.planner is not None else FixedPolicy(self.drafters)
 

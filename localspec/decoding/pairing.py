@@ -1,16 +1,17 @@
 """Which draft can draft for which target.
 
-:func:`check_pair` applies llama.cpp's rules (common/speculative.cpp) to two loaded models (once
-per loaded pair: the target keeps the drafts it has checked); :func:`check_lazy_pair` reads only
-the vocabulary of a draft not loaded yet (``localspec.llama.lazy.LazyModel``), once per machine
-when given the cost profiles (the verdict is kept in the target's profile).
+:func:`check_pair` applies llama.cpp's rules (common/speculative.cpp) to two loaded models;
+:func:`check_lazy_pair` reads only the vocabulary of a draft not loaded yet
+(``localspec.llama.lazy.LazyModel``). Either checks a target and a draft once: the verdict is kept
+in one place, the target's ``Model.checked_drafts`` (so a lazy draft that loads later is not
+compared again).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
-from localspec.decoding.profiles import Profiles
 from localspec.errors import ModelError
 from localspec.llama.host import key_of
 from localspec.llama.lazy import LazyModel
@@ -20,41 +21,53 @@ VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp common/speculative: tolerated n_voc
 VOCAB_CHECK_START_TOKEN_ID = 5  # ... and tokens compared from this id on
 
 
-def check_lazy_pair(target: Model, draft: LazyModel, store: Profiles) -> None:
-    """check_pair for a draft that is not loaded: its vocabulary alone is read, once per machine
-    when `store` is saved (the verdict is kept in the target's profile)."""
+def check_lazy_pair(target: Model, draft: LazyModel) -> None:
+    """check_pair for a draft that is not loaded: its vocabulary alone is read, once per target
+    and draft."""
     if draft.paired:
         return
-    profile = store.get(target.identity)
-    key = "pair:" + key_of(draft.identity)
-    verdict = profile.checks.get(key)
-    if verdict is None:
-        verdict = _vocabulary_verdict(target, draft.path)
-        profile.checks[key] = verdict
-        profile.dirty = True
-    if verdict != "ok":
-        raise ModelError(verdict)
+    _check(target, draft, lambda: _vocabulary_verdict(target, draft.path))
 
 
 def _vocabulary_verdict(target: Model, draft_path: Path) -> str:
     """"ok" when the draft file's vocabulary can draft for the target, else why not."""
     vocab = Model.vocabulary(draft_path)
     try:
-        check_pair(target, vocab)
+        return _verdict(target, vocab)
+    finally:
+        vocab.close()
+
+
+def _check(target: Model, draft: Model | LazyModel, verdict: Callable[[], str]) -> None:
+    """Raise ModelError unless the pair passes; `verdict` runs only for a pair not checked yet
+    (the target keeps each draft's verdict, by the draft's identity)."""
+    key = key_of(draft.identity)
+    found = target.checked_drafts.get(key)
+    if found is None:
+        found = target.checked_drafts[key] = verdict()
+    if found != "ok":
+        raise ModelError(found)
+
+
+def _verdict(target: Model, draft: Model) -> str:
+    try:
+        _compare(target, draft)
         return "ok"
     except ModelError as exc:
         return str(exc)
-    finally:
-        vocab.close()
 
 
 def check_pair(target: Model, draft: Model) -> None:
     """Can `draft` propose tokens for `target`? llama.cpp's rules (common/speculative.cpp):
     same vocabulary type, same BOS/EOS and add-BOS, vocab sizes within 128, and the same token
-    text from id 5 on. Raises ModelError naming the first difference."""
+    text from id 5 on. Raises ModelError naming the first difference. Once per target and draft:
+    it compares the whole vocabulary."""
+    _check(target, draft, lambda: _verdict(target, draft))
+
+
+def _compare(target: Model, draft: Model) -> None:
+    """check_pair's comparison, every time."""
     t, d = target, draft
-    if d in t.checked_drafts:
-        return  # checked once per loaded pair: it compares the whole vocabulary
 
     def fail(why: str) -> None:
         raise ModelError(f"draft {d.path.name} cannot draft for target {t.path.name}: {why}")
@@ -72,4 +85,3 @@ def check_pair(target: Model, draft: Model) -> None:
         a, b = t.token_text(tok), d.token_text(tok)
         if a != b:
             fail(f"token {tok} is {a!r} in the target but {b!r} in the draft")
-    t.checked_drafts.add(d)

@@ -185,13 +185,13 @@ class Planner:
 
     acceptance_type: type[Acceptance] = Acceptance  # what tracks each kind's acceptance (a replay may vary it)
 
-    def __init__(self, target: Profiled, shape: Shape, sampled: bool = False, profiles: Profiles | None = None,
+    def __init__(self, target: Profiled, shape: Shape, sampled: bool = False, *, profiles: Profiles,
                  profile: Profile | None = None) -> None:
         self.shape = shape
         self.sampled = sampled  # temperature > 0: acceptance is kept apart from greedy decoding's
         self._nodes = [shape.truncated(d).n_nodes for d in range(shape.depth + 1)]  # nodes by depth
         self.target_bytes = target.file_bytes
-        self.profiles = Profiles.in_memory() if profiles is None else profiles
+        self.profiles = profiles  # given by whoever sets up the generation (the engine)
         self.profile = self.profiles.get(target.identity) if profile is None else profile  # given: a replay's
         self.target_cost = CostTable(dict(self.profile.costs), lambda: self.profile.prefill)
         self._acceptance: dict[str, Acceptance] = {}

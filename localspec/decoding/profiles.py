@@ -81,12 +81,6 @@ def _mapping(data: dict, name: str) -> dict:
     return value
 
 
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{where!r} must be a string, got {type(value).__name__}")
-    return value
-
-
 def _counts(value: Any, where: str) -> list[list[float]]:
     """[at_risk, rejected]: two lists of equal length of finite counts >= 0, rejected <= at_risk."""
     if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, list) for v in value)
@@ -107,14 +101,13 @@ class Profile:
     prefill: float | None = None
     load: float | None = None
     acceptance: dict[str, list[list[float]]] = field(default_factory=dict)  # kind: [at_risk, rejected] per level
-    checks: dict[str, str] = field(default_factory=dict)  # e.g. "pair:<draft key>": "ok" or why not
     updated: float = 0.0
     dirty: bool = False
 
     def to_json(self) -> dict:
         return {"version": VERSION, "key": self.key, "identity": self.identity,
                 "costs": {str(n): s for n, s in sorted(self.costs.items())}, "prefill": self.prefill,
-                "load": self.load, "acceptance": self.acceptance, "checks": self.checks, "updated": self.updated}
+                "load": self.load, "acceptance": self.acceptance, "updated": self.updated}
 
     @classmethod
     def from_json(cls, data: dict) -> "Profile":
@@ -128,13 +121,11 @@ class Profile:
             raise ValueError("'identity.file' must be a string")
         costs = _mapping(data, "costs")
         acceptance = _mapping(data, "acceptance")
-        checks = _mapping(data, "checks")
         return cls(key=data["key"], identity=dict(data["identity"]),
                    costs={_pass_size(n): c for n, c in ((n, _seconds(s, f"costs.{n}")) for n, s in costs.items()) if c},
                    prefill=_seconds(data.get("prefill"), "prefill"),
                    load=_seconds(data.get("load"), "load"),
                    acceptance={str(k): _counts(v, f"acceptance.{k}") for k, v in acceptance.items()},
-                   checks={str(k): _text(v, f"checks.{k}") for k, v in checks.items()},
                    updated=_number(data.get("updated", 0.0), "updated"))
 
     @property

@@ -5,8 +5,6 @@ It exits 0 when they agree; a configuration that crashes kills only this process
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -20,7 +18,6 @@ from localspec.llama import backend, tiny_model
 from localspec.llama.buffer_types import CHECK_FTYPES
 from localspec.llama.model import Model
 
-FAULT_ENV = "LOCALSPEC_KERNEL_CHECK_FAULT"  # tests: the child dies (SIGSEGV) checking these configurations
 CHECK_TOLERANCE = 0.1  # relative RMS difference between a configuration's logits and the plain kernels'
 
 
@@ -35,13 +32,11 @@ def _tiny_models(directory: Path, types: Sequence[str]) -> list[tuple[str, Path]
         raise ModelError(str(exc)) from None
 
 
-def _logits(path: Path, config: str, fault: bool) -> np.ndarray:
+def _logits(path: Path, config: str) -> np.ndarray:
     """Decode a 24-token batch, then one token twice; the logits of the last three rows."""
     options = ModelOptions(ctx_size=64, batch_size=32, threads=1, n_seq_max=1, cache_type="f32",
                            flash_attn="off", cpu_kernels=config)
     with Model(path, options) as model:
-        if fault:
-            os.kill(os.getpid(), signal.SIGSEGV)
         tokens = [1 + (7 * i) % 300 for i in range(24)]
         model.decode(tokens, range(24))
         rows = [model.logits_array(24)[-1].copy()]
@@ -62,12 +57,11 @@ def compare_logits(weight_type: str, got: np.ndarray, want: np.ndarray) -> float
 
 def check_in_child(config: str, types: Sequence[str]) -> str:
     """The child's work: each type's tiny model under `config` against the plain kernels."""
-    fault = config in os.environ.get(FAULT_ENV, "").split(",")
     worst = 0.0
     with tempfile.TemporaryDirectory(prefix="localspec-check-") as tmp:
         for weight_type, path in _tiny_models(Path(tmp), types):
-            got = _logits(path, config, fault)
-            worst = max(worst, compare_logits(weight_type, got, _logits(path, "plain", False)))
+            got = _logits(path, config)
+            worst = max(worst, compare_logits(weight_type, got, _logits(path, "plain")))
     return f"{'/'.join(types)} logits within {worst:.2g} of the plain kernels'"
 
 

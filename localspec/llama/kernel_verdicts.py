@@ -140,6 +140,10 @@ def _death(returncode: int) -> str:
     return f"exit status {returncode}"
 
 
+CHILD = [sys.executable, "-m", "localspec.llama.kernel_check"]  # the check's child, before CONFIG TYPE...
+# (tests/test_kernels.py starts one that crashes instead: a fault must reach the child process)
+
+
 class Check:
     """One configuration checked on tiny models of some weight types, in a child process that
     runs while the caller goes on (a model load overlaps it)."""
@@ -148,7 +152,7 @@ class Check:
         self.config, self.types = config, tuple(types)
         env = {k: v for k, v in os.environ.items() if k != "LOCALSPEC_LLAMA_LOG"}
         self.started = time.perf_counter()
-        self.process = subprocess.Popen([sys.executable, "-m", "localspec.llama.kernel_check", config, *types],
+        self.process = subprocess.Popen([*CHILD, config, *types],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, env=env)
 

@@ -16,7 +16,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -107,7 +106,7 @@ class Model(Vocabulary):
         self._pieces: dict[int, bytes] = {}
         self._busy = threading.Lock()
         self.sequence = KVSequence(self)  # what the KV cache holds: its one owner
-        self.checked_drafts: weakref.WeakSet[Model] = weakref.WeakSet()  # drafts pairing.check_pair passed
+        self.checked_drafts: dict[str, str] = {}  # pairing's verdicts: draft key -> "ok" or why not
         # llguidance's tokenizer of this vocabulary, once started (decoding.tokenizer.start_tokenizer:
         # a TokenizerFuture, with the grammars already followed over it)
         self.grammar_tokenizer: Any = None
