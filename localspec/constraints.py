@@ -233,7 +233,7 @@ def constraint_from_options(options: dict[str, Any]) -> "Constraint | None | boo
     return Constraint.regex(value) if name == "regex" else Constraint.grammar(value)
 
 
-def constraint_options(c: Constraint | None) -> dict[str, Any]:
+def constraint_to_options(c: Constraint | None) -> dict[str, Any]:
     """A constraint as the keywords of from_options (JSON values; all None without one)."""
     out: dict[str, Any] = {k: None for k in ("response_format", "regex", "grammar")}
     if c is None:

@@ -205,8 +205,8 @@ class Dies:
     def __init__(self, config: str, types: tuple[str, ...]) -> None:
         self.config, self.types = config, tuple(types)
 
-    def wait(self) -> kernel_verdicts.Verdict:
-        return kernel_verdicts.Verdict(False, "killed by SIGSEGV", 0.1)
+    def wait(self) -> kernel_verdicts.KernelVerdict:
+        return kernel_verdicts.KernelVerdict(False, "killed by SIGSEGV", 0.1)
 
 
 def test_a_load_overlaps_the_check_and_reloads_when_it_fails(q4_0: Path, fresh_checks: Path,
@@ -243,13 +243,13 @@ def test_when_every_configuration_dies_the_error_says_so(q4_0: Path, fresh_check
 class TimesOut(Dies):
     """A check whose child never answers (a busy machine)."""
 
-    def wait(self) -> kernel_verdicts.Verdict:
-        return kernel_verdicts.Verdict(False, "no answer within 180 s", 180.0, timed_out=True)
+    def wait(self) -> kernel_verdicts.KernelVerdict:
+        return kernel_verdicts.KernelVerdict(False, "no answer within 180 s", 180.0, timed_out=True)
 
 
 class Passes(Dies):
-    def wait(self) -> kernel_verdicts.Verdict:
-        return kernel_verdicts.Verdict(True, "fine", 0.1)
+    def wait(self) -> kernel_verdicts.KernelVerdict:
+        return kernel_verdicts.KernelVerdict(True, "fine", 0.1)
 
 
 def test_a_check_that_timed_out_is_checked_again_on_a_later_run(q4_0: Path, fresh_checks: Path,
@@ -267,7 +267,7 @@ def test_a_check_that_timed_out_is_checked_again_on_a_later_run(q4_0: Path, fres
     assert kernel_verdicts.Checks().get(key) is None  # a later run: not a verdict
     monkeypatch.setattr(kernel_verdicts, "Check", Passes)
     assert kernels.resolve(q4_0, "auto").config == first  # checked again, and it passes now
-    assert kernel_verdicts.Checks().get(key) == kernel_verdicts.Verdict(True, "fine", 0.1)
+    assert kernel_verdicts.Checks().get(key) == kernel_verdicts.KernelVerdict(True, "fine", 0.1)
     kernel_verdicts.Checks().path.unlink()
     monkeypatch.setattr(kernel_verdicts, "Check", TimesOut)
     for _ in range(kernel_verdicts.TIMEOUT_TRIES):

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from localspec.errors import ModelError
 from localspec.llama import buffer_types, kernel_verdicts
 from localspec.llama.buffer_types import REPACK_BUFFER, Weight
-from localspec.llama.kernel_verdicts import Checks, Verdict
+from localspec.llama.kernel_verdicts import Checks, KernelVerdict
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class PendingPlan:
         return verdict.ok
 
 
-def _notice(plan: KernelPlan, types: Sequence[str], verdict: Verdict, rejected: list[str]) -> None:
+def _notice(plan: KernelPlan, types: Sequence[str], verdict: KernelVerdict, rejected: list[str]) -> None:
     """The one line a user reads when a configuration is chosen for the first time."""
     why = f"; not {'; not '.join(rejected)}" if rejected else ""
     log.warning("CPU kernels for %s weights: %s (%s)%s. Checked in a child process in %.1f s, once per machine "

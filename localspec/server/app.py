@@ -39,7 +39,7 @@ from localspec.errors import (
 )
 from localspec.llama.model import Model
 from localspec.server import ServerLimits, schemas
-from localspec.server.responses import Health, ModelCard, ModelList, Reply, error_body
+from localspec.server.responses import Health, ModelCard, ModelList, ResponseBuilder, error_body
 from localspec.server.worker import Job, ModelWorker
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def _sse_response(job: Job, events: AsyncIterator[ServerSentEvent]) -> HTTPRespo
                                shutdown_grace_period=STREAM_SHUTDOWN_GRACE)
 
 
-async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterator[ServerSentEvent]:
+async def _events(job: Job, first: tuple[str, Any], reply: ResponseBuilder) -> AsyncIterator[ServerSentEvent]:
     try:
         if reply.chat:
             yield _event(reply.chunk(None, role=True))
@@ -238,7 +238,7 @@ async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterat
         job.cancel.set()
 
 
-async def _respond_stream(request: Request, job: Job, reply: Reply) -> HTTPResponse:
+async def _respond_stream(request: Request, job: Job, reply: ResponseBuilder) -> HTTPResponse:
     """An SSE response once the first token is there (an error before it: a JSON error response)."""
     first = await _unless_disconnected(request, job.get())
     if first[0] == "error":
@@ -246,7 +246,7 @@ async def _respond_stream(request: Request, job: Job, reply: Reply) -> HTTPRespo
     return _sse_response(job, _events(job, first, reply))
 
 
-async def _respond_full(request: Request, job: Job, reply: Reply) -> HTTPResponse:
+async def _respond_full(request: Request, job: Job, reply: ResponseBuilder) -> HTTPResponse:
     responses, error = await _unless_disconnected(request, _collect(job))
     if error is not None or not responses:
         if responses:  # an error after some output: the output is kept, the error reported
@@ -292,7 +292,7 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
         chat_request = isinstance(req, schemas.ChatRequest)
         prompt = req.prompt() if chat_request else req.prompt_value()
         tools = await asyncio.to_thread(req.toolset) if chat_request else None
-        reply = Reply(chat, req.include_usage, applied_config(config, draft is not None), model_id)
+        reply = ResponseBuilder(chat, req.include_usage, applied_config(config, draft is not None), model_id)
         job = Job(prompt, config, asyncio.get_running_loop(), tools)
         worker.submit(job)
         log.info("%s: %s, %d queued", reply.id, "stream" if req.stream else "request", worker.pending())

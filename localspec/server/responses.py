@@ -1,5 +1,5 @@
 """The OpenAI response objects as pydantic models (the wire format, declared once), and
-:class:`Reply`, which builds those of one request (full responses, stream chunks).
+:class:`ResponseBuilder`, which builds those of one request (full responses, stream chunks).
 
 Every JSON body the server sends is one of these models: :class:`ChatCompletion`,
 :class:`TextCompletion`, their stream chunks, :class:`ModelList` / :class:`ModelCard`,
@@ -250,7 +250,7 @@ def error_body(message: str, param: str | None = None, kind: str = "invalid_requ
 
 
 @dataclass
-class Reply:
+class ResponseBuilder:
     """Builds the OpenAI objects of one request."""
 
     chat: bool
