@@ -107,10 +107,10 @@ def model_buffers(name: str, cpu_kernels: str, n_gpu_layers: int = 0) -> dict:
         path = registry.resolve(name)
         with Model(path, ModelOptions(ctx_size=64, batch_size=16, n_seq_max=1, cpu_kernels=cpu_kernels,
                                       n_gpu_layers=n_gpu_layers)) as m:
-            plan = m.kernels
+            chosen = m.kernels
             return {"path": str(path), "cpu_kernels": cpu_kernels, "n_gpu_layers": n_gpu_layers,
-                    "config": plan.config if plan else None,
-                    "reason": plan.reason if plan else None, "weight_buffers_mib": m.weight_buffers}
+                    "config": chosen.config if chosen else None,
+                    "reason": chosen.reason if chosen else None, "weight_buffers_mib": m.weight_buffers}
     except LocalspecError as exc:
         return {"path": name, "cpu_kernels": cpu_kernels, "error": str(exc)}
 
