@@ -55,10 +55,10 @@ def backend_devices() -> list[dict] | str:
             dev = g.ggml_backend_dev_get(i)
             free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
             g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            kind = int(g.ggml_backend_dev_type(dev))
+            dev_type = int(g.ggml_backend_dev_type(dev))
             devices.append({"name": _text(g.ggml_backend_dev_name(dev)),
                             "description": _text(g.ggml_backend_dev_description(dev)),
-                            "type": DEVICE_TYPES.get(kind, str(kind)),
+                            "type": DEVICE_TYPES.get(dev_type, str(dev_type)),
                             "memory_free": int(free.value), "memory_total": int(total.value)})
         return devices
     except Exception as exc:  # a binding mismatch must not break `info`

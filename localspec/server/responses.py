@@ -244,9 +244,9 @@ class ErrorBody(_Wire):
     error: ErrorDetail
 
 
-def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error",
+def error_body(message: str, param: str | None = None, error_type: str = "invalid_request_error",
                code: str | None = None) -> ErrorBody:
-    return ErrorBody(error=ErrorDetail(message=message, type=kind, param=param, code=code))
+    return ErrorBody(error=ErrorDetail(message=message, type=error_type, param=param, code=code))
 
 
 @dataclass
