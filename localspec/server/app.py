@@ -264,7 +264,7 @@ async def _respond_full(request: Request, job: Job, reply: ResponseBuilder) -> H
 
 def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: GenerationConfig = DEFAULTS,
                limits: ServerLimits = ServerLimits(), prompt_cache: Any = None) -> Starlette:
-    """The ASGI app serving one loaded target/draft pair (draft None: target alone or n-gram drafts).
+    """The ASGI app serving one loaded target/draft pair (draft None: no draft model; n-gram drafts or none).
     `defaults`: the settings of what a request leaves out; `prompt_cache`: a PromptCache (None: off)."""
     worker = ModelWorker(target, draft, limits.max_queue, prompt_cache)
     created = int(time.time())

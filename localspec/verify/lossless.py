@@ -1,12 +1,11 @@
 """Proving "lossless": toy models, draft-tree sampling, exact and statistical step distributions.
 
 A verifier step is lossless when its output (accepted draft tokens, then the extra token),
-continued by the target, is distributed exactly like the target sampling alone. Constrained
-decoding is covered by a :class:`ToyGrammar` (context -> allowed tokens): the target is then the
-masked target (mask first, then the sampling chain), the drafter draws from its own masked
-distribution (or ignores the grammar: ``draft_masked=False``), and "the target alone" is plain
-constrained sampling. This module
-computes that distribution exactly for the numpy reference (:func:`exact_error`) and tests the C
+continued by the target, is distributed exactly like the target's distribution (sampling from
+the target). Constrained decoding is covered by a :class:`ToyGrammar` (context -> allowed
+tokens): the target is then the masked target (mask first, then the sampling chain), the
+drafter draws from its own masked distribution (or ignores the grammar: ``draft_masked=False``),
+and the target's distribution is plain constrained sampling. This module computes that distribution exactly for the numpy reference (:func:`exact_error`) and tests the C
 verifier against it by Monte Carlo (:func:`monte_carlo_pvalue`). Used by the tests and by
 ``localspec check``.
 """
@@ -252,7 +251,7 @@ def exact_distribution(method: str, target: ToyModel, draft: ToyModel, shape: Sh
 def exact_error(method: str, target: ToyModel, draft: ToyModel, shape: Shape, settings: SamplingParams,
                 step: VerifyFn = reference_step, grammar: ToyGrammar | None = None,
                 draft_masked: bool = True) -> float:
-    """max |P(output continued by the target) - P(target alone)| over all sequences (with a
+    """max |P(output continued by the target) - P(sampled from the target)| over all sequences (with a
     grammar: the masked target, i.e. plain constrained sampling)."""
     dist = exact_distribution(method, target, draft, shape, settings, step=step, grammar=grammar,
                               draft_masked=draft_masked)
