@@ -120,7 +120,7 @@ def bench_one(method: str, shape: str, vocab: int, repeat: int, numpy_repeat: in
     return Row(method, shape, vocab, sampling, c_us, numpy_us, float(np.mean(accepted)))
 
 
-def plan(quick: bool) -> list[tuple[str, str, int, str]]:
+def bench_cases(quick: bool) -> list[tuple[str, str, int, str]]:
     vocabs = (151936,) if quick else VOCABS
     cases = []
     for sampling in SAMPLINGS:
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     rows = []
-    for method, shape, vocab, sampling in tqdm(plan(args.quick), desc="verifier bench", file=sys.stderr):
+    for method, shape, vocab, sampling in tqdm(bench_cases(args.quick), desc="verifier bench", file=sys.stderr):
         rows.append(bench_one(method, shape, vocab, args.repeat, args.numpy_repeat, sampling))
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
     print(markdown(rows))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 # Constraint is public here too (GenerationConfig's errors name localspec.config.Constraint)
-from localspec.constraints import CONSTRAINT_KEYS, Constraint, constraint_from_options, constraint_options
+from localspec.constraints import CONSTRAINT_KEYS, Constraint, constraint_from_options, constraint_to_options
 from localspec.endpoints import parse_endpoints
 from localspec.errors import ConfigError
 from localspec.validation import as_float, as_int, choice, is_int, is_number, require, show, unknown_names
@@ -337,7 +337,7 @@ class GenerationConfig:
                 "seed": self.seed, "verifier": self.verifier, "num_draft_tokens": s.depth, "paths": s.paths,
                 "tree": list(s.branching) if s.branching else None, "drafter": self.drafter,
                 "plan": self.plan, "lenience": self.lenience, "stop": list(self.stop),
-                **constraint_options(self.constraint)}
+                **constraint_to_options(self.constraint)}
 
     @property
     def speculative(self) -> bool:

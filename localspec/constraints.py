@@ -117,13 +117,13 @@ class Constraint:
             return None
         if not isinstance(value, Mapping):
             raise ConfigError(f"response_format must be an object, not {json_type(value)}", param)
-        kind = value.get("type")
-        if kind == "text":
+        format_type = value.get("type")
+        if format_type == "text":
             return None
-        if kind == "json_object":
+        if format_type == "json_object":
             schema = value.get("schema")
             return cls.json_object(param) if schema is None else cls.json_schema(schema, None, param)
-        if kind == "json_schema":
+        if format_type == "json_schema":
             spec = value.get("json_schema")
             if not isinstance(spec, Mapping):
                 raise ConfigError('response_format of type "json_schema" needs a "json_schema" object '
@@ -133,7 +133,7 @@ class Constraint:
                 raise ConfigError(f"response_format.json_schema.name must be a string, not {json_type(name)}", param)
             schema = spec.get("schema")
             return cls.json_object(param) if schema is None else cls.json_schema(schema, name, param)
-        raise ConfigError(f"response_format.type {kind!r} is not supported; use \"text\", \"json_object\" "
+        raise ConfigError(f"response_format.type {format_type!r} is not supported; use \"text\", \"json_object\" "
                           "or \"json_schema\"", param)
 
     # ------------------------------------------------------------ views
@@ -233,7 +233,7 @@ def constraint_from_options(options: dict[str, Any]) -> "Constraint | None | boo
     return Constraint.regex(value) if name == "regex" else Constraint.grammar(value)
 
 
-def constraint_options(c: Constraint | None) -> dict[str, Any]:
+def constraint_to_options(c: Constraint | None) -> dict[str, Any]:
     """A constraint as the keywords of from_options (JSON values; all None without one)."""
     out: dict[str, Any] = {k: None for k in ("response_format", "regex", "grammar")}
     if c is None:

@@ -104,5 +104,5 @@ EXIT_CODES: dict[type[LocalspecError], int] = {  # the first class an error is a
 
 def exit_code(error: LocalspecError | type[LocalspecError]) -> int:
     """The command line's exit status for an error (or an error class)."""
-    kind = error if isinstance(error, type) else type(error)
-    return next((code for cls, code in EXIT_CODES.items() if issubclass(kind, cls)), 1)
+    error_type = error if isinstance(error, type) else type(error)
+    return next((code for cls, code in EXIT_CODES.items() if issubclass(error_type, cls)), 1)

@@ -290,7 +290,7 @@ def test_state_files_that_are_not_regular_files_are_not_read(tmp_path: Path) -> 
     {"k": [1, 2]}, {"k": None}, "[" * 100000 + "]" * 100000, b"\xff\xfe", "[1]", None,
 ], ids=["ok-str", "seconds-str", "entry-list", "entry-null", "deep", "binary", "list", "fifo"])
 def test_malformed_kernel_checks_are_ignored(tmp_path: Path, content) -> None:
-    from localspec.llama.kernel_verdicts import Checks, Verdict
+    from localspec.llama.kernel_verdicts import Checks, KernelVerdict
 
     checks = Checks(tmp_path)
     if content is None:
@@ -302,8 +302,8 @@ def test_malformed_kernel_checks_are_ignored(tmp_path: Path, content) -> None:
     fresh = Checks(tmp_path)
     assert fresh.get("k") is None and fresh.all() == {}  # "ok": "false" is no verdict of ok
     if content is not None:
-        fresh.put("j", Verdict(True, "fine", 0.5))  # and the record is rewritten
-        assert Checks(tmp_path).get("j") == Verdict(True, "fine", 0.5)
+        fresh.put("j", KernelVerdict(True, "fine", 0.5))  # and the record is rewritten
+        assert Checks(tmp_path).get("j") == KernelVerdict(True, "fine", 0.5)
 
 
 @pytest.mark.parametrize("sidecar", [b"", b"\xff\xfe\x00", b"hello", b"0" * 64 + b"  m.gguf\n", b"a" * 100000, None],

@@ -520,16 +520,16 @@ def test_a_profile_directory_of_another_user_is_refused(tmp_path: Path, caplog: 
 
 
 def test_a_symlinked_kernel_record_is_not_read_nor_written(tmp_path: Path) -> None:
-    from localspec.llama.kernel_verdicts import Checks, Verdict
+    from localspec.llama.kernel_verdicts import Checks, KernelVerdict
 
     checks = Checks(tmp_path / "kc")
-    checks.put("llama:Q4_0", Verdict(True, "fine", 0.5))
-    assert Checks(tmp_path / "kc").get("llama:Q4_0") == Verdict(True, "fine", 0.5)  # control: a file of its own
+    checks.put("llama:Q4_0", KernelVerdict(True, "fine", 0.5))
+    assert Checks(tmp_path / "kc").get("llama:Q4_0") == KernelVerdict(True, "fine", 0.5)  # control: a file of its own
     content = checks.path.read_bytes()
     outside = outside_file(tmp_path, content)
     checks.path.unlink()
     checks.path.symlink_to(outside)
     fresh = Checks(tmp_path / "kc")
     assert fresh.get("llama:Q4_0") is None  # not read through the link: checked again
-    fresh.put("plain:Q4_0", Verdict(False, "died", 0.1))  # nor written
+    fresh.put("plain:Q4_0", KernelVerdict(False, "died", 0.1))  # nor written
     assert checks.path.is_symlink() and untouched(outside, content)

@@ -145,8 +145,8 @@ def test_auto_checks_once_and_says_what_it_chose(q4_0: Path, fresh_checks: Path,
                                                  caplog: pytest.LogCaptureFixture,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
-        plan = kernels.resolve(q4_0, "auto")
-    assert plan.config == "llama" or "AMX" in buffer_types.extra_buffer_types()
+        chosen = kernels.resolve(q4_0, "auto")
+    assert chosen.config == "llama" or "AMX" in buffer_types.extra_buffer_types()
     notices = [r.getMessage() for r in caplog.records]
     assert len(notices) == 1 and "CPU kernels for Q4_0/Q6_K weights" in notices[0] and "child process" in notices[0]
     verdicts = kernel_verdicts.Checks().all()
@@ -158,7 +158,7 @@ def test_auto_checks_once_and_says_what_it_chose(q4_0: Path, fresh_checks: Path,
 
     monkeypatch.setattr(kernel_verdicts, "Check", no_child)
     with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
-        assert kernels.resolve(q4_0, "auto") == plan
+        assert kernels.resolve(q4_0, "auto") == chosen
     assert not caplog.records  # later runs: silent, no child
 
 
@@ -187,16 +187,16 @@ def test_a_configuration_whose_child_dies_is_never_used(q4_0: Path, fresh_checks
     healthy = kernel_verdicts.CHILD
     crash_checks_of(monkeypatch, first)
     with caplog.at_level(logging.WARNING, logger="localspec.llama.kernels"):
-        plan = kernels.resolve(q4_0, "auto")
-    assert plan.config != first
+        chosen = kernels.resolve(q4_0, "auto")
+    assert chosen.config != first
     message = caplog.records[-1].getMessage()
     assert f"not {first} (killed by SIGSEGV" in message, message
     dead = kernel_verdicts.Checks().get(kernel_verdicts.check_key(first, ("Q4_0", "Q6_K")))
     assert dead is not None and not dead.ok and "SIGSEGV" in dead.detail
     monkeypatch.setattr(kernel_verdicts, "CHILD", healthy)  # the machine "heals", but the verdict stands
-    assert kernels.resolve(q4_0, "auto").config == plan.config
+    assert kernels.resolve(q4_0, "auto").config == chosen.config
     with Model(q4_0, ModelOptions(ctx_size=64, batch_size=32)) as m:  # the default path obeys it too
-        assert m.kernels is not None and m.kernels.config == plan.config
+        assert m.kernels is not None and m.kernels.config == chosen.config
 
 
 class Dies:
@@ -205,8 +205,8 @@ class Dies:
     def __init__(self, config: str, types: tuple[str, ...]) -> None:
         self.config, self.types = config, tuple(types)
 
-    def wait(self) -> kernel_verdicts.Verdict:
-        return kernel_verdicts.Verdict(False, "killed by SIGSEGV", 0.1)
+    def wait(self) -> kernel_verdicts.KernelVerdict:
+        return kernel_verdicts.KernelVerdict(False, "killed by SIGSEGV", 0.1)
 
 
 def test_a_load_overlaps_the_check_and_reloads_when_it_fails(q4_0: Path, fresh_checks: Path,
@@ -217,7 +217,7 @@ def test_a_load_overlaps_the_check_and_reloads_when_it_fails(q4_0: Path, fresh_c
     first, second = [name for name, _ in kernels.candidates(buffer_types.read_weights(q4_0))][:2]
     crash_checks_of(monkeypatch, first)
     choice = kernels.choose(q4_0, "auto")
-    assert isinstance(choice, kernels.PendingPlan) and choice.plan.config == first
+    assert isinstance(choice, kernels.PendingChoice) and choice.candidate.config == first
     assert not choice.confirmed()
     kernel_verdicts.Checks().path.unlink()  # again, through a model load
     with Model(q4_0, ModelOptions(ctx_size=64, batch_size=32)) as m:
@@ -243,13 +243,13 @@ def test_when_every_configuration_dies_the_error_says_so(q4_0: Path, fresh_check
 class TimesOut(Dies):
     """A check whose child never answers (a busy machine)."""
 
-    def wait(self) -> kernel_verdicts.Verdict:
-        return kernel_verdicts.Verdict(False, "no answer within 180 s", 180.0, timed_out=True)
+    def wait(self) -> kernel_verdicts.KernelVerdict:
+        return kernel_verdicts.KernelVerdict(False, "no answer within 180 s", 180.0, timed_out=True)
 
 
 class Passes(Dies):
-    def wait(self) -> kernel_verdicts.Verdict:
-        return kernel_verdicts.Verdict(True, "fine", 0.1)
+    def wait(self) -> kernel_verdicts.KernelVerdict:
+        return kernel_verdicts.KernelVerdict(True, "fine", 0.1)
 
 
 def test_a_check_that_timed_out_is_checked_again_on_a_later_run(q4_0: Path, fresh_checks: Path,
@@ -267,7 +267,7 @@ def test_a_check_that_timed_out_is_checked_again_on_a_later_run(q4_0: Path, fres
     assert kernel_verdicts.Checks().get(key) is None  # a later run: not a verdict
     monkeypatch.setattr(kernel_verdicts, "Check", Passes)
     assert kernels.resolve(q4_0, "auto").config == first  # checked again, and it passes now
-    assert kernel_verdicts.Checks().get(key) == kernel_verdicts.Verdict(True, "fine", 0.1)
+    assert kernel_verdicts.Checks().get(key) == kernel_verdicts.KernelVerdict(True, "fine", 0.1)
     kernel_verdicts.Checks().path.unlink()
     monkeypatch.setattr(kernel_verdicts, "Check", TimesOut)
     for _ in range(kernel_verdicts.TIMEOUT_TRIES):
@@ -290,8 +290,8 @@ def test_damaged_verdicts_are_ignored(q4_0: Path, fresh_checks: Path, caplog: py
     checks.path.parent.mkdir(parents=True, exist_ok=True)
     checks.path.write_text('{"llama:Q4_0,Q6_K": {"ok": "maybe"}, "x": 3')
     with caplog.at_level(logging.WARNING, logger="localspec.llama.kernel_verdicts"):
-        plan = kernels.resolve(q4_0, "auto")
-    assert plan.config in ("llama", "repack", "plain")
+        chosen = kernels.resolve(q4_0, "auto")
+    assert chosen.config in ("llama", "repack", "plain")
     assert any("unreadable kernel checks" in r.getMessage() for r in caplog.records)
     checks.path.write_text('{"llama:Q4_0,Q6_K": {"ok": true}, "plain:Q4_0,Q6_K": [1, 2]}')
     assert kernel_verdicts.Checks().get("llama:Q4_0,Q6_K") is None

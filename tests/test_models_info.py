@@ -196,7 +196,7 @@ def test_info_reports_a_broken_verifier(monkeypatch: pytest.MonkeyPatch) -> None
     """The self-test can fail: a verifier that rejects everything is caught (exit status 1)."""
     from localspec.verify import verifier
 
-    monkeypatch.setattr(verifier, "verify", lambda *a, **k: verifier.Verdict(path=(), token=0, n_accepted=0))
+    monkeypatch.setattr(verifier, "verify", lambda *a, **k: verifier.VerifyOutcome(path=(), token=0, n_accepted=0))
     assert info_module.verifier_self_test() is not None
     result = run("info", "--json")
     assert result.exit_code == 1

@@ -30,8 +30,8 @@ def kernel_configuration() -> str:
 
     reg = registry.load_registry()
     config = os.environ.get("LOCALSPEC_CPU_KERNELS", "auto")
-    plan = kernels.resolve(Path(registry.resolve(reg.pairs[reg.default_pair].target)), config)
-    return f"--cpu-kernels {config}: {plan.config} ({plan.reason})"
+    chosen = kernels.resolve(Path(registry.resolve(reg.pairs[reg.default_pair].target)), config)
+    return f"--cpu-kernels {config}: {chosen.config} ({chosen.reason})"
 
 
 def run_cases(cases: Path, what: str) -> None:

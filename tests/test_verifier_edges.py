@@ -64,7 +64,7 @@ def test_one_hot_rows_greedy_target():
 def test_empty_draft_samples_the_target(method):
     logits = np.array([[0.0, 5.0, 0.0, 4.9]], dtype=np.float32)
     v = verifier.verify(method, logits, None, [], [], sampling=SamplingParams(0.0))
-    assert v == verifier.Verdict((), 1, 0)
+    assert v == verifier.VerifyOutcome((), 1, 0)
     draws = [verifier.verify(method, logits, None, [], [], seed=s, sampling=SamplingParams(1.0)).token for s in range(400)]
     if method != "greedy":
         assert set(draws) <= {0, 1, 2, 3} and 0.4 < draws.count(3) / 400 < 0.6

@@ -124,7 +124,7 @@ def bench(model: str | None, draft: str | None, verifiers: tuple[str, ...], shap
     localspec bench --drafters ngram -d none --prompts code-edit
     localspec bench -m target.gguf -d draft.gguf --prompts my-prompts.txt -n 128 --repeat 3
     """
-    from localspec.cli.bench_runs import BenchSettings, limits, plan_matrix, plot, run_bench, to_json, to_markdown
+    from localspec.cli.bench_runs import BenchSettings, limits, run_matrix, plot, run_bench, to_json, to_markdown
 
     settings = BenchSettings(verifiers=verifiers, shapes=shapes, drafters=drafters, temperatures=temperatures,
                              plan=plan, max_tokens=max_tokens, repeat=repeat, seed=seed,
@@ -132,7 +132,7 @@ def bench(model: str | None, draft: str | None, verifiers: tuple[str, ...], shap
     _check_plotting()
     loaded = load_pair(model, draft, need_draft=any(d != "ngram" for d in drafters), **model_kwargs(options))
     try:
-        _, notes = plan_matrix(settings, limits(loaded.target), loaded.draft is not None)
+        _, notes = run_matrix(settings, limits(loaded.target), loaded.draft is not None)
         for note in notes:
             click.echo(f"skipped {note}", err=True)
         results = run_bench(loaded.target, loaded.draft, prompt_sets, settings)

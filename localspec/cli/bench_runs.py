@@ -101,8 +101,8 @@ def configurations(settings: BenchSettings, limits: tuple[int, int], temperature
     return valid, skipped
 
 
-def plan_matrix(settings: BenchSettings, limits: tuple[int, int],
-                has_draft: bool) -> tuple[list[BenchConfig], list[str]]:
+def run_matrix(settings: BenchSettings, limits: tuple[int, int],
+               has_draft: bool) -> tuple[list[BenchConfig], list[str]]:
     """Baseline + valid configurations for every temperature (in run order), and the skip notes.
     `limits`: the target's (n_batch, n_seq_max)."""
     rows: list[BenchConfig] = []
@@ -211,7 +211,7 @@ def run_bench(target: Any, draft: Any, prompt_sets: Mapping[str, Sequence[str]],
         raise BenchError("repeat and max_tokens must be >= 1")
     if not prompt_sets or not all(prompt_sets.values()):
         raise BenchError("no prompts to run")
-    rows, notes = plan_matrix(settings, limits(target), draft is not None)
+    rows, notes = run_matrix(settings, limits(target), draft is not None)
     for note in notes:
         log.info("skipped %s", note)
     per_row = settings.repeat * sum(len(p) for p in prompt_sets.values())
@@ -322,4 +322,4 @@ def plot(results: Sequence[BenchResult], path: str | Path) -> Path:
 
 
 __all__ = ["BenchConfig", "BenchError", "BenchResult", "BenchSettings", "configurations", "limits",
-           "plan_matrix", "plot", "run_bench", "to_json", "to_markdown"]
+           "run_matrix", "plot", "run_bench", "to_json", "to_markdown"]

@@ -46,7 +46,7 @@ CONTINUATION = "... "
 
 
 @dataclass
-class Reply:
+class ChatReply:
     """One streamed reply."""
 
     text: str
@@ -86,7 +86,7 @@ def deferred_interrupt() -> Iterator[_Interrupt]:
 
 
 def stream_reply(loaded: Loaded, history: list[dict], config: GenerationConfig,
-                 write: Callable[[str], None], profiles: Profiles, prompt_cache: Any = None) -> Reply:
+                 write: Callable[[str], None], profiles: Profiles, prompt_cache: Any = None) -> ChatReply:
     """Stream the assistant's next message to `write`; Ctrl-C stops it early."""
     from localspec.api import stream_generate
 
@@ -110,7 +110,7 @@ def stream_reply(loaded: Loaded, history: list[dict], config: GenerationConfig,
         finally:
             stream.close()  # between steps: the engine records its KV caches for reuse
             profiles.save()
-    return Reply("".join(parts), last.finish_reason if last else None, last.stats if last else None, interrupted,
+    return ChatReply("".join(parts), last.finish_reason if last else None, last.stats if last else None, interrupted,
                  last.constraint_satisfied if last else None)
 
 

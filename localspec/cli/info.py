@@ -55,10 +55,10 @@ def backend_devices() -> list[dict] | str:
             dev = g.ggml_backend_dev_get(i)
             free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
             g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            kind = int(g.ggml_backend_dev_type(dev))
+            dev_type = int(g.ggml_backend_dev_type(dev))
             devices.append({"name": _text(g.ggml_backend_dev_name(dev)),
                             "description": _text(g.ggml_backend_dev_description(dev)),
-                            "type": DEVICE_TYPES.get(kind, str(kind)),
+                            "type": DEVICE_TYPES.get(dev_type, str(dev_type)),
                             "memory_free": int(free.value), "memory_total": int(total.value)})
         return devices
     except Exception as exc:  # a binding mismatch must not break `info`
@@ -107,10 +107,10 @@ def model_buffers(name: str, cpu_kernels: str, n_gpu_layers: int = 0) -> dict:
         path = registry.resolve(name)
         with Model(path, ModelOptions(ctx_size=64, batch_size=16, n_seq_max=1, cpu_kernels=cpu_kernels,
                                       n_gpu_layers=n_gpu_layers)) as m:
-            plan = m.kernels
+            chosen = m.kernels
             return {"path": str(path), "cpu_kernels": cpu_kernels, "n_gpu_layers": n_gpu_layers,
-                    "config": plan.config if plan else None,
-                    "reason": plan.reason if plan else None, "weight_buffers_mib": m.weight_buffers}
+                    "config": chosen.config if chosen else None,
+                    "reason": chosen.reason if chosen else None, "weight_buffers_mib": m.weight_buffers}
     except LocalspecError as exc:
         return {"path": name, "cpu_kernels": cpu_kernels, "error": str(exc)}
 

@@ -286,7 +286,7 @@ class Engine:
         return proposal.drafter.draft(proposal, self.state, self.shape.truncated(levels), self.sampling, self.rng,
                                       self.config.verifier in WITHOUT_REPLACEMENT, masks)
 
-    def _verify(self, draft: Draft, masks: StepMasks | None) -> verifier.Verdict:
+    def _verify(self, draft: Draft, masks: StepMasks | None) -> verifier.VerifyOutcome:
         """The configured verification of the step's draft, under the grammar's masks if any. A
         certain draft (a forced chain, decoded with the last row's logits only) has rows that each
         allow exactly its token (checked), so the masked target is certain of it and every rule
@@ -298,7 +298,7 @@ class Engine:
             v = verifier.verify(self.config.verifier, self.target.logits(1), None, [], [], sampling=self.sampling,
                                 seed=int(self.rng.integers(0, 2**63)), lenience=self.config.lenience,
                                 masks=None if rows is None else rows[tree.n:tree.n + 1])
-            return verifier.Verdict(tuple(range(tree.n)), v.token, tree.n)
+            return verifier.VerifyOutcome(tuple(range(tree.n)), v.token, tree.n)
         return verifier.verify(self.config.verifier, self.target.logits(tree.n + 1),
                                tree.probs if tree.n else None, tree.tokens, tree.parents,
                                sampling=self.sampling, seed=int(self.rng.integers(0, 2**63)),

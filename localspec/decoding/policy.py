@@ -25,7 +25,7 @@ class Policy(Protocol):
 
     def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
              remaining: int) -> tuple[DraftProposal, int] | None:
-        """The proposal to draft from and how many levels (None: the target alone this step);
+        """The proposal to draft from and how many levels (None: a target-only step, nothing drafted);
         `proposals` in the drafters' order, each offering at least one level."""
 
     def prefill(self, sequence: KVSequence, upto: int) -> None:

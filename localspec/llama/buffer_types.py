@@ -159,8 +159,8 @@ def name_pattern(names: Sequence[str]) -> str:
             blocks.setdefault(m.group(2), []).append(m.group(1))
         else:
             others.append(re.escape(name))
-    parts = [rf"blk\.(?:{'|'.join(sorted(ids, key=int))})\.{re.escape(kind)}\.weight"
-             for kind, ids in sorted(blocks.items())]
+    parts = [rf"blk\.(?:{'|'.join(sorted(ids, key=int))})\.{re.escape(tensor)}\.weight"
+             for tensor, ids in sorted(blocks.items())]
     return "^(?:" + "|".join(parts + sorted(others)) + ")$"
 
 

@@ -1,4 +1,4 @@
-"""The checks of CPU kernel configurations: what a check found (:class:`Verdict`), the child
+"""The checks of CPU kernel configurations: what a check found (:class:`KernelVerdict`), the child
 process that finds it (:class:`Check`, running ``localspec.llama.kernel_check``), and this
 machine's record of verdicts (:class:`Checks`, ``<profile dir>/kernel-checks``), kept per CPU,
 CPU flags and llama.cpp build."""
@@ -39,7 +39,7 @@ def host_key() -> str:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class KernelVerdict:
     ok: bool
     detail: str  # what the child reported, or how it died
     seconds: float
@@ -57,7 +57,7 @@ class Checks:
 
         self.parent = None if directory is not None else profile_dir()  # created private when absent
         self.path = (directory or profile_dir() / "kernel-checks") / f"{host_key()}.json"
-        self._memory: dict[str, Verdict] = {}
+        self._memory: dict[str, KernelVerdict] = {}
 
     def _store(self, create: bool) -> StateDir:
         if create and self.parent is not None:
@@ -79,7 +79,7 @@ class Checks:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def get(self, key: str) -> Verdict | None:
+    def get(self, key: str) -> KernelVerdict | None:
         if key in self._memory:
             return self._memory[key]
         entry = self._read().get(key)
@@ -95,10 +95,10 @@ class Checks:
             if tries < TIMEOUT_TRIES:
                 log.info("the kernel check %r timed out %d time(s) before: checked again", key, tries)
                 return None
-            return Verdict(False, f"no answer in time on {tries} runs: taken for a hang", float(seconds))
-        return Verdict(ok, detail, float(seconds))
+            return KernelVerdict(False, f"no answer in time on {tries} runs: taken for a hang", float(seconds))
+        return KernelVerdict(ok, detail, float(seconds))
 
-    def put(self, key: str, verdict: Verdict) -> None:
+    def put(self, key: str, verdict: KernelVerdict) -> None:
         self._memory[key] = verdict
         data = self._read()
         record: dict[str, Any] = {"ok": verdict.ok, "detail": verdict.detail, "seconds": round(verdict.seconds, 3),
@@ -114,7 +114,7 @@ class Checks:
         except (ConfigError, Foreign, OSError) as exc:
             log.warning("cannot save the kernel checks in %s: %s", self.path.parent, exc)
 
-    def all(self) -> dict[str, Verdict]:
+    def all(self) -> dict[str, KernelVerdict]:
         out = {}
         for key in self._read():
             verdict = self.get(key)
@@ -156,7 +156,7 @@ class Check:
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, env=env)
 
-    def wait(self) -> Verdict:
+    def wait(self) -> KernelVerdict:
         """The child's verdict (it is killed after CHECK_TIMEOUT seconds)."""
         left = max(CHECK_TIMEOUT - (time.perf_counter() - self.started), 0.1)
         try:
@@ -164,16 +164,16 @@ class Check:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.communicate()
-            return Verdict(False, f"no answer within {CHECK_TIMEOUT:.0f} s (a busy machine? checked again on a "
+            return KernelVerdict(False, f"no answer within {CHECK_TIMEOUT:.0f} s (a busy machine? checked again on a "
                                   "later run)", time.perf_counter() - self.started, timed_out=True)
         seconds = time.perf_counter() - self.started
         said = out.strip().splitlines()
         if self.process.returncode == 0:
-            return Verdict(True, said[-1] if said else "ran", seconds)
+            return KernelVerdict(True, said[-1] if said else "ran", seconds)
         tail = (err.strip().splitlines() or said)[-1:]
-        return Verdict(False, _death(self.process.returncode) + (f": {tail[0]}" if tail else ""), seconds)
+        return KernelVerdict(False, _death(self.process.returncode) + (f": {tail[0]}" if tail else ""), seconds)
 
 
-def run_check(config: str, types: Sequence[str]) -> Verdict:
+def run_check(config: str, types: Sequence[str]) -> KernelVerdict:
     """Check a configuration and wait for the verdict (not recorded)."""
     return Check(config, types).wait()

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from localspec.errors import ModelError
 from localspec.llama import buffer_types, kernel_verdicts
 from localspec.llama.buffer_types import REPACK_BUFFER, Weight
-from localspec.llama.kernel_verdicts import Checks, Verdict
+from localspec.llama.kernel_verdicts import Checks, KernelVerdict
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class _Override(ctypes.Structure):
 
 
 @dataclass(frozen=True)
-class KernelPlan:
+class KernelChoice:
     """How a model's weights are placed: one configuration, and why it was chosen."""
 
     config: str  # llama, repack or plain
@@ -68,7 +68,7 @@ class KernelPlan:
         return self.config == "llama"
 
     def apply(self, params: Any) -> Any:
-        """Set llama_model_params for this plan; returns what must stay alive during the load."""
+        """Set llama_model_params for this choice; returns what must stay alive during the load."""
         params.use_extra_bufts = self.use_extra_bufts
         if self.pattern is None:
             return None
@@ -79,8 +79,8 @@ class KernelPlan:
         return overrides
 
 
-def plan_for(config: str, weights: Sequence[Weight], reason: str = "", gpu_layers: int = 0) -> KernelPlan:
-    """A plan for a configuration (llama, repack or plain); repack names only weights that stay
+def choice_for(config: str, weights: Sequence[Weight], reason: str = "", gpu_layers: int = 0) -> KernelChoice:
+    """The choice of a configuration (llama, repack or plain); repack names only weights that stay
     on the CPU (an override wins over device placement in llama.cpp's loader)."""
     if config == "repack":
         extra = buffer_types.extra_buffer_types()
@@ -89,8 +89,8 @@ def plan_for(config: str, weights: Sequence[Weight], reason: str = "", gpu_layer
                              f"(extra buffer types: {', '.join(extra) or 'none'}); use 'plain' or 'auto'")
         names = [w.name for w in buffer_types.repackable(buffer_types.on_cpu(weights, gpu_layers),
                                                           buffer_types.cpu_features())]
-        return KernelPlan("repack", reason or "requested", buffer_types.name_pattern(names) if names else None)
-    return KernelPlan(config, reason or "requested")
+        return KernelChoice("repack", reason or "requested", buffer_types.name_pattern(names) if names else None)
+    return KernelChoice(config, reason or "requested")
 
 
 def candidates(weights: Sequence[Weight], gpu_layers: int = 0) -> list[tuple[str, str]]:
@@ -113,11 +113,11 @@ def candidates(weights: Sequence[Weight], gpu_layers: int = 0) -> list[tuple[str
 
 
 @dataclass
-class PendingPlan:
-    """A plan whose configuration is being checked for the first time on this machine: load with
+class PendingChoice:
+    """A choice whose configuration is being checked for the first time on this machine: load with
     it, then call confirmed() before the first decode."""
 
-    plan: KernelPlan
+    candidate: KernelChoice
     check: kernel_verdicts.Check
     key: str
     checks: Checks
@@ -127,31 +127,31 @@ class PendingPlan:
         verdict = self.check.wait()
         self.checks.put(self.key, verdict)
         if verdict.ok:
-            _notice(self.plan, self.check.types, verdict, self.rejected)
+            _notice(self.candidate, self.check.types, verdict, self.rejected)
         return verdict.ok
 
 
-def _notice(plan: KernelPlan, types: Sequence[str], verdict: Verdict, rejected: list[str]) -> None:
+def _notice(choice: KernelChoice, types: Sequence[str], verdict: KernelVerdict, rejected: list[str]) -> None:
     """The one line a user reads when a configuration is chosen for the first time."""
     why = f"; not {'; not '.join(rejected)}" if rejected else ""
     log.warning("CPU kernels for %s weights: %s (%s)%s. Checked in a child process in %.1f s, once per machine "
-                "and llama.cpp build; --cpu-kernels overrides", "/".join(types), plan.config, plan.reason, why,
+                "and llama.cpp build; --cpu-kernels overrides", "/".join(types), choice.config, choice.reason, why,
                 verdict.seconds)
 
 
-def choose(path: Path, config: str, checks: Checks | None = None, gpu_layers: int = 0) -> KernelPlan | PendingPlan:
-    """The plan for loading `path` under `config` (`gpu_layers`: layers that go to other devices):
+def choose(path: Path, config: str, checks: Checks | None = None, gpu_layers: int = 0) -> KernelChoice | PendingChoice:
+    """The choice for loading `path` under `config` (`gpu_layers`: layers that go to other devices):
     settled, or (auto, a configuration not yet checked here) pending on a check just started."""
     if config in ("plain", "llama"):
-        return KernelPlan(config, "requested")
+        return KernelChoice(config, "requested")
     weights = buffer_types.read_weights(path)
     if config != "auto":
-        return plan_for(config, weights, gpu_layers=gpu_layers)
+        return choice_for(config, weights, gpu_layers=gpu_layers)
     types = buffer_types.checked_types(buffer_types.on_cpu(weights, gpu_layers))
     options = candidates(weights, gpu_layers)
     if not types:  # only F32 matrices on the CPU: no extra buffer type takes them, nothing to check
         name, why = options[0]
-        return plan_for(name, weights, why, gpu_layers)
+        return choice_for(name, weights, why, gpu_layers)
     checks = checks or Checks()
     rejected: list[str] = []
     timed_out = False
@@ -160,9 +160,9 @@ def choose(path: Path, config: str, checks: Checks | None = None, gpu_layers: in
         verdict = checks.get(key)
         if verdict is None:
             check = kernel_verdicts.Check(name, types)
-            return PendingPlan(plan_for(name, weights, why, gpu_layers), check, key, checks, rejected)
+            return PendingChoice(choice_for(name, weights, why, gpu_layers), check, key, checks, rejected)
         if verdict.ok:
-            return plan_for(name, weights, why, gpu_layers)
+            return choice_for(name, weights, why, gpu_layers)
         rejected.append(f"{name} ({verdict.detail})")
         timed_out = timed_out or verdict.timed_out
     raise ModelError(no_configuration(path, types, rejected, checks, timed_out))
@@ -178,34 +178,34 @@ def no_configuration(path: Path, types: Sequence[str], rejected: Sequence[str], 
             f"{checks.path} (the record of this machine's checks){again}")
 
 
-def resolve(path: Path, config: str, gpu_layers: int = 0) -> KernelPlan:
-    """The settled plan for `path` under `config`, waiting for any check it needs."""
+def resolve(path: Path, config: str, gpu_layers: int = 0) -> KernelChoice:
+    """The settled choice for `path` under `config`, waiting for any check it needs."""
     checks = Checks() if config == "auto" else None
     while True:
         choice = choose(path, config, checks, gpu_layers)
-        if isinstance(choice, KernelPlan):
+        if isinstance(choice, KernelChoice):
             return choice
         if choice.confirmed():
-            return choice.plan
+            return choice.candidate
 
 
-def load_checked(path: Path, config: str, gpu_layers: int, load: Callable[[KernelPlan], Loaded],
-                 free: Callable[[Loaded], None]) -> tuple[Loaded, KernelPlan]:
-    """Load `path` (`load`: llama.cpp's load of the weights under a plan) with the plan for `config`.
+def load_checked(path: Path, config: str, gpu_layers: int, load: Callable[[KernelChoice], Loaded],
+                 free: Callable[[Loaded], None]) -> tuple[Loaded, KernelChoice]:
+    """Load `path` (`load`: llama.cpp's load of the weights under a choice) with the choice for `config`.
     A configuration checked for the first time on this machine is checked in a child process
     while the weights load; should the check fail, the loaded weights are freed (`free`) and
     loaded again with the next configuration, before anything is decoded."""
     choice = choose(path, config, gpu_layers=gpu_layers)
-    pending = choice if isinstance(choice, PendingPlan) else None
-    plan = pending.plan if pending is not None else choice
+    pending = choice if isinstance(choice, PendingChoice) else None
+    chosen = pending.candidate if pending is not None else choice
     try:
-        loaded = load(plan)
+        loaded = load(chosen)
     except BaseException:
         if pending is not None:
             pending.confirmed()  # the check's verdict holds whatever became of this load
         raise
     if pending is not None and not pending.confirmed():
         free(loaded)
-        plan = resolve(path, config, gpu_layers)  # the next configuration
-        loaded = load(plan)
-    return loaded, plan
+        chosen = resolve(path, config, gpu_layers)  # the next configuration
+        loaded = load(chosen)
+    return loaded, chosen

@@ -117,7 +117,7 @@ class Model(Vocabulary):
         """Load the weights (or only the vocabulary). A CPU kernel configuration checked for the
         first time on this machine is checked in a child process while the weights load; should
         the check fail, the model is loaded again with the next configuration."""
-        self.kernels: kernels.KernelPlan | None = None
+        self.kernels: kernels.KernelChoice | None = None
         if vocab_only:
             self._model = self._load_weights(None, vocab_only=True)
         else:
@@ -136,11 +136,11 @@ class Model(Vocabulary):
         """Layers that really go to another device (none on a CPU-only build without --rpc)."""
         return self._n_gpu_layers() if self.options.rpc or lc.llama_supports_gpu_offload() else 0
 
-    def _load_weights(self, plan: kernels.KernelPlan | None, vocab_only: bool = False) -> Any:
+    def _load_weights(self, choice: kernels.KernelChoice | None, vocab_only: bool = False) -> Any:
         o = self.options
         params = lc.llama_model_default_params()
         params.vocab_only = vocab_only
-        keep_alive = plan.apply(params) if plan is not None else None
+        keep_alive = choice.apply(params) if choice is not None else None
         params.n_gpu_layers = self._n_gpu_layers()
         params.load_mode = LOAD_MODES[o.load_mode]
         devices = None  # NULL: every registered device

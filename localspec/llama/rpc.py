@@ -188,7 +188,7 @@ def install_abort_handler() -> None:
     global _abort_callback
     if _abort_callback is not None:
         return
-    kind = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+    callback_type = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
 
     def handler(text: bytes | None) -> None:
         detail = (text or b"").decode("utf-8", "replace").strip()
@@ -198,10 +198,10 @@ def install_abort_handler() -> None:
                   "was generated before it did")
         sys.stderr.write(f"llama.cpp aborted: {detail}\n")
 
-    _abort_callback = kind(handler)
+    _abort_callback = callback_type(handler)
     lib = ggml.lib()
     lib.ggml_set_abort_callback.restype = ctypes.c_void_p
-    lib.ggml_set_abort_callback.argtypes = [kind]
+    lib.ggml_set_abort_callback.argtypes = [callback_type]
     lib.ggml_set_abort_callback(_abort_callback)
 
 

@@ -143,10 +143,10 @@ def peer_uid(sock: socket.socket) -> int:
 def remove_stale(record: Record) -> None:
     """Remove a dead service's socket and record (only what is a socket / regular file of ours)."""
     log_path = record.path.with_suffix(LOG_SUFFIX)
-    for path, kind in ((record.socket_path, stat.S_ISSOCK), (record.path, stat.S_ISREG), (log_path, stat.S_ISREG)):
+    for path, is_type in ((record.socket_path, stat.S_ISSOCK), (record.path, stat.S_ISREG), (log_path, stat.S_ISREG)):
         with contextlib.suppress(OSError):
             st = os.lstat(path)
-            if kind(st.st_mode) and st.st_uid == os.geteuid():
+            if is_type(st.st_mode) and st.st_uid == os.geteuid():
                 os.unlink(path)
 
 

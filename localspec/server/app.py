@@ -39,7 +39,7 @@ from localspec.errors import (
 )
 from localspec.llama.model import Model
 from localspec.server import ServerLimits, schemas
-from localspec.server.responses import Health, ModelCard, ModelList, Reply, error_body
+from localspec.server.responses import Health, ModelCard, ModelList, ResponseBuilder, error_body
 from localspec.server.worker import Job, ModelWorker
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ HTTP_STATUS: dict[type[LocalspecError], int] = {  # the first class an error is 
 def status_of(exc: BaseException) -> int:
     if isinstance(exc, (RequestError, RemoteError)):
         return exc.status
-    return next((code for kind, code in HTTP_STATUS.items() if isinstance(exc, kind)), 500)
+    return next((code for cls, code in HTTP_STATUS.items() if isinstance(exc, cls)), 500)
 
 
 def json_response(body: BaseModel, status_code: int = 200, headers: Mapping[str, str] | None = None) -> HTTPResponse:
@@ -71,7 +71,7 @@ def error_response(exc: BaseException, chat: bool) -> HTTPResponse:
     """An OpenAI-style error response for an exception raised before any output."""
     status = status_of(exc)
     if status >= 500 and not isinstance(exc, RequestError):
-        return json_response(error_body(f"generation failed: {exc}", kind="server_error"), status)
+        return json_response(error_body(f"generation failed: {exc}", error_type="server_error"), status)
     param = getattr(exc, "param", None)
     if isinstance(exc, PromptError):
         param = exc.param or ("messages" if chat else "prompt")
@@ -178,10 +178,10 @@ async def _collect(job: Job) -> tuple[list[Response], BaseException | None]:
     out: list[Response] = []
     error = None
     while True:
-        kind, value = await job.get()
-        if kind == "token":
+        event, value = await job.get()
+        if event == "token":
             out.append(value)
-        elif kind == "error":
+        elif event == "error":
             error = value
         else:
             return out, error
@@ -209,14 +209,14 @@ def _sse_response(job: Job, events: AsyncIterator[ServerSentEvent]) -> HTTPRespo
                                shutdown_grace_period=STREAM_SHUTDOWN_GRACE)
 
 
-async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterator[ServerSentEvent]:
+async def _events(job: Job, first: tuple[str, Any], reply: ResponseBuilder) -> AsyncIterator[ServerSentEvent]:
     try:
         if reply.chat:
             yield _event(reply.chunk(None, role=True))
-        kind, value = first
+        event, value = first
         last: Response | None = None
-        while kind != "end":
-            if kind == "token":
+        while event != "end":
+            if event == "token":
                 last = value
                 if value.content:  # the text without tool-call markup (all of it, without tools)
                     yield _event(reply.chunk(value.content))
@@ -224,12 +224,12 @@ async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterat
                     for chunk in reply.tool_call_chunks(value.tool_calls) + \
                             reply.final_chunks(value.finish_reason, value.stats):
                         yield _event(chunk)
-            elif kind == "error":
+            elif event == "error":
                 log.warning("stream of %s ended by an error: %s", reply.id, value)
-                kind_name = "server_error" if status_of(value) >= 500 else "invalid_request_error"
-                yield _event(error_body(str(value), kind=kind_name))
+                error_type = "server_error" if status_of(value) >= 500 else "invalid_request_error"
+                yield _event(error_body(str(value), error_type=error_type))
                 return
-            kind, value = await job.get()
+            event, value = await job.get()
         if last is not None and last.finish_reason is None:  # stopped early (the server shuts down)
             for chunk in reply.final_chunks("length", last.stats):
                 yield _event(chunk)
@@ -238,7 +238,7 @@ async def _events(job: Job, first: tuple[str, Any], reply: Reply) -> AsyncIterat
         job.cancel.set()
 
 
-async def _respond_stream(request: Request, job: Job, reply: Reply) -> HTTPResponse:
+async def _respond_stream(request: Request, job: Job, reply: ResponseBuilder) -> HTTPResponse:
     """An SSE response once the first token is there (an error before it: a JSON error response)."""
     first = await _unless_disconnected(request, job.get())
     if first[0] == "error":
@@ -246,7 +246,7 @@ async def _respond_stream(request: Request, job: Job, reply: Reply) -> HTTPRespo
     return _sse_response(job, _events(job, first, reply))
 
 
-async def _respond_full(request: Request, job: Job, reply: Reply) -> HTTPResponse:
+async def _respond_full(request: Request, job: Job, reply: ResponseBuilder) -> HTTPResponse:
     responses, error = await _unless_disconnected(request, _collect(job))
     if error is not None or not responses:
         if responses:  # an error after some output: the output is kept, the error reported
@@ -264,7 +264,7 @@ async def _respond_full(request: Request, job: Job, reply: Reply) -> HTTPRespons
 
 def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: GenerationConfig = DEFAULTS,
                limits: ServerLimits = ServerLimits(), prompt_cache: Any = None) -> Starlette:
-    """The ASGI app serving one loaded target/draft pair (draft None: target alone or n-gram drafts).
+    """The ASGI app serving one loaded target/draft pair (draft None: no draft model; n-gram drafts or none).
     `defaults`: the settings of what a request leaves out; `prompt_cache`: a PromptCache (None: off)."""
     worker = ModelWorker(target, draft, limits.max_queue, prompt_cache)
     created = int(time.time())
@@ -292,7 +292,7 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
         chat_request = isinstance(req, schemas.ChatRequest)
         prompt = req.prompt() if chat_request else req.prompt_value()
         tools = await asyncio.to_thread(req.toolset) if chat_request else None
-        reply = Reply(chat, req.include_usage, applied_config(config, draft is not None), model_id)
+        reply = ResponseBuilder(chat, req.include_usage, applied_config(config, draft is not None), model_id)
         job = Job(prompt, config, asyncio.get_running_loop(), tools)
         worker.submit(job)
         log.info("%s: %s, %d queued", reply.id, "stream" if req.stream else "request", worker.pending())
@@ -334,7 +334,7 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
     async def internal_error(request: Request, exc: Exception) -> HTTPResponse:
         log.error("internal error on %s %s", request.method, request.url.path,
                   exc_info=(type(exc), exc, exc.__traceback__))
-        return json_response(error_body(f"internal server error: {type(exc).__name__}", kind="server_error"), 500)
+        return json_response(error_body(f"internal server error: {type(exc).__name__}", error_type="server_error"), 500)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

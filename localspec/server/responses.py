@@ -1,5 +1,5 @@
 """The OpenAI response objects as pydantic models (the wire format, declared once), and
-:class:`Reply`, which builds those of one request (full responses, stream chunks).
+:class:`ResponseBuilder`, which builds those of one request (full responses, stream chunks).
 
 Every JSON body the server sends is one of these models: :class:`ChatCompletion`,
 :class:`TextCompletion`, their stream chunks, :class:`ModelList` / :class:`ModelCard`,
@@ -244,13 +244,13 @@ class ErrorBody(_Wire):
     error: ErrorDetail
 
 
-def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error",
+def error_body(message: str, param: str | None = None, error_type: str = "invalid_request_error",
                code: str | None = None) -> ErrorBody:
-    return ErrorBody(error=ErrorDetail(message=message, type=kind, param=param, code=code))
+    return ErrorBody(error=ErrorDetail(message=message, type=error_type, param=param, code=code))
 
 
 @dataclass
-class Reply:
+class ResponseBuilder:
     """Builds the OpenAI objects of one request."""
 
     chat: bool

@@ -35,9 +35,9 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
 
-    def emit(self, kind: str, value: Any) -> None:
+    def emit(self, event: str, value: Any) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (event, value))
         except RuntimeError:  # the event loop is gone: nobody is listening
             self.cancel.set()
 

@@ -1,12 +1,11 @@
 """Proving "lossless": toy models, draft-tree sampling, exact and statistical step distributions.
 
 A verifier step is lossless when its output (accepted draft tokens, then the extra token),
-continued by the target, is distributed exactly like the target sampling alone. Constrained
-decoding is covered by a :class:`ToyGrammar` (context -> allowed tokens): the target is then the
-masked target (mask first, then the sampling chain), the drafter draws from its own masked
-distribution (or ignores the grammar: ``draft_masked=False``), and "the target alone" is plain
-constrained sampling. This module
-computes that distribution exactly for the numpy reference (:func:`exact_error`) and tests the C
+continued by the target, is distributed exactly like the target's distribution (sampling from
+the target). Constrained decoding is covered by a :class:`ToyGrammar` (context -> allowed
+tokens): the target is then the masked target (mask first, then the sampling chain), the
+drafter draws from its own masked distribution (or ignores the grammar: ``draft_masked=False``),
+and the target's distribution is plain constrained sampling. This module computes that distribution exactly for the numpy reference (:func:`exact_error`) and tests the C
 verifier against it by Monte Carlo (:func:`monte_carlo_pvalue`). Used by the tests and by
 ``localspec check``.
 """
@@ -104,7 +103,9 @@ SHAPES_BY_METHOD: dict[str, str] = {
 
 
 @dataclass
-class DraftTree:
+class ToyTree:
+    """A draft tree sampled from a toy drafter, with each row's context (and grammar mask)."""
+
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     contexts: list[Context] = field(default_factory=list)  # row r's context (row 0 = prefix)
@@ -130,11 +131,11 @@ def target_distribution(target: ToyModel, context: Context, settings: SamplingPa
 
 def sample_tree(shape: Shape, draft: ToyModel, prefix: Context, settings: SamplingParams,
                 rng: reference.Randomness, without_replacement: bool = False,
-                grammar: ToyGrammar | None = None, draft_masked: bool = True) -> DraftTree:
+                grammar: ToyGrammar | None = None, draft_masked: bool = True) -> ToyTree:
     """Draw a draft tree through `rng` (so it can be enumerated exactly); siblings without
     replacement for the verifiers that need it. With a grammar, the tree records every row's
     mask, and the drafter samples from its masked distribution unless draft_masked is False."""
-    tree = DraftTree(contexts=[prefix])
+    tree = ToyTree(contexts=[prefix])
     dg = grammar if draft_masked else None
     branching = shape.branching or (1,) * shape.depth
 
@@ -175,7 +176,7 @@ def sample_tree(shape: Shape, draft: ToyModel, prefix: Context, settings: Sampli
     return tree
 
 
-def tree_rows(tree: DraftTree, target: ToyModel, draft: ToyModel, settings: SamplingParams,
+def tree_rows(tree: ToyTree, target: ToyModel, draft: ToyModel, settings: SamplingParams,
               grammar: ToyGrammar | None = None, draft_masked: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(target_logits float32, draft_probs float64: exactly the rows the tree was drawn from)."""
     dg = grammar if draft_masked else None
@@ -184,12 +185,12 @@ def tree_rows(tree: DraftTree, target: ToyModel, draft: ToyModel, settings: Samp
     return logits, dprobs
 
 
-def tree_masks(tree: DraftTree) -> np.ndarray | None:
+def tree_masks(tree: ToyTree) -> np.ndarray | None:
     """The tree's target masks as the C verifier's uint32 bitmasks (None without a grammar)."""
     return None if tree.masks is None else verifier.pack_mask(np.stack(tree.masks))
 
 
-def output_sequence(tree: DraftTree, path: Sequence[int], token: int) -> tuple[int, ...]:
+def output_sequence(tree: ToyTree, path: Sequence[int], token: int) -> tuple[int, ...]:
     return tuple(tree.tokens[j] for j in path) + (token,)
 
 
@@ -221,11 +222,11 @@ def extend(dist: dict, target: ToyModel, prefix: Context, length: int, settings:
     return full
 
 
-VerifyFn = Callable[[str, np.ndarray, np.ndarray, DraftTree, reference.Randomness], tuple]
+VerifyFn = Callable[[str, np.ndarray, np.ndarray, ToyTree, reference.Randomness], tuple]
 
 
 def reference_step(method: str, target_probs: np.ndarray, draft_probs: np.ndarray,
-                   tree: DraftTree, rng: reference.Randomness, lenience: float = 0.0) -> tuple:
+                   tree: ToyTree, rng: reference.Randomness, lenience: float = 0.0) -> tuple:
     masks = None if tree.masks is None else np.stack(tree.masks)
     return reference.verify(method, target_probs, draft_probs, tree.tokens, tree.parents, rng,
                             lenience, masks=masks)
@@ -250,7 +251,7 @@ def exact_distribution(method: str, target: ToyModel, draft: ToyModel, shape: Sh
 def exact_error(method: str, target: ToyModel, draft: ToyModel, shape: Shape, settings: SamplingParams,
                 step: VerifyFn = reference_step, grammar: ToyGrammar | None = None,
                 draft_masked: bool = True) -> float:
-    """max |P(output continued by the target) - P(target alone)| over all sequences (with a
+    """max |P(output continued by the target) - P(sampled from the target)| over all sequences (with a
     grammar: the masked target, i.e. plain constrained sampling)."""
     dist = exact_distribution(method, target, draft, shape, settings, step=step, grammar=grammar,
                               draft_masked=draft_masked)
@@ -286,7 +287,7 @@ class NumpyDraws:
         return min(i, len(weights) - 1)
 
 
-def c_step(method: str, logits: np.ndarray, dprobs: np.ndarray, tree: DraftTree, seed: int,
+def c_step(method: str, logits: np.ndarray, dprobs: np.ndarray, tree: ToyTree, seed: int,
            settings: SamplingParams, lenience: float = 0.0) -> tuple:
     v = verifier.verify(method, logits, dprobs.astype(np.float32), tree.tokens, tree.parents, seed=seed,
                         lenience=lenience, sampling=settings, masks=tree_masks(tree))

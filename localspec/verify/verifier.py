@@ -62,7 +62,7 @@ _SHAPES = {
 
 
 @dataclass(frozen=True)
-class Verdict:
+class VerifyOutcome:
     """Outcome of one verification step."""
 
     path: tuple[int, ...]  # accepted node indices, root to leaf
@@ -236,7 +236,7 @@ def verify(
     uniforms: Sequence[float] | np.ndarray | None = None,
     lenience: float = 0.0,
     masks: np.ndarray | None = None,
-) -> Verdict:
+) -> VerifyOutcome:
     """Accept a path of the draft tree and draw one more token, losslessly.
 
     Returns the accepted node indices (root to leaf) and the correction/bonus token; the
@@ -293,7 +293,7 @@ def verify(
     if status != lib.LS_OK:
         raise _error(status, out.error_index, method, tok, par, n_vocab, u)
     k = out.n_accepted
-    return Verdict(path=tuple(int(j) for j in path[:k]), token=int(out.token), n_accepted=k)
+    return VerifyOutcome(path=tuple(int(j) for j in path[:k]), token=int(out.token), n_accepted=k)
 
 
 def probs(
