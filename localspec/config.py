@@ -353,20 +353,18 @@ class GenerationConfig:
         """The same generation decoded by the target alone (no draft tokens)."""
         return replace(self, shape=Shape(0))
 
-    def fitted(self, n_batch: int, n_seq_max: int) -> "GenerationConfig":
-        """The config within a loaded target's limits: one batch holds the root and every node,
-        one KV sequence per branch. Chains and paths are cut to the depth that fits (the depth is
-        a maximum); a tree that does not fit is an error."""
+    def check_fits(self, n_batch: int, n_seq_max: int) -> None:
+        """ConfigError unless the draft fits a loaded target: one KV sequence per branch, and one
+        batch holds the root and at least one level of every branch. A chain or paths deeper than
+        the batch holds are drafted less deep (localspec.decoding.depth.step_depth, the one place
+        that cuts the depth, and says so in the statistics); a tree that does not fit is an error."""
         s = self.shape
         require(s.n_leaves <= n_seq_max, "tree",
                 f"the draft {s.describe()} has {s.n_leaves} branches but the target context holds {n_seq_max} "
                 f"sequences; use a tree of at most {n_seq_max} branches (or load the target with n_seq_max "
                 f">= {s.n_leaves})")
-        if s.n_nodes + 1 <= n_batch:
-            return self
-        require(s.branching is None and n_batch - 1 >= s.paths, "num_draft_tokens",
+        require(s.n_nodes + 1 <= n_batch or (s.branching is None and n_batch - 1 >= s.paths), "num_draft_tokens",
                 f"the draft {s.describe()} has {s.n_nodes} nodes; at most n_batch - 1 = {n_batch - 1} fit")
-        return replace(self, shape=s.truncated((n_batch - 1) // s.paths))
 
 
 def _shape_from_options(base: Shape, num_draft_tokens: int | None = None, paths: int | None = None,
