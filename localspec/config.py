@@ -112,7 +112,9 @@ def _shape_int(digits: str, param: str) -> int:
 
 @dataclass(frozen=True)
 class Shape:
-    """chain: paths 1, no branching; K paths: paths K; tree: a branching factor per depth."""
+    """chain: paths 1, no branching; K paths: paths K; tree: a branching factor per depth.
+    `depth` is the user's num_draft_tokens (a tree's: its number of branching factors), the most
+    levels a step drafts; localspec.decoding.depth.step_depth cuts it where a step must draft fewer."""
 
     depth: int
     paths: int = 1
@@ -138,12 +140,12 @@ class Shape:
                 f"the draft {self.describe()} has {self.n_leaves} branches; at most {MAX_BRANCHES} fit")
 
     @classmethod
-    def chain(cls, gamma: int) -> "Shape":
-        return cls(depth=gamma)
+    def chain(cls, num_draft_tokens: int) -> "Shape":
+        return cls(depth=num_draft_tokens)
 
     @classmethod
-    def k_paths(cls, k: int, gamma: int) -> "Shape":
-        return cls(depth=gamma, paths=k)
+    def k_paths(cls, paths: int, num_draft_tokens: int) -> "Shape":
+        return cls(depth=num_draft_tokens, paths=paths)
 
     @classmethod
     def tree(cls, branching: Sequence[int]) -> "Shape":
