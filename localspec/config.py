@@ -112,7 +112,9 @@ def _shape_int(digits: str, param: str) -> int:
 
 @dataclass(frozen=True)
 class Shape:
-    """chain: paths 1, no branching; K paths: paths K; tree: a branching factor per depth."""
+    """chain: paths 1, no branching; K paths: paths K; tree: a branching factor per depth.
+    `depth` is the user's num_draft_tokens (a tree's: its number of branching factors), the most
+    levels a step drafts; localspec.decoding.depth.step_depth cuts it where a step must draft fewer."""
 
     depth: int
     paths: int = 1
@@ -138,12 +140,12 @@ class Shape:
                 f"the draft {self.describe()} has {self.n_leaves} branches; at most {MAX_BRANCHES} fit")
 
     @classmethod
-    def chain(cls, gamma: int) -> "Shape":
-        return cls(depth=gamma)
+    def chain(cls, num_draft_tokens: int) -> "Shape":
+        return cls(depth=num_draft_tokens)
 
     @classmethod
-    def k_paths(cls, k: int, gamma: int) -> "Shape":
-        return cls(depth=gamma, paths=k)
+    def k_paths(cls, paths: int, num_draft_tokens: int) -> "Shape":
+        return cls(depth=num_draft_tokens, paths=paths)
 
     @classmethod
     def tree(cls, branching: Sequence[int]) -> "Shape":
@@ -353,20 +355,18 @@ class GenerationConfig:
         """The same generation decoded by the target alone (no draft tokens)."""
         return replace(self, shape=Shape(0))
 
-    def fitted(self, n_batch: int, n_seq_max: int) -> "GenerationConfig":
-        """The config within a loaded target's limits: one batch holds the root and every node,
-        one KV sequence per branch. Chains and paths are cut to the depth that fits (the depth is
-        a maximum); a tree that does not fit is an error."""
+    def check_fits(self, n_batch: int, n_seq_max: int) -> None:
+        """ConfigError unless the draft fits a loaded target: one KV sequence per branch, and one
+        batch holds the root and at least one level of every branch. A chain or paths deeper than
+        the batch holds are drafted less deep (localspec.decoding.depth.step_depth, the one place
+        that cuts the depth, and says so in the statistics); a tree that does not fit is an error."""
         s = self.shape
         require(s.n_leaves <= n_seq_max, "tree",
                 f"the draft {s.describe()} has {s.n_leaves} branches but the target context holds {n_seq_max} "
                 f"sequences; use a tree of at most {n_seq_max} branches (or load the target with n_seq_max "
                 f">= {s.n_leaves})")
-        if s.n_nodes + 1 <= n_batch:
-            return self
-        require(s.branching is None and n_batch - 1 >= s.paths, "num_draft_tokens",
+        require(s.n_nodes + 1 <= n_batch or (s.branching is None and n_batch - 1 >= s.paths), "num_draft_tokens",
                 f"the draft {s.describe()} has {s.n_nodes} nodes; at most n_batch - 1 = {n_batch - 1} fit")
-        return replace(self, shape=s.truncated((n_batch - 1) // s.paths))
 
 
 def _shape_from_options(base: Shape, num_draft_tokens: int | None = None, paths: int | None = None,

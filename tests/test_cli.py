@@ -98,13 +98,16 @@ def test_json_output(pair_args: list[str], expected: str) -> None:
     stats = data["stats"]
     assert stats["target_passes"] >= 1 and stats["block_efficiency"] >= 1.0
     assert 1 <= sum(stats["accept_histogram"]) <= stats["target_passes"]  # speculative steps only
+    # -n 12 leaves fewer tokens than the default --num-draft-tokens at every step: each one is capped
+    assert stats["depth_limits"] == {"max_tokens": stats["target_passes"]}
 
 
 def test_usage_goes_to_stderr(pair_args: list[str], expected: str) -> None:
     result = run(*pair_args, "--raw", "-t", "0", "-n", "12", "--plan", "fixed", "-u", PROMPT)
     assert result.exit_code == 0, result.output
     expected(result.stdout)
-    for part in ("tok/s", "block efficiency", "acceptance", "accepted per step", "speedup estimate"):
+    for part in ("tok/s", "block efficiency", "acceptance", "accepted per step", "speedup estimate",
+                 "draft depth below --num-draft-tokens on", "few tokens were left (max_tokens)"):
         assert part in result.stderr, part
 
 

@@ -11,6 +11,7 @@ import pytest
 from localspec.api import stream_generate
 from localspec.config import GenerationConfig, SamplingParams, Shape
 from localspec.decoding.drafters import make_drafters
+from localspec.decoding.depth import batch_depth
 from localspec.decoding.engine import Engine
 from localspec.errors import ConfigError
 from localspec.llama.model import Model
@@ -142,6 +143,7 @@ def test_paired_ratio_refuses_mismatched_arrays() -> None:
 
 def test_groups_validate_as_engine_specs(tiny_target: Model) -> None:
     for group in default_groups():
-        assert group.config.fitted(512, 16) == group.config
+        group.config.check_fits(512, 16)
+        assert batch_depth(group.config.shape, 512) == group.config.shape.depth  # never cut by the batch
         assert all(isinstance(m, Method) for m in group.methods)
     assert isinstance(default_groups()[0], Group)

@@ -93,7 +93,7 @@ def configurations(settings: BenchSettings, limits: tuple[int, int], temperature
                     skipped.append(f"{what}: the {drafter} drafter needs a draft model")
                     continue
                 try:
-                    row.generation(settings, 0, settings.max_tokens).fitted(*limits)
+                    row.generation(settings, 0, settings.max_tokens).check_fits(*limits)
                 except ConfigError as exc:
                     skipped.append(f"{what}: {exc}")
                     continue

@@ -47,12 +47,24 @@ def format_stats(stats: Any, speculative: bool, one_token_seconds: float = 0.0) 
             for n, count in enumerate(hist):
                 bar = "#" * round(30 * count / total) if total else ""
                 lines.append(f"  {n:2d} | {bar} {count}")
+        if stats.depth_limits:
+            lines.append(depth_limits_line(stats.depth_limits))
         busy = stats.draft_seconds + stats.target_seconds + stats.verify_seconds
         if busy > 0 and one_token_seconds > 0:
             est = stats.generated_tokens * one_token_seconds / busy
             lines.append(f"speedup estimate vs target alone: {est:.2f}x (from the measured one-token step "
                          "cost; `localspec bench` measures it side by side)")
     return "\n".join(lines)
+
+
+DEPTH_LIMIT_WORDS = {"context": "the context was nearly full", "max_tokens": "few tokens were left (max_tokens)",
+                     "batch": "the target's batch size"}
+
+
+def depth_limits_line(limits: Any) -> str:
+    """Steps drafted less deep than --num-draft-tokens, and why (GenerationStats.depth_limits)."""
+    parts = [f"{count} because {DEPTH_LIMIT_WORDS.get(reason, reason)}" for reason, count in limits]
+    return f"draft depth below --num-draft-tokens on {sum(c for _, c in limits)} steps: " + ", ".join(parts)
 
 
 def response_json(text: str, finish: str | None, stats: Any, model: str, config: GenerationConfig,
@@ -63,7 +75,7 @@ def response_json(text: str, finish: str | None, stats: Any, model: str, config:
     out = {"model": model, "text": text, "finish_reason": finish, "settings": config.options(),
            "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
                      "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}},
-           "stats": stats.as_dict(), "timings": timings or {}}
+           "stats": {**stats.as_dict(), "depth_limits": dict(stats.depth_limits)}, "timings": timings or {}}
     if config.constraint is not None:
         out["constraint_satisfied"] = bool(constraint_satisfied)
     if tool_calls is not None:

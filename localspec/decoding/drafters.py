@@ -48,7 +48,7 @@ class DraftProposal:
 
     drafter: "Drafter"
     kind: str  # the planner's acceptance kind
-    levels: int  # draft levels it can offer (at most the depth asked for)
+    levels: int  # draft levels it can offer (at most the step's depth, what propose was asked for)
     lag: int = 0  # committed tokens it must decode before drafting (a draft model's catch-up)
     tokens: tuple[int, ...] = ()  # a deterministic proposal's tokens (n-gram); empty: drawn when drafting
 
@@ -74,8 +74,9 @@ class Drafter(Protocol):
     def start(self, prompt: Sequence[int]) -> None:
         """Prepare for a new prompt."""
 
-    def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
-        """What it can draft now after the committed `context` (None: nothing)."""
+    def propose(self, context: Sequence[int], depth: int) -> DraftProposal | None:
+        """What it can draft now after the committed `context`, at most `depth` levels (the step's
+        cap: localspec.decoding.depth.step_depth; None: nothing)."""
 
     def draft(self, proposal: DraftProposal, state: PairState, shape: Shape, sampling: SamplingParams,
               rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> Draft:
@@ -137,10 +138,10 @@ class ModelDrafter:
             return self.source.get()
         return self.source
 
-    def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
+    def propose(self, context: Sequence[int], depth: int) -> DraftProposal | None:
         """Any depth (acceptance is tracked per pair), after catching up on what it has not seen."""
         lag = len(context) - self.model().sequence.n_cached if self.loaded else len(context)
-        return DraftProposal(self, self.acceptance_kind, max_depth, lag)
+        return DraftProposal(self, self.acceptance_kind, depth, lag)
 
     def start(self, prompt: Sequence[int]) -> None:
         pass  # the pair's state starts the draft model's sequence
@@ -243,9 +244,9 @@ class NGramDrafter:
     def start(self, prompt: Sequence[int]) -> None:
         self.lookup.reset()
 
-    def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
+    def propose(self, context: Sequence[int], depth: int) -> DraftProposal | None:
         """The continuation of the longest earlier match, its kind the match-length bucket."""
-        found = self.lookup.propose(context, max_depth)
+        found = self.lookup.propose(context, depth)
         if found is None or not found.tokens:
             return None
         return DraftProposal(self, ngram_kind(found), len(found.tokens), 0, tuple(found.tokens))
@@ -291,8 +292,8 @@ class ForcedDrafter:
     def start(self, prompt: Sequence[int]) -> None:
         pass
 
-    def propose(self, context: Sequence[int], max_depth: int) -> DraftProposal | None:
-        tokens = self.grammar.forced()[:max_depth]
+    def propose(self, context: Sequence[int], depth: int) -> DraftProposal | None:
+        tokens = self.grammar.forced()[:depth]
         return DraftProposal(self, self.kind, len(tokens), 0, tuple(tokens)) if tokens else None
 
     def draft(self, proposal: DraftProposal, state: PairState, shape: Shape, sampling: SamplingParams,

@@ -23,6 +23,7 @@ import numpy as np
 
 from localspec.verify import verifier
 from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig
+from localspec.decoding.depth import batch_depth, step_depth
 from localspec.decoding.drafters import Drafter, DraftProposal, ForcedDrafter, ModelDrafter
 from localspec.errors import PromptError
 from localspec.llama.model import Model
@@ -57,6 +58,9 @@ class GenerationStats:
     accepted_by_kind: tuple[tuple[str, int], ...] = ()
     constraint_seconds: float = 0.0  # in the grammar: masks, forced tokens, following the committed tokens
     cached_tokens: int = 0  # prompt tokens the KV cache held already (an earlier prompt's, or restored)
+    # steps whose draft depth was capped below num_draft_tokens, by reason (localspec.decoding.depth.LIMITS:
+    # "context", "max_tokens", "batch"), sorted by reason; the planner's own choice is not counted
+    depth_limits: tuple[tuple[str, int], ...] = ()
 
     @property
     def block_efficiency(self) -> float:
@@ -77,7 +81,9 @@ class GenerationStats:
         return self.verify_seconds / busy if busy > 0 else 0.0
 
     def as_dict(self) -> dict:
-        """The statistics programs read (the CLI's --json `stats`, the server's `speculative`)."""
+        """The statistics programs read (the CLI's --json `stats`, the server's `speculative`).
+        Not `depth_limits` yet: the server's wire model (localspec.server.responses.Speculative)
+        refuses keys it does not declare, so the CLI's --json adds it (localspec.cli.report)."""
         return {"generated_tokens": self.generated_tokens, "tokens_per_second": self.tokens_per_second,
                 "elapsed_seconds": self.elapsed_seconds, "block_efficiency": self.block_efficiency,
                 "acceptance_rate": self.acceptance_rate, "target_passes": self.target_passes,
@@ -92,11 +98,14 @@ def combine(stats: Sequence[GenerationStats]) -> GenerationStats:
     so rates and shares of a session or a benchmark row come from the same properties."""
     hist = [0] * max((len(s.accept_histogram) for s in stats), default=0)
     by_kind: dict[str, int] = {}
+    limits: dict[str, int] = {}
     for s in stats:
         for n, count in enumerate(s.accept_histogram):
             hist[n] += count
         for kind, count in s.accepted_by_kind:
             by_kind[kind] = by_kind.get(kind, 0) + count
+        for reason, count in s.depth_limits:
+            limits[reason] = limits.get(reason, 0) + count
     return GenerationStats(
         sum(s.prompt_tokens for s in stats), sum(s.generated_tokens for s in stats),
         sum(s.target_passes for s in stats), sum(s.drafted_tokens for s in stats),
@@ -104,7 +113,7 @@ def combine(stats: Sequence[GenerationStats]) -> GenerationStats:
         sum(s.elapsed_seconds for s in stats), sum(s.draft_seconds for s in stats),
         sum(s.target_seconds for s in stats), sum(s.verify_seconds for s in stats), tuple(hist),
         tuple(sorted(by_kind.items())), sum(s.constraint_seconds for s in stats),
-        sum(s.cached_tokens for s in stats))
+        sum(s.cached_tokens for s in stats), tuple(sorted(limits.items())))
 
 
 @dataclass
@@ -123,12 +132,14 @@ class _Counters:
     by_kind: dict[str, int] = field(default_factory=dict)
     constraint_s: float = 0.0
     cached: int = 0
+    limits: dict[str, int] = field(default_factory=dict)
 
     def snapshot(self) -> GenerationStats:
         return GenerationStats(self.prompt_tokens, self.generated, self.passes, self.drafted,
                                self.accepted, self.prompt_s, time.perf_counter() - self.start,
                                self.draft_s, self.target_s, self.verify_s, tuple(self.hist),
-                               tuple(sorted(self.by_kind.items())), self.constraint_s, self.cached)
+                               tuple(sorted(self.by_kind.items())), self.constraint_s, self.cached,
+                               tuple(sorted(self.limits.items())))
 
     def step(self, kind: str | None, drafted: int, accepted: int, seconds: tuple[float, float, float]) -> None:
         self.passes += 1
@@ -157,10 +168,13 @@ class Engine:
     def __init__(self, target: Model, drafters: Sequence[Drafter], config: GenerationConfig,
                  profiles: Profiles | None = None) -> None:
         if drafters:
-            config = config.fitted(target.n_batch, target.options.n_seq_max)
+            config.check_fits(target.n_batch, target.options.n_seq_max)
         self.target = target
         self.config = config
-        self.shape = config.shape if drafters else config.shape.truncated(0)
+        # the user's num_draft_tokens in its shape (nothing: the target alone), which step_depth cuts
+        self.requested = config.shape if drafters else config.shape.truncated(0)
+        # the deepest draft a step can have (what the drafters' buffers and the planner are sized for)
+        self.shape = self.requested.truncated(batch_depth(self.requested, target.n_batch))
         self.sampling = config.sampling
         self.rng = np.random.default_rng(config.seed)
         self.finish_reason: str | None = None  # "stop" (end of generation) or "length" once done
@@ -235,7 +249,7 @@ class Engine:
         """One speculative step: draft → one target pass → C verify → commit. Returns the newly
         generated tokens (accepted + the extra one), cut after an end-of-generation token and at
         max_tokens; sets finish_reason when done."""
-        depth = self._depth_budget()
+        depth = self._depth()
         if depth is None:
             self.finish_reason = self.finish_reason or "length"
             return []
@@ -255,21 +269,23 @@ class Engine:
         self.policy.observe_step(draft, verdict.n_accepted, t2 - t1)
         return new
 
-    def _depth_budget(self) -> int | None:
-        """How deep this step may draft: the shape, cut by max_tokens and the context's room
-        (every node of a tree takes a KV cell); None when the generation is over."""
+    def _depth(self) -> int | None:
+        """The most levels this step may draft (localspec.decoding.depth.step_depth: the one place
+        that cuts num_draft_tokens, for the context, max_tokens or the batch; each cut step is
+        counted by reason); None when the generation is over."""
         remaining = self._remaining()
         room = self.target.n_ctx - len(self.tokens)
         if self.finish_reason or remaining <= 0 or room < 0:
             return None
-        depth = min(self.shape.depth, remaining - 1, room)
-        while depth > 0 and len(self.tokens) + self.shape.truncated(depth).n_nodes > self.target.n_ctx:
-            depth -= 1
+        depth, limit = step_depth(self.requested, remaining, room, self.target.n_batch)
+        if limit is not None:
+            self._counters.limits[limit] = self._counters.limits.get(limit, 0) + 1
         return depth
 
     def _draft(self, depth: int, masks: StepMasks | None) -> Draft:
-        """The step's draft: the drafters' proposals (a fixed one cut before the first token the
-        grammar forbids), the one the policy picks, drafted at the depth it picks."""
+        """The step's draft: the drafters' proposals of at most `depth` levels (a fixed one cut
+        before the first token the grammar forbids), the one the policy picks, drafted at the
+        depth it picks (at most what the proposal offers)."""
         if depth <= 0:
             return NO_DRAFT
         proposals: list[DraftProposal] = []
@@ -277,7 +293,8 @@ class Engine:
             proposal = d.propose(self.tokens, depth)
             if masks is not None and proposal is not None and proposal.tokens:
                 proposal = masks.cut(proposal)
-            if proposal is not None and min(proposal.levels, depth) > 0:
+            if proposal is not None and proposal.levels > 0:
+                assert proposal.levels <= depth, f"{d.kind} drafter offered {proposal.levels} levels, asked for {depth}"
                 proposals.append(proposal)
         picked = self.policy.pick(proposals, depth, self._counters.prompt_tokens, self._remaining())
         if picked is None:

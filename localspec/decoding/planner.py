@@ -208,7 +208,7 @@ class Planner:
             drafter = proposal.drafter
             if not drafter.loaded and not self.worth_loading(drafter, prompt_tokens, remaining):
                 continue
-            planned, rate = self.choose(drafter, proposal.kind, min(proposal.levels, depth), proposal.lag)
+            planned, rate = self.choose(drafter, proposal.kind, proposal.levels, proposal.lag)
             if planned > 0 and (best is None or rate > best[0]):
                 best = (rate, planned, proposal)
         return None if best is None else (best[2], best[1])

@@ -26,7 +26,8 @@ class Policy(Protocol):
     def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
              remaining: int) -> tuple[DraftProposal, int] | None:
         """The proposal to draft from and how many levels (None: a target-only step, nothing drafted);
-        `proposals` in the drafters' order, each offering at least one level."""
+        `proposals` in the drafters' order, each offering at least one level and at most `depth`
+        (the step's cap: localspec.decoding.depth.step_depth)."""
 
     def prefill(self, sequence: KVSequence, upto: int) -> None:
         """Decode the prompt into the target's sequence up to `upto`."""
@@ -48,9 +49,8 @@ class FixedPolicy:
     def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
              remaining: int) -> tuple[DraftProposal, int] | None:
         for proposal in proposals:
-            available = min(proposal.levels, depth)
-            if proposal.drafter is self.last or available >= min(MIN_PROPOSAL, depth):
-                return proposal, available
+            if proposal.drafter is self.last or proposal.levels >= min(MIN_PROPOSAL, depth):
+                return proposal, proposal.levels
         return None
 
     def prefill(self, sequence: KVSequence, upto: int) -> None:

@@ -64,7 +64,7 @@ class StepMasks:
             return proposal
         if k == 0:
             return None
-        return DraftProposal(proposal.drafter, proposal.kind, min(proposal.levels, k), proposal.lag,
+        return DraftProposal(proposal.drafter, proposal.kind, k, proposal.lag,
                              proposal.tokens[:k])
 
     def verified_rows(self, tree: DraftTree, certain: bool) -> np.ndarray:
