@@ -427,6 +427,12 @@ class ModelOptions:
                 "or cache_type f16")
         require(is_int(self.n_seq_max) and 1 <= self.n_seq_max <= 256, "n_seq_max",
                 f"n_seq_max must lie in [1, 256], got {show(self.n_seq_max)}")
+        # llama.cpp reserves an output row per sequence in one decode and aborts the process when a
+        # batch (n_batch, capped at ctx_size) is smaller than n_seq_max: refused here instead
+        for name in ("batch_size", "ctx_size"):
+            require(getattr(self, name) >= self.n_seq_max, name,
+                    f"{name} must be at least n_seq_max = {self.n_seq_max} (one decode holds a row for every "
+                    f"sequence), got {getattr(self, name)}: raise {name} or lower n_seq_max")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "ModelOptions":

@@ -90,11 +90,19 @@ def test_integral_shapes_are_ints() -> None:
     ({"threads": 2**40}, "threads"), ({"n_gpu_layers": -2}, "n_gpu_layers"), ({"n_seq_max": 2.5}, "n_seq_max"),
     ({"rpc": 5}, "rpc"), ({"rpc": ":80"}, "rpc"), ({"rpc": "h:0"}, "rpc"), ({"rpc": "h:" + "1" * 400}, "rpc"),
     ({"flash_attn": True}, "flash_attn"), ({"ctx_szie": 512}, "ctx_szie"),
+    ({"batch_size": 8}, "batch_size"), ({"ctx_size": 16, "n_seq_max": 32, "batch_size": 64}, "ctx_size"),
 ])
 def test_bad_model_options_are_config_errors_naming_them(options: dict, param: str) -> None:
     with pytest.raises(ConfigError) as info:
         ModelOptions.from_options(options)
     assert info.value.param == param
+
+
+def test_a_batch_that_holds_every_sequence_is_accepted() -> None:
+    """A batch smaller than n_seq_max aborts llama.cpp's context creation: refused above (the
+    controls here, at the limit, are accepted)."""
+    assert ModelOptions.from_options({"batch_size": 16, "n_seq_max": 16, "ctx_size": 16}).batch_size == 16
+    assert ModelOptions.from_options({"batch_size": 8, "n_seq_max": 8}).n_seq_max == 8
 
 
 def test_model_options_of_every_integral_kind() -> None:

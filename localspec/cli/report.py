@@ -75,7 +75,7 @@ def response_json(text: str, finish: str | None, stats: Any, model: str, config:
     out = {"model": model, "text": text, "finish_reason": finish, "settings": config.options(),
            "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
                      "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}},
-           "stats": {**stats.as_dict(), "depth_limits": dict(stats.depth_limits)}, "timings": timings or {}}
+           "stats": stats.as_dict(), "timings": timings or {}}
     if config.constraint is not None:
         out["constraint_satisfied"] = bool(constraint_satisfied)
     if tool_calls is not None:

@@ -81,16 +81,14 @@ class GenerationStats:
         return self.verify_seconds / busy if busy > 0 else 0.0
 
     def as_dict(self) -> dict:
-        """The statistics programs read (the CLI's --json `stats`, the server's `speculative`).
-        Not `depth_limits` yet: the server's wire model (localspec.server.responses.Speculative)
-        refuses keys it does not declare, so the CLI's --json adds it (localspec.cli.report)."""
+        """The statistics programs read (the CLI's --json `stats`, the server's `speculative`)."""
         return {"generated_tokens": self.generated_tokens, "tokens_per_second": self.tokens_per_second,
                 "elapsed_seconds": self.elapsed_seconds, "block_efficiency": self.block_efficiency,
                 "acceptance_rate": self.acceptance_rate, "target_passes": self.target_passes,
                 "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
                 "accept_histogram": list(self.accept_histogram), "verifier_share": self.verifier_share,
                 "accepted_by_kind": dict(self.accepted_by_kind), "constraint_seconds": self.constraint_seconds,
-                "cached_tokens": self.cached_tokens}
+                "cached_tokens": self.cached_tokens, "depth_limits": dict(self.depth_limits)}
 
 
 def combine(stats: Sequence[GenerationStats]) -> GenerationStats:
@@ -294,7 +292,8 @@ class Engine:
             if masks is not None and proposal is not None and proposal.tokens:
                 proposal = masks.cut(proposal)
             if proposal is not None and proposal.levels > 0:
-                assert proposal.levels <= depth, f"{d.kind} drafter offered {proposal.levels} levels, asked for {depth}"
+                if proposal.levels > depth:  # a drafter's bug: the step's cap is the one place depth is cut
+                    raise RuntimeError(f"{d.kind} drafter offered {proposal.levels} levels, asked for {depth}")
                 proposals.append(proposal)
         picked = self.policy.pick(proposals, depth, self._counters.prompt_tokens, self._remaining())
         if picked is None:

@@ -67,6 +67,7 @@ class Speculative(_Wire):
     accepted_by_kind: dict[str, int]
     constraint_seconds: float
     cached_tokens: int
+    depth_limits: dict[str, int]  # steps drafted below num_draft_tokens, by reason (localspec.decoding.depth)
 
     @classmethod
     def of(cls, config: GenerationConfig, stats: GenerationStats) -> Speculative:
