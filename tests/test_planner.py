@@ -50,6 +50,21 @@ def test_an_unmeasured_size_is_estimated_optimistically_from_the_prefill_rate() 
     assert CostTable({1: 0.034})(3) == pytest.approx(0.034 * 2)  # no prefill rate: UNMEASURED_SLOPE 0.5
 
 
+def test_costs_recorded_under_load_are_forgotten_and_measured_again() -> None:
+    """A run under heavy load recorded c(n) seconds-long; c(1) has recovered since. The planner
+    forgets the sizes that cost more than 1.5·n·c(1) (one pass of n never costs more than n of
+    one), so the prompt prefill measures c(16) again and drafts are priced by fresh costs."""
+    profile = Profile("t", {})
+    profile.costs = {1: 0.042, 2: 3.07, 4: 0.11, 16: 3.18, 32: 4.0}
+    p = Planner(SimpleNamespace(file_bytes=1), Shape.chain(8), profiles=Profiles.in_memory(), profile=profile)
+    assert p.target_cost.seconds == {1: 0.042, 4: 0.11}
+    assert p.sizes_to_measure(64) == [16]
+    sane = Profile("t", {})  # control: a plausible curve is kept whole
+    sane.costs = {1: 0.042, 2: 0.07, 4: 0.11, 16: 0.29, 32: 0.5}
+    kept = Planner(SimpleNamespace(file_bytes=1), Shape.chain(8), profiles=Profiles.in_memory(), profile=sane)
+    assert kept.target_cost.seconds == sane.costs and kept.sizes_to_measure(64) == []
+
+
 def test_acceptance_per_level_and_decay() -> None:
     a = Acceptance(prior=0.25)
     assert a.alpha == pytest.approx(0.75)  # the prior: a level is passed 3 times in 4

@@ -96,6 +96,21 @@ class CostTable:
         return line
 
 
+IMPLAUSIBLE = 1.5  # a pass of n tokens recorded as costing more than this many times n·c(1) is forgotten
+
+
+def plausible_costs(costs: dict[int, float]) -> dict[int, float]:
+    """A profile's costs without the pass sizes recorded as costing more than IMPLAUSIBLE·n·c(1):
+    one pass of n tokens never costs more than n passes of one, but a run under heavy load (a
+    compiler on every core) records c(n) seconds-long, and c(1) recovers at the next run's first
+    steps while c(n) is only measured again by a draft that those costs forbid. Forgotten, the size
+    is measured again (the prompt prefill measures CURVE_SIZES; others, by drafts)."""
+    c1 = costs.get(1)
+    if not c1:
+        return dict(costs)
+    return {n: c for n, c in costs.items() if c <= IMPLAUSIBLE * n * c1}
+
+
 LEVELS = 24  # acceptance is tracked per draft level up to here; deeper levels share the last one
 PRIOR_WEIGHT = 2.0  # the prior rejection rate is worth two observations
 PRIOR_HAZARD = {  # per kind of draft, the rejection rate per level before any evidence: the longer the
@@ -193,7 +208,7 @@ class Planner:
         self.target_bytes = target.file_bytes
         self.profiles = profiles  # given by whoever sets up the generation (the engine)
         self.profile = self.profiles.get(target.identity) if profile is None else profile  # given: a replay's
-        self.target_cost = CostTable(dict(self.profile.costs), lambda: self.profile.prefill)
+        self.target_cost = CostTable(plausible_costs(self.profile.costs), lambda: self.profile.prefill)
         self._acceptance: dict[str, Acceptance] = {}
         self._draft_costs: dict[str, tuple[Profile, CostTable]] = {}
 
