@@ -134,17 +134,7 @@ def write_shaped_model(path: str | Path, shape: ModelShape, seed: int = 0) -> Pa
         w.add_tensor(p + "ffn_down.weight", linear(e, ff, tiny.FFN_GAIN))
     w.add_tensor("output_norm.weight", norm())
     w.add_tensor("output.weight", linear(shape.n_vocab, e, tiny.OUTPUT_GAIN))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-    except BaseException:
-        w.close()
-        path.unlink(missing_ok=True)
-        raise
-    w.close()
-    return path
+    return tiny.write_added(path, w)
 
 
 def quantize(source: str | Path, dest: str | Path, ftype: int = Q4_K_M, threads: int | None = None) -> Path:

@@ -34,6 +34,8 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from planner_replay import parse_curve  # noqa: E402
+
 log = logging.getLogger("gpu_predict")
 
 TRACE_PROMPTS = ("code", "prose", "code-edit", "summarise")  # head_to_head's prompts
@@ -314,20 +316,6 @@ def markdown(traces: dict, costs: Costs, rows: list[dict], ngram: list[dict], pl
                               f"{planner[f'alpha {a:g}']['predicted_speedup']:.2f}×" for k, a in planner["alphas"].items())
                   + "."]
     return "\n".join(lines)
-
-
-def parse_curve(text: str) -> dict[int, float]:
-    curve = {1: 1.0}
-    for item in text.replace(" ", "").split(","):
-        n, _, ratio = item.partition(":")
-        try:
-            size, value = int(n), float(ratio)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r} is not N:RATIO (a pass size and its cost in c(1))") from None
-        if not 1 <= size <= 64 or not 1.0 <= value <= size:
-            raise argparse.ArgumentTypeError(f"{item!r}: a pass of 1 to 64 tokens costs between c(1) and N·c(1)")
-        curve[size] = value
-    return curve
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -312,27 +312,30 @@ def record(target, prompts: dict[str, str], max_tokens: int, saved: Path | None 
     from there and new ones added to it (a replay then needs no decoding)."""
     key = {"model": Path(target.path).name, "bytes": target.file_bytes, "tokens": max_tokens}
     store = _read_answers(saved, key)
-    answers = {}
+    found = _found(store, prompts)
     for name, text in prompts.items():
-        found = store.get(name)
-        if found is not None and found.get("text") == text:
-            answers[name] = (list(found["prompt"]), list(found["output"]))
-            continue
-        print(f"recording {name}", file=sys.stderr, flush=True)
-        answers[name] = greedy_answer(target, text, max_tokens)
-        store[name] = {"text": text, "prompt": answers[name][0], "output": answers[name][1]}
+        if name not in found:
+            print(f"recording {name}", file=sys.stderr, flush=True)
+            found[name] = greedy_answer(target, text, max_tokens)
+            store[name] = {"text": text, "prompt": found[name][0], "output": found[name][1]}
     if saved is not None:
         saved.write_text(json.dumps({**key, "answers": store}))
-    return answers
+    return {name: found[name] for name in prompts}
 
 
 def _read_answers(saved: Path | None, key: dict) -> dict:
-    """The answers in `saved` if it holds answers of this model and length, else none."""
+    """The answers in `saved` if it holds answers recorded under `key` (model, length), else none."""
     if saved is None or not saved.is_file():
         return {}
     data = json.loads(saved.read_text())
     same = all(data.get(k) == v for k, v in key.items())
     return data.get("answers", {}) if same else {}
+
+
+def _found(store: dict, prompts: dict[str, str]) -> Answers:
+    """The answers in `store` to those of `prompts` whose text it holds unchanged, in their order."""
+    return {name: (list(entry["prompt"]), list(entry["output"])) for name, text in prompts.items()
+            if (entry := store.get(name)) is not None and entry.get("text") == text}
 
 
 def prefill_rate(target, tokens: int = 256) -> float:
@@ -354,7 +357,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warm-rounds", type=int, default=2, help="replays of every answer that build the warm profile")
     p.add_argument("--shadow", action="store_true", help="also replay the planner that learns from every proposal")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--curve", default=None, metavar="N:RATIO,...",
+    p.add_argument("--curve", type=parse_curve, default=None, metavar="N:RATIO,...",
                    help="replay with this cost curve, c(n)/c(1) by pass size (as printed at the end of a run, "
                         "e.g. 2:1.76,4:3.02,16:8.43,32:14.02), instead of the one measured now")
     p.add_argument("--answers", type=Path, default=None, metavar="FILE",
@@ -366,24 +369,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     check_prompts(p, args.prompts, REPLAY_PROMPTS)
     if args.tokens < 2 or args.warm_rounds < 0:
         p.error("--tokens must be >= 2 and --warm-rounds >= 0")
-    if args.curve is not None:
-        args.curve = parse_curve(p, args.curve)
     if args.prefill_rate is not None and (args.curve is None or not 0 < args.prefill_rate < 1):
         p.error("--prefill-rate needs --curve and must be between 0 and 1 (a prefill token is cheaper than a step)")
     return args
 
 
-def parse_curve(p: argparse.ArgumentParser, spec: str) -> dict[int, float]:
-    """`2:1.76,4:3.02,...` as {1: 1.0, 2: 1.76, 4: 3.02, ...}, checked."""
+def parse_curve(text: str) -> dict[int, float]:
+    """`2:1.76,4:3.02,...` as {1: 1.0, 2: 1.76, 4: 3.02, ...}, checked (an argparse type: --curve here
+    and in gpu_predict.py)."""
     curve = {1: 1.0}
-    for item in spec.replace(" ", "").split(","):
+    for item in text.replace(" ", "").split(","):
         n, _, ratio = item.partition(":")
         try:
             size, value = int(n), float(ratio)
         except ValueError:
-            p.error(f"--curve: {item!r} is not N:RATIO (a pass size and its cost in c(1), e.g. 16:8.43)")
-        if size < 1 or size > 64 or not value >= 1.0 or value > size:
-            p.error(f"--curve: {item!r}: a pass of 1 to 64 tokens costs between c(1) and N·c(1)")
+            raise argparse.ArgumentTypeError(f"{item!r} is not N:RATIO (a pass size and its cost in c(1), "
+                                             "e.g. 16:8.43)") from None
+        if not 1 <= size <= 64 or not 1.0 <= value <= size:
+            raise argparse.ArgumentTypeError(f"{item!r}: a pass of 1 to 64 tokens costs between c(1) and N·c(1)")
         curve[size] = value
     return curve
 
@@ -411,13 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def recorded(saved: Path | None, prompts: dict[str, str], max_tokens: int) -> Answers | None:
     """Every prompt's answer from `saved` (whatever model recorded them), or None if one is missing."""
-    if saved is None or not saved.is_file():
-        return None
-    data = json.loads(saved.read_text())
-    store = data.get("answers", {}) if data.get("tokens") == max_tokens else {}
-    if any(store.get(name, {}).get("text") != text for name, text in prompts.items()):
-        return None
-    return {name: (list(store[name]["prompt"]), list(store[name]["output"])) for name in prompts}
+    found = _found(_read_answers(saved, {"tokens": max_tokens}), prompts)
+    return found if len(found) == len(prompts) else None
 
 
 def measure(args: argparse.Namespace, prompts: dict[str, str]) -> tuple[Answers, dict[int, float], float]:

@@ -298,9 +298,14 @@ def rngs(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
 
 
 def write_file(path: Path, writer: gguf.GGUFWriter, tensors: dict[str, np.ndarray]) -> Path:
-    """Add ``tensors`` and write the whole file (none left half-written)."""
+    """Add ``tensors`` (as F32) and write the whole file (none left half-written)."""
     for name, data in tensors.items():
         writer.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32))
+    return write_added(path, writer)
+
+
+def write_added(path: Path, writer: gguf.GGUFWriter) -> Path:
+    """Write the file of a writer whose tensors are added, and close it; none left half-written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         writer.write_header_to_file()
