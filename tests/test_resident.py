@@ -429,3 +429,25 @@ def test_a_saved_chat_resumes_on_the_service(pair: list[str], tmp_path: Path, se
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed talk: 2 messages" in resumed.stderr and "stays loaded" not in resumed.stderr
     assert live()[0][1]["served"] == 2
+
+
+def test_a_rebuild_of_the_same_verifier_keeps_the_service() -> None:
+    """`pip install -e .` builds the C verifier again in place: the same bytes under a new time. The
+    service's code fingerprint stays, so the README's command run again finds its service; a module
+    edited (a new time on a .py) still changes it, so the service stops for new code."""
+    import localspec
+    from localspec.resident.service import code_fingerprint
+
+    root = Path(localspec.__file__).parent
+    compiled, module = next(root.glob("*.so")), root / "__init__.py"
+    saved = {path: path.stat() for path in (compiled, module)}
+    before = code_fingerprint()
+    later = time.time_ns() + 10**9
+    try:
+        os.utime(compiled, ns=(later, later))
+        assert code_fingerprint() == before
+        os.utime(module, ns=(later, later))
+        assert code_fingerprint() != before
+    finally:
+        for path, st in saved.items():
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -390,21 +391,30 @@ def _client_process(request: dict[str, Any], streams: ClientStreams) -> Any:
 
 def code_fingerprint() -> tuple:
     """What changes when localspec or llama-cpp-python is reinstalled or edited: the newest
-    modification of localspec's modules and llama_cpp's package files."""
+    modification of localspec's modules and llama_cpp's package files, and the content of
+    localspec's own compiled verifier (``pip install -e .`` builds it again in place, the same
+    bytes under a new time: a reinstall of the same code keeps the service)."""
     import importlib.util
 
     import localspec
 
     llama = importlib.util.find_spec("llama_cpp")  # found, not imported: the call imports it when it needs it
-    stamps = []
-    for package in (Path(localspec.__file__).parent, Path(llama.origin if llama and llama.origin else ".").parent):
-        newest = 0
-        for path in package.rglob("*"):
-            if path.suffix in (".py", ".so"):
-                with contextlib.suppress(OSError):
-                    newest = max(newest, path.stat().st_mtime_ns)
-        stamps.append((str(package), newest))
+    own = Path(localspec.__file__).parent
+    stamps: list[tuple] = [(str(own), _newest(own, (".py",)))]
+    stamps += [(path.name, hashlib.sha256(path.read_bytes()).hexdigest()) for path in sorted(own.glob("*.so"))]
+    library = Path(llama.origin if llama and llama.origin else ".").parent
+    stamps.append((str(library), _newest(library, (".py", ".so"))))
     return tuple(stamps)
+
+
+def _newest(package: Path, suffixes: tuple[str, ...]) -> int:
+    """The newest modification time of the package's files with these suffixes."""
+    newest = 0
+    for path in package.rglob("*"):
+        if path.suffix in suffixes:
+            with contextlib.suppress(OSError):
+                newest = max(newest, path.stat().st_mtime_ns)
+    return newest
 
 
 def main(argv: list[str] | None = None) -> None:
