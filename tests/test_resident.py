@@ -432,9 +432,10 @@ def test_a_saved_chat_resumes_on_the_service(pair: list[str], tmp_path: Path, se
 
 
 def test_a_rebuild_of_the_same_verifier_keeps_the_service() -> None:
-    """`pip install -e .` builds the C verifier again in place: the same bytes under a new time. The
-    service's code fingerprint stays, so the README's command run again finds its service; a module
-    edited (a new time on a .py) still changes it, so the service stops for new code."""
+    """`pip install -e .` builds the C verifier again in place from the same sources (a new time,
+    other bytes). The service's code fingerprint stays, so the README's command run again finds
+    its service; a module edited (a new time on a .py) still changes it, so the service stops for
+    new code."""
     import localspec
     from localspec.resident.service import code_fingerprint
 

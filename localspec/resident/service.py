@@ -391,20 +391,26 @@ def _client_process(request: dict[str, Any], streams: ClientStreams) -> Any:
 
 def code_fingerprint() -> tuple:
     """What changes when localspec or llama-cpp-python is reinstalled or edited: the newest
-    modification of localspec's modules and llama_cpp's package files, and the content of
-    localspec's own compiled verifier (``pip install -e .`` builds it again in place, the same
-    bytes under a new time: a reinstall of the same code keeps the service)."""
+    modification of localspec's modules and llama_cpp's package files, and what localspec's
+    compiled verifier is (see _compiled)."""
     import importlib.util
 
     import localspec
 
     llama = importlib.util.find_spec("llama_cpp")  # found, not imported: the call imports it when it needs it
     own = Path(localspec.__file__).parent
-    stamps: list[tuple] = [(str(own), _newest(own, (".py",)))]
-    stamps += [(path.name, hashlib.sha256(path.read_bytes()).hexdigest()) for path in sorted(own.glob("*.so"))]
     library = Path(llama.origin if llama and llama.origin else ".").parent
-    stamps.append((str(library), _newest(library, (".py", ".so"))))
-    return tuple(stamps)
+    return ((str(own), _newest(own, (".py",))), *_compiled(own), (str(library), _newest(library, (".py", ".so"))))
+
+
+def _compiled(own: Path) -> list[tuple[str, str]]:
+    """localspec's compiled verifier by content: in a checkout (an editable install), the C sources
+    and build script beside the package, which ``pip install -e .`` builds again in place (new
+    bytes, new time, the same code: the service stays); else the compiled module's bytes."""
+    native = own.parent / "native"
+    files = sorted(native.glob("*.[ch]")) + sorted(native.glob("*.py")) \
+        if (own.parent / "pyproject.toml").is_file() and native.is_dir() else []
+    return [(path.name, hashlib.sha256(path.read_bytes()).hexdigest()) for path in files or sorted(own.glob("*.so"))]
 
 
 def _newest(package: Path, suffixes: tuple[str, ...]) -> int:
