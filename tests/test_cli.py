@@ -309,8 +309,9 @@ def test_regex_json_object_and_grammar_flags(pair_args: list[str], tmp_path: Pat
     gbnf.write_text('root ::= "def " [a-z] [a-z]? "():"')
     lark = tmp_path / "g.lark"
     lark.write_text('start: "def " /[a-z]{1,2}/ "():"')
-    for path in (gbnf, lark):
-        result = run(*pair_args, "--raw", "-n", "20", "-t", "0.8", "--seed", "1", "--grammar", str(path), PROMPT)
+    # a file, or the grammar itself (the API's and the server's grammar is text)
+    for value in (str(gbnf), str(lark), gbnf.read_text(), "%llguidance {}\n" + lark.read_text()):
+        result = run(*pair_args, "--raw", "-n", "20", "-t", "0.8", "--seed", "1", "--grammar", value, PROMPT)
         assert result.exit_code == 0 and re.fullmatch(r"def [a-z]{1,2}\(\):\n", result.stdout), result.output
     result = run(*pair_args, "--raw", "-n", "3", "-t", "0", "--json-object", PROMPT)
     assert result.exit_code == 0 and result.stdout.startswith("{")
@@ -324,6 +325,8 @@ def test_regex_json_object_and_grammar_flags(pair_args: list[str], tmp_path: Pat
     (["--json-schema", "{not json"], "--json-schema"),
     (["--regex", "(unclosed"], "--regex"),
     (["--grammar", "no-such.gbnf"], "--grammar"),
+    (["--grammar", 'root ::= "a'], "--grammar"),
+    (["--grammar", '%llguidance {}\nstart: "a'], "--grammar"),
     (["--regex", "a", "--json-object"], "--regex"),
     (["--regex", "a", "--stop", "x"], "--stop"),
 ])

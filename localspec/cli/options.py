@@ -28,7 +28,7 @@ from localspec.config import (
     VERIFIERS,
     GenerationConfig,
 )
-from localspec.constraints import MAX_JSON_DEPTH, Constraint, grammar_from_file
+from localspec.constraints import LARK_MARKER, MAX_JSON_DEPTH, Constraint, constraint_from_options, grammar_from_file
 from localspec.errors import ConfigError, LocalspecError, exit_code
 from localspec.files import SPEC_LIMIT, read_user_text
 from localspec.loading import Loaded, draft_loading, load_pair
@@ -256,14 +256,15 @@ def constraint_options(f: Callable) -> Callable:
                      help="The output is a JSON object (any)."),
         click.option("--regex", "regex", default=None, metavar="PATTERN",
                      help="The whole output matches this regular expression (Rust syntax, no look-around)."),
-        click.option("--grammar", "grammar", default=None, metavar="FILE",
-                     help="The output follows this grammar file: GBNF (llama.cpp's), or Lark (llguidance's) "
-                          "when the file ends in .lark or starts with %llguidance."),
+        click.option("--grammar", "grammar", default=None, metavar="FILE|GRAMMAR",
+                     help="The output follows this grammar (a file, or the grammar itself, as the API's and the "
+                          "server's grammar): GBNF (llama.cpp's), or Lark (llguidance's) when the file ends in "
+                          ".lark or the text starts with %llguidance."),
     ])
 
 
 CONSTRAINT_FLAGS = ("json_schema", "json_object", "regex", "grammar")  # constraint_options' parameter names
-EMPTY_HINTS = {"json_schema": "a schema file or JSON text", "regex": "a pattern", "grammar": "a grammar file",
+EMPTY_HINTS = {"json_schema": "a schema file or JSON text", "regex": "a pattern", "grammar": "a grammar file or text",
                "tools": "a FILE.json of tools"}  # what each flag that takes text needs
 
 
@@ -324,7 +325,10 @@ def toolset_from_flags(options: dict) -> Any:
 
 def constraint_from_flags(options: dict) -> Constraint | None:
     """The constraint the flags ask for (removed from `options`), compiled and validated now, so a
-    bad schema or grammar is a usage error naming its flag before any model loads."""
+    bad schema or grammar is a usage error naming its flag before any model loads. Built as the API
+    and the server build theirs (localspec.constraints.constraint_from_options, from the same
+    keywords): --json-object is response_format {"type": "json_object"}; --json-schema and
+    --grammar take the text the API takes, or a file that holds it."""
     given = [k for k in CONSTRAINT_FLAGS if options.get(k) not in (None, False)]  # "" too: refused, never ignored
     values = {k: options.pop(k, None) for k in CONSTRAINT_FLAGS}
     for flag in given:
@@ -334,19 +338,40 @@ def constraint_from_flags(options: dict) -> Constraint | None:
         return None
     if len(given) > 1:
         raise ConfigError("give one of --json-schema, --json-object, --regex and --grammar", given[1])
-    flag = given[0]
-    if flag == "json_object":
-        constraint = Constraint.json_object(param="json_object")
-    elif flag == "regex":
-        constraint = Constraint.regex(values["regex"], param="regex")
-    elif flag == "grammar":
-        constraint = grammar_from_file(values["grammar"], param="grammar")
-    else:
-        constraint = Constraint.json_schema(_schema_text(values["json_schema"]), param="json_schema")
+    constraint = constraint_from_options(_constraint_keywords(given[0], values[given[0]]))
     from localspec.decoding.constraint import compile_constraint  # llguidance: only for a constrained run
 
     compile_constraint(constraint)
     return constraint
+
+
+def _constraint_keywords(flag: str, value: Any) -> dict[str, Any]:
+    """A constraint flag as GenerationConfig's keywords (those of the API and the server)."""
+    if flag == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if flag == "json_schema":
+        return {"json_schema": _schema_text(value)}
+    if flag == "grammar" and not _is_grammar_text(value):
+        return {"constraint": grammar_from_file(_existing_file(value, "grammar", GRAMMAR_TEXT), param="grammar")}
+    return {flag: value}
+
+
+GRAMMAR_TEXT = "a grammar (GBNF with '::=', or Lark starting with %llguidance)"
+SCHEMA_TEXT = "a JSON schema (JSON text starting with '{')"
+
+
+def _is_grammar_text(value: str) -> bool:
+    """--grammar's value is the grammar itself (not a file): GBNF's rules (::=), Lark's marker, or
+    several lines."""
+    return "::=" in value or "\n" in value or value.lstrip().startswith(LARK_MARKER)
+
+
+def _existing_file(value: str, param: str, text: str) -> Path:
+    """The file a flag that takes text or a file names; a usage error when there is none."""
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise ConfigError(f"{value!r} is neither {text} nor a file", param)
+    return path
 
 
 def _schema_text(value: str) -> str:
@@ -354,10 +379,7 @@ def _schema_text(value: str) -> str:
     text = value.strip()
     if text.startswith("{") or text in ("true", "false"):
         return text
-    path = Path(value).expanduser()
-    if not path.exists():
-        raise ConfigError(f"{value!r} is neither a JSON schema (JSON text starting with '{{') nor a file",
-                          "json_schema")
+    path = _existing_file(value, "json_schema", SCHEMA_TEXT)
     return read_user_text(path, param="json_schema", limit=SPEC_LIMIT, what="the JSON schema file")
 
 
