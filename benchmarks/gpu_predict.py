@@ -82,11 +82,11 @@ def traced_run(target: Any, draft: Any, prompt: Sequence[int], *, max_tokens: in
     policy, steps = g.engine.policy, []
     observe = policy.observe_step
 
-    def observed(draft_: Any, n_accepted: int, target_seconds: float) -> None:
+    def observed(draft_: Any, n_accepted: int, target_seconds: float, new: Sequence[int]) -> None:
         widths = Counter(draft_.tree.depths)
         steps.append([_kind(draft_) if draft_.n else "-", [widths[d] for d in range(1, max(widths, default=0) + 1)],
                       n_accepted])
-        observe(draft_, n_accepted, target_seconds)
+        observe(draft_, n_accepted, target_seconds, new)
 
     policy.observe_step = observed  # an instance wrapper: the policy sees every step, with its draft
     output = [r.token for r in g if r.token is not None]

@@ -143,16 +143,19 @@ class Replay:
 
 def replay(planner: Planner | Mapping[str, int], prompt: Sequence[int], output: Sequence[int],
            cost: Callable[[int], float], max_tokens: int, depth: int = DEPTH, shadow: bool = False,
-           kinds: set[str] | None = None) -> Replay:
+           kinds: set[str] | None = None, trace: list[tuple[int, str | None, int, int]] | None = None) -> Replay:
     """Decode `output` again as the engine would with the n-gram drafter and this planner: each
     step the lookup proposes, the planner picks a depth, the recorded output says how much of it
     the target accepts (greedy: the drafted tokens that equal it), and the step costs cost(d + 1).
     With `shadow`, every proposal is also scored against the output once the output shows how far
     it was right, and that (not the draft) is what the planner learns acceptance from. A mapping
     instead of a planner is a fixed policy: that many tokens of every proposal of a kind (0 if
-    absent). `kinds` collects the kinds of the proposals seen."""
+    absent). `kinds` collects the kinds of the proposals seen; `trace`, every step's decision:
+    (output position, kind of the proposal or None, depth drafted, tokens accepted)."""
     lookup, pending = ContextLookup(), []
     i = seconds = steps = drafted = accepted = 0
+    if isinstance(planner, Planner):
+        planner.begin(max_tokens)
     while i < len(output):
         available = min(depth, max_tokens - i - 1)
         proposal = lookup.propose([*prompt, *output[:i]], available) if available > 0 else None
@@ -169,11 +172,16 @@ def replay(planner: Planner | Mapping[str, int], prompt: Sequence[int], output: 
                 kinds.add(kind)
         n = _run(proposal.tokens[:d], output[i:]) if d else 0
         secs = cost(d + 1)
+        if trace is not None:
+            trace.append((i, kind, d, n))
         if isinstance(planner, Planner):
-            planner.observe(None if shadow else kind, d, n, d + 1, secs)
+            planner.observe(None if shadow else kind, d, n, d + 1, secs,
+                            proposal.tokens if proposal is not None else (), output[i:i + n + 1])
         seconds, steps, drafted, accepted, i = seconds + secs, steps + 1, drafted + d, accepted + n, i + n + 1
         if shadow:
             pending = settle(planner, pending, output[:i])
+    if isinstance(planner, Planner):
+        planner.finish()  # as the engine does: what it learned goes into its profile
     return Replay(seconds, steps, drafted, accepted)
 
 

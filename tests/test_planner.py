@@ -13,7 +13,7 @@ import pytest
 
 from localspec.config import Shape
 from localspec.llama.model import Model
-from localspec.decoding.planner import FIRST_TRY, SAMPLED, Acceptance, CostTable, Planner
+from localspec.decoding.planner import FIRST_TRY, LOSS_ALLOWANCE, SAMPLED, Acceptance, CostTable, Planner
 from localspec.decoding.profiles import Profile, Profiles
 from localspec.llama.host import identity, key_of
 
@@ -107,6 +107,8 @@ def planner_with(target_costs: dict[int, float], shape: Shape, kind: str, alpha_
     p.target_cost = CostTable(dict(target_costs))
     p._acceptance = {}
     p._draft_costs = {}
+    p._censored = []
+    p.saved = None  # no generation started: deep drafts are not held to savings
     for _ in range(alpha_runs):
         p.acceptance(kind).observe(accepted, depth)
     return p
@@ -303,3 +305,45 @@ def test_a_profile_of_the_wrong_shape_is_ignored_with_a_warning(tmp_path: Path, 
         profile = Profiles(tmp_path).get(ident)
     assert profile.costs == {} and profile.acceptance == {}  # measured again
     assert any("ignoring the unreadable cost profile" in r.getMessage() for r in caplog.records)
+
+
+def test_a_whole_draft_shorter_than_its_proposal_is_counted_as_far_as_the_output_goes() -> None:
+    """A 2-token draft of a 6-token proposal, accepted whole: levels 0 and 1 count at once, the
+    extra token decides level 2, the next step's tokens levels 3 and 4 (wrong at 4: rejected
+    there). Without the proposal (negative control) only the drafted levels count."""
+    p = planner_with(CPU, Shape.chain(8), "k", 0, 0, 1)
+    proposal = (11, 12, 13, 14, 15, 16)
+    p.observe("k", 2, 2, 3, 0.05, proposal, [11, 12, 13])
+    acc = p.acceptance("k")
+    assert acc.at_risk[:4] == [1.0, 1.0, 1.0, 0.0] and not any(acc.rejected)
+    p.observe(None, 0, 0, 1, 0.033, (), [14])
+    p.observe(None, 0, 0, 1, 0.033, (), [99])  # the proposal said 15
+    near = pytest.approx([1.0] * 5 + [0.0], abs=0.02)  # counts decay by 0.5 % a step
+    assert acc.at_risk[:6] == near and acc.rejected[:5] == pytest.approx([0.0] * 4 + [1.0], abs=0.02)
+    before = sum(acc.at_risk)
+    p.observe(None, 0, 0, 1, 0.033, (), [16])  # settled: nothing more is counted
+    assert sum(acc.at_risk) < before
+    control = planner_with(CPU, Shape.chain(8), "k", 0, 0, 1)
+    control.observe("k", 2, 2, 3, 0.05, (), [11, 12, 13])
+    assert control.acceptance("k").at_risk[:3] == [1.0, 1.0, 0.0]
+
+
+def test_a_deep_draft_waits_until_the_generation_has_saved_its_worst_case() -> None:
+    """A kind known to be always right, on a curve where 15-token drafts pay best: at a
+    generation's start only FIRST_TRY levels fit the loss allowance; once accepted drafts have
+    saved more than a 15-token miss would cost, it drafts 15. Forced tokens (certain) are never
+    held back."""
+    steep = {1: 0.03, 2: 0.0495, 4: 0.0768, 8: 0.1872, 16: 0.2052}
+    p = planner_with(steep, Shape.chain(32), "ngram:m16+/copying", alpha_runs=100, accepted=20, depth=20)
+    p.begin(remaining=128)  # allowance: 1 % of 128 tokens at c(1)
+    assert p.saved == pytest.approx(LOSS_ALLOWANCE * 128 * 0.03)
+    depths = []
+    while len(depths) < 30 and (not depths or depths[-1] < 15):
+        d = p.choose(FREE, "ngram:m16+/copying", 15)[0]
+        assert d <= FIRST_TRY or p.target_cost(d + 1) - 0.03 <= p.saved  # never more than saved at risk
+        depths.append(d)
+        p.observe("ngram:m16+/copying", d, d, d + 1, p.target_cost(d + 1))
+    assert depths[0] == FIRST_TRY and depths[-1] == 15 and len(depths) > 2, depths
+    fresh = planner_with(steep, Shape.chain(32), "forced", alpha_runs=0, accepted=0, depth=1)
+    fresh.begin(remaining=128)
+    assert fresh.choose(FREE, "forced", 15)[0] == 15

@@ -116,3 +116,82 @@ def test_the_uncapped_planner_differs_from_the_planner_only_in_its_exploration_c
     taught = pr.self_taught(prompt, output, CURVE, 0.011, COST, len(output), rounds=2)
     ceiling = len(output) * COST(1) / oracle_seconds(ngram_runs(prompt, output), COST, 31)
     assert 1.2 < taught <= ceiling + 1e-9
+
+
+# ---------------------------------------------------------------- decisions on constructed traces
+
+AMD = {n: 0.03 * r for n, r in {1: 1.0, 2: 1.65, 4: 2.56, 8: 6.24, 16: 6.84}.items()}  # this host's steep curve
+AMD_COST = CostTable(dict(AMD))
+
+
+class NoCompletionPlanner(Planner):
+    """The planner as it was: it learns from the levels it drafted only (negative control)."""
+
+    def observe(self, kind, depth, n_accepted, n_target_tokens, target_seconds, offered=(), new=(),
+                draft_seconds=0.0) -> None:
+        super().observe(kind, depth, n_accepted, n_target_tokens, target_seconds, (), new, draft_seconds)
+
+
+def copy_then_break(seed: int = 3) -> tuple[list[int], list[int], int]:
+    """A prompt holding a 150-token source; an answer that writes 4 new tokens, copies 70 tokens
+    of the source, then goes on copying it with every third token replaced (an edit every few
+    tokens: the source's continuation is still proposed, right for two tokens at most). Returns
+    (prompt, output, where the break is)."""
+    rng = np.random.default_rng(seed)
+    source, new = words(rng, 150), words(rng, 20)
+    edited = [new[k // 3] if k % 3 == 2 else source[70 + k] for k in range(60)]
+    return [*words(rng, 10), *source], [*words(rng, 4), *source[:70], *edited], 4 + 70
+
+
+def decisions(p: Planner, prompt: list[int], output: list[int]) -> list[tuple[int, str | None, int, int]]:
+    steps: list[tuple[int, str | None, int, int]] = []
+    pr.replay(p, prompt, output, AMD_COST, max_tokens=len(output), trace=steps)
+    return steps
+
+
+def test_a_running_copy_is_drafted_deep() -> None:
+    """On the steep curve a 3-token draft is the cheapest per token below 16, and 4 to 7 tokens cost
+    more per token than 3: a planner that learns only from the levels it drafted never sees a copy
+    run past 3 and stays there (negative control). Comparing the rest of each whole draft's
+    proposal with the tokens that follow, it learns the copy runs on and drafts the cheapest
+    deep size, 15 (c(16) ~ c(8)), once the copy's savings cover a miss."""
+    prompt, output, cut = copy_then_break()
+    got = [d for i, _, d, _ in decisions(planner_with_curve(AMD), prompt, output) if i < cut]
+    assert max(got) >= 15 and sum(d >= 12 for d in got) >= 2, got
+    old = [d for i, _, d, _ in decisions(planner_with_curve(AMD, NoCompletionPlanner), prompt, output) if i < cut]
+    assert max(old) <= 2 * FIRST_TRY, old
+
+
+class Always(dict):
+    """A fixed policy that drafts every kind of proposal this deep."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.depth = depth
+
+    def get(self, kind, default=None):  # noqa: ANN001, ANN201 (the replay's mapping lookup)
+        return self.depth
+
+
+def test_a_break_is_retreated_from() -> None:
+    """After a long clean copy has taught the planner to draft deep, the copy breaks into one with
+    an edit every third token: the source's continuation is still proposed and wrong by its third
+    token. The planner must retreat within a few deep misses, so that the edited part costs no
+    more than the target alone would spend on it. A policy that keeps drafting 15 deep (negative
+    control) pays a 16-token pass for every three tokens there."""
+    prompt, output, cut = copy_then_break()
+    steps = decisions(planner_with_curve(AMD), prompt, output)
+    assert max(d for i, _, d, _ in steps if i < cut) >= 15  # it did go deep on the copy
+    after = [(d, n) for i, _, d, n in steps if i >= cut]
+    alone = (len(output) - cut) * AMD_COST(1)
+    assert sum(AMD_COST(d + 1) for d, _ in after) <= alone, after
+    assert sum(1 for d, n in after if d > FIRST_TRY and n < d) <= 3, after  # deep misses: a few, then none
+    fixed: list[tuple[int, str | None, int, int]] = []
+    pr.replay(Always(15), prompt, output, AMD_COST, max_tokens=len(output), trace=fixed)
+    assert sum(AMD_COST(d + 1) for i, _, d, _ in fixed if i >= cut) > 1.5 * alone
+
+
+def planner_with_curve(curve: dict[int, float], kind: type[Planner] = Planner) -> Planner:
+    """A cold planner (no acceptance learned) that knows the whole cost curve."""
+    return kind(pr._Target(), pr.GenerationConfig().shape, profiles=pr.Profiles.in_memory(),
+                profile=pr.fresh_profile(curve, 0.3 * curve[1], True))

@@ -124,7 +124,7 @@ def test_forced_runs_decode_with_one_logits_row(tiny_target: Model, monkeypatch:
                         or real(tokens, *a, outputs=outputs, **k))
     costs: list[float | None] = []
     observe = Planner.observe
-    monkeypatch.setattr(Planner, "observe", lambda self, *a: costs.append(a[-1]) or observe(self, *a))
+    monkeypatch.setattr(Planner, "observe", lambda self, *a: costs.append(a[4]) or observe(self, *a))  # target_seconds
     rs = run(tiny_target, None, max_tokens=120, seed=4, temperature=0.0, drafter="ngram",
              num_draft_tokens=8, response_format=RESPONSE_FORMAT)
     assert rs[-1].finish_reason == "stop" and json.loads(text_of(rs))

@@ -253,7 +253,8 @@ class NGramDrafter:
 
     def draft(self, proposal: DraftProposal, state: PairState, shape: Shape, sampling: SamplingParams,
               rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> Draft:
-        return Draft(one_hot_chain(self.buf, proposal.tokens[: shape.depth]), proposal.kind, self)
+        return Draft(one_hot_chain(self.buf, proposal.tokens[: shape.depth]), proposal.kind, self,
+                     offered=proposal.tokens)
 
 
 def one_hot_chain(buf: RowBuffer, tokens: Sequence[int]) -> DraftTree:

@@ -264,7 +264,7 @@ class Engine:
         self._counters.step(draft.kind if draft.n else None, draft.n, verdict.n_accepted, (t1 - t0, t2 - t1, t3 - t2))
         if self.structured is not None:
             self._counters.constraint_s = self.structured.seconds
-        self.policy.observe_step(draft, verdict.n_accepted, t2 - t1)
+        self.policy.observe_step(draft, verdict.n_accepted, t2 - t1, new)
         return new
 
     def _depth(self) -> int | None:

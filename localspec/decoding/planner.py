@@ -19,6 +19,15 @@ beats the target alone by a margin.
   between runs; decisions use an upper confidence bound, so a kind with little evidence gets
   tried and one measured to lose does not, but never deeper than twice the levels that kind has
   been seen to reach (a first try is FIRST_TRY deep).
+* A draft accepted whole says nothing about the levels it did not draft, so a planner that
+  learned only from its drafts would never learn that a copy drafted 3 tokens at a time runs on
+  for 20 (on a curve where 4 to 7 tokens cost more per token than 3, it never tried deeper). The
+  rest of such a draft's proposal (a deterministic one: the n-gram drafter's) is compared with
+  the tokens that follow, and the draft counts as drafted that deep (:class:`Censored`).
+* Deep drafts are paid for: a draft deeper than FIRST_TRY levels is made only when its worst case
+  (every token rejected: its cost less c(1)) fits in what this generation has saved so far plus
+  a small allowance (LOSS_ALLOWANCE of the generation's length at c(1)), so a warm profile whose
+  copies ran long elsewhere cannot cost a prompt whose copies break more than that allowance.
 * A draft model that is not loaded is loaded only when, at α = 1 and with measured target costs,
   its best case over the tokens still to generate repays loading it and prefilling the prompt.
 
@@ -126,6 +135,33 @@ FIRST_TRY = 3  # draft levels of a first try of a kind of draft (explored_depth)
 EXPLORED = 0.5  # decayed count of drafts that reached a level for it to count as explored
 NO_LIMIT = 1 << 16  # explored_depth once drafts reached the last tracked level
 SAMPLED = "@sampled"  # suffix of a kind's profile entry when the target samples (temperature > 0)
+LOSS_ALLOWANCE = 0.01  # of a generation's tokens at c(1): what deep drafts may lose before they have saved anything
+MAX_CENSORED = 64  # drafts whose outcome past their depth is still open (each settles within its proposal's length)
+
+
+@dataclass
+class Censored:
+    """A deterministic draft accepted whole and shorter than its proposal: the rest of the proposal
+    is compared with the tokens that follow, each level counted as it is decided (reached, then
+    accepted or rejected), as if it had been drafted that deep. At T = 0 a one-hot draft is
+    accepted exactly where it equals the output; at T > 0, token by token with the probability
+    that the output takes that token: either way, the draft's outcome."""
+
+    acceptance: "Acceptance"
+    proposal: tuple[int, ...]
+    matched: int  # tokens of the proposal the output has equalled so far
+
+    def follow(self, tokens: Sequence[int]) -> bool:
+        """Compare the next committed tokens; True once settled (a wrong token, or the proposal's end)."""
+        for t in tokens:
+            if self.matched == len(self.proposal):
+                return True
+            right = t == self.proposal[self.matched]
+            self.acceptance.observe_level(self.matched, right)
+            if not right:
+                return True
+            self.matched += 1
+        return self.matched == len(self.proposal)
 
 
 @dataclass
@@ -150,6 +186,13 @@ class Acceptance:
             self.at_risk[min(k, LEVELS - 1)] += 1.0
         if n_accepted < depth:
             self.rejected[min(n_accepted, LEVELS - 1)] += 1.0
+
+    def observe_level(self, k: int, accepted: bool) -> None:
+        """One more draft reached level k and was accepted there or not (a draft counted level by
+        level: Censored)."""
+        self.at_risk[min(k, LEVELS - 1)] += 1.0
+        if not accepted:
+            self.rejected[min(k, LEVELS - 1)] += 1.0
 
     def pooled(self, optimism: float = 0.0) -> float:
         """The rejection rate over all levels (with the prior), minus `optimism` standard deviations."""
@@ -211,6 +254,8 @@ class Planner:
         self.target_cost = CostTable(plausible_costs(self.profile.costs), lambda: self.profile.prefill)
         self._acceptance: dict[str, Acceptance] = {}
         self._draft_costs: dict[str, tuple[Profile, CostTable]] = {}
+        self._censored: list[Censored] = []  # whole drafts whose proposals are still being compared
+        self.saved: float | None = None  # seconds this generation's drafts saved, with the allowance (None: not started)
 
     # ------------------------------------------------------------------ the policy (localspec.decoding.policy)
 
@@ -218,6 +263,8 @@ class Planner:
              remaining: int) -> tuple[DraftProposal, int] | None:
         """The proposal with the best predicted rate, at its best depth; None when none beats the
         target alone (a draft model not loaded yet only where loading it would pay)."""
+        if self.saved is None:
+            self.begin(remaining)
         best: tuple[float, int, DraftProposal] | None = None
         for proposal in proposals:
             drafter = proposal.drafter
@@ -227,6 +274,11 @@ class Planner:
             if planned > 0 and (best is None or rate > best[0]):
                 best = (rate, planned, proposal)
         return None if best is None else (best[2], best[1])
+
+    def begin(self, remaining: int) -> None:
+        """A generation of up to `remaining` tokens starts (at its first step): what deep drafts may
+        lose before they have saved anything."""
+        self.saved = LOSS_ALLOWANCE * remaining * self._measured_c1()
 
     def prefill(self, sequence: KVSequence, upto: int) -> None:
         """Decode the prompt up to `upto`: chunks of the pass sizes whose cost is unknown are
@@ -244,16 +296,22 @@ class Planner:
         sequence.fill(upto)
         self.observe_prefill(self.profile, rest, time.perf_counter() - t0)
 
-    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float) -> None:
+    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float, new: Sequence[int]) -> None:
         """A verified step: acceptance of its kind, the target pass's cost (not a forced chain's,
-        decoded with one logits row), the draft model's timing."""
+        decoded with one logits row), the draft model's timing; `new`: the tokens it committed."""
         kind = draft.kind if draft.n else None
-        self.observe(kind, max(draft.tree.depths, default=0), n_accepted, draft.n + 1,
-                     None if draft.certain else target_seconds)
+        draft_seconds = 0.0
         if draft.decoded_depth:  # a draft model's draft
             self.observe_draft(draft.drafter)  # type: ignore[arg-type]
+            timing = draft.drafter.timing  # type: ignore[union-attr]
+            draft_seconds = timing.catch_up[1] + timing.levels[1]
+        self.observe(kind, max(draft.tree.depths, default=0), n_accepted, draft.n + 1,
+                     None if draft.certain else target_seconds, draft.offered, new, draft_seconds)
 
     def finish(self) -> None:
+        """The generation ended: what it learned goes into the profile."""
+        self._censored.clear()  # their levels are counted as far as the output decided them
+        self.saved = None
         self.record()
 
     def profile_of(self, model: Profiled) -> Profile:
@@ -325,9 +383,14 @@ class Planner:
         acc = self.acceptance(kind)
         limit = min(available, acc.explored_depth())
         expected = acc.expectations(limit)
+        certain = acc.prior == 0.0 and not any(acc.rejected)  # forced tokens: nothing to lose
+        saved = float("inf") if certain or self.saved is None else self.saved
         best, best_rate = 0, MARGIN / c1
         for d in range(1, limit + 1):
-            rate = expected[d] / self.step_cost(drafter, d, lag)
+            cost = self.step_cost(drafter, d, lag)
+            if d > FIRST_TRY and cost - c1 > saved:
+                continue  # its worst case is more than this generation has saved: not yet
+            rate = expected[d] / cost
             if rate > best_rate:
                 best, best_rate = d, rate
         return best, best_rate
@@ -363,16 +426,32 @@ class Planner:
         return out
 
     def observe(self, kind: str | None, depth: int, n_accepted: int, n_target_tokens: int,
-                target_seconds: float | None) -> None:
+                target_seconds: float | None, offered: Sequence[int] = (), new: Sequence[int] = (),
+                draft_seconds: float = 0.0) -> None:
         """One step: its draft's acceptance and what its target pass cost (None: not a
-        verification pass, e.g. a forced run decoded with one logits row; not a point of the curve)."""
+        verification pass, e.g. a forced run decoded with one logits row; not a point of the curve).
+        `offered`: a deterministic draft's whole proposal (the tokens it was cut from), `new`: the
+        tokens the step committed; a draft accepted whole and shorter than its proposal is
+        counted once the output shows how far the proposal was right (Censored)."""
         for acc in self._acceptance.values():
             acc.decay()
         if target_seconds is not None:
             self.target_cost.observe(n_target_tokens, target_seconds)
+            if depth > 0 and self.saved is not None:
+                self.saved += (n_accepted + 1) * self._measured_c1() - target_seconds - draft_seconds
+        self._follow(new)
         if kind is not None and depth > 0:
-            self.acceptance(kind).observe(n_accepted, depth)
+            acc = self.acceptance(kind)
+            acc.observe(n_accepted, depth)
+            if n_accepted == depth < len(offered) and len(self._censored) < MAX_CENSORED:
+                censored = Censored(acc, tuple(offered), depth)
+                if not censored.follow(new[depth:]):  # this step's extra token decides the next level
+                    self._censored.append(censored)
         self.profile.dirty = True
+
+    def _follow(self, new: Sequence[int]) -> None:
+        """Compare the open drafts' proposals with the committed tokens, level by level."""
+        self._censored = [c for c in self._censored if not c.follow(new)]
 
     def observe_draft(self, drafter: ModelDrafter) -> None:
         """A draft model's last draft: its cost per level, its catch-up as a prefill rate, and

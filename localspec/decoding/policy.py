@@ -32,8 +32,9 @@ class Policy(Protocol):
     def prefill(self, sequence: KVSequence, upto: int) -> None:
         """Decode the prompt into the target's sequence up to `upto`."""
 
-    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float) -> None:
-        """A step was verified: its draft, how many of its tokens were accepted, the target pass's time."""
+    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float, new: Sequence[int]) -> None:
+        """A step was verified: its draft, how many of its tokens were accepted, the target pass's
+        time, the tokens it committed."""
 
     def finish(self) -> None:
         """The generation ended: what was learned goes into the cost profiles."""
@@ -56,7 +57,7 @@ class FixedPolicy:
     def prefill(self, sequence: KVSequence, upto: int) -> None:
         sequence.fill(upto)
 
-    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float) -> None:
+    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float, new: Sequence[int]) -> None:
         pass
 
     def finish(self) -> None:

@@ -49,6 +49,7 @@ class Draft:
     drafter: Any = None  # the localspec.decoding.drafters.Drafter that made it
     decoded_depth: int = 0  # the draft model decoded the nodes above this depth (not its leaves)
     certain: bool = False  # a chain the grammar forces: every row allows exactly its token
+    offered: tuple[int, ...] = ()  # a deterministic proposal's tokens, past what was drafted too (the planner's)
 
     @property
     def n(self) -> int:
