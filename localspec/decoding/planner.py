@@ -78,8 +78,18 @@ class CostTable:
     _sizes: list[int] = field(default_factory=list, repr=False)  # sorted keys of `seconds`
 
     def observe(self, n: int, secs: float) -> None:
+        """A pass of n tokens took `secs`. A new c(1) moves the whole curve with it: passes of
+        other sizes are measured only when drafts that size are made, so a curve recorded while
+        the machine was busier (or in a run before it) would otherwise keep them dear while c(1)
+        recovers, and no draft would pay again. The shape of the curve is the machine's; its
+        level is now's."""
         old = self.seconds.get(n)
         self.seconds[n] = secs if old is None else (1 - EMA) * old + EMA * secs
+        if n == 1 and old:
+            scale = self.seconds[1] / old
+            for m in self.seconds:
+                if m != 1:
+                    self.seconds[m] *= scale
 
     def __call__(self, n: int) -> float:
         if n in self.seconds:
