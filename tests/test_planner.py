@@ -65,17 +65,21 @@ def test_costs_recorded_under_load_are_forgotten_and_measured_again() -> None:
     assert kept.target_cost.seconds == sane.costs and kept.sizes_to_measure(64) == []
 
 
-def test_a_new_c1_moves_the_whole_curve_with_it() -> None:
+def test_a_new_c1_moves_the_recorded_curve_with_it() -> None:
     """A curve recorded while the machine was busier: c(1) recovers at the first steps, and the
-    other sizes (measured only by drafts of that size) follow it, keeping the curve's shape; a
-    pass of another size moves only its own point (negative control)."""
-    t = CostTable({1: 0.050, 4: 0.150, 16: 0.350})
+    recorded sizes (measured only by drafts of that size) follow it, keeping the curve's shape.
+    A size measured in this run keeps its measurement (negative control: c(16), timed by the
+    prompt's prefill at today's speed, is not moved), and a pass of another size moves only its
+    own point."""
+    t = CostTable({1: 0.050, 4: 0.150, 8: 0.300})
+    t.observe(16, 0.200)  # the prefill's measured chunk
     for _ in range(30):
         t.observe(1, 0.030)
     assert t(1) == pytest.approx(0.030, rel=1e-3)
-    assert t(4) / t(1) == pytest.approx(3.0) and t(16) / t(1) == pytest.approx(7.0)
+    assert t(4) / t(1) == pytest.approx(3.0) and t(8) / t(1) == pytest.approx(6.0)
+    assert t(16) == pytest.approx(0.200)
     t.observe(4, 0.120)
-    assert t(1) == pytest.approx(0.030, rel=1e-3) and t(16) / t(1) == pytest.approx(7.0)
+    assert t(1) == pytest.approx(0.030, rel=1e-3) and t(8) / t(1) == pytest.approx(6.0)
 
 
 def test_acceptance_per_level_and_decay() -> None:

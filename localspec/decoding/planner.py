@@ -76,19 +76,21 @@ class CostTable:
     seconds: dict[int, float] = field(default_factory=dict)
     prefill: Callable[[], float | None] = lambda: None  # seconds per token of a long prefill
     _sizes: list[int] = field(default_factory=list, repr=False)  # sorted keys of `seconds`
+    _measured: set[int] = field(default_factory=set, repr=False)  # sizes observed since the table was made
 
     def observe(self, n: int, secs: float) -> None:
-        """A pass of n tokens took `secs`. A new c(1) moves the whole curve with it: passes of
-        other sizes are measured only when drafts that size are made, so a curve recorded while
-        the machine was busier (or in a run before it) would otherwise keep them dear while c(1)
-        recovers, and no draft would pay again. The shape of the curve is the machine's; its
-        level is now's."""
+        """A pass of n tokens took `secs`. A new c(1) moves the sizes not measured since this
+        table was made (recorded by earlier runs) with it: they are measured only when drafts that
+        size are made, so a curve recorded while the machine was busier would otherwise keep them
+        dear while c(1) recovers, and no draft would pay again. The shape of the curve is the
+        machine's; its level is now's."""
         old = self.seconds.get(n)
         self.seconds[n] = secs if old is None else (1 - EMA) * old + EMA * secs
+        self._measured.add(n)
         if n == 1 and old:
             scale = self.seconds[1] / old
             for m in self.seconds:
-                if m != 1:
+                if m not in self._measured:
                     self.seconds[m] *= scale
 
     def __call__(self, n: int) -> float:
