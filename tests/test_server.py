@@ -595,29 +595,18 @@ def test_clients_that_send_nothing_or_slowly_are_timed_out(served: Served) -> No
     assert served.http.get("/models").status_code == 200
 
 
-def test_the_head_timeout_starts_again_after_each_response_and_spares_slow_requests(
-        tiny_paths: tuple[Path, Path]) -> None:
-    """The head timer (run.timed_protocol with run.HeadTimeoutApp) wraps uvicorn's protocol: the
-    request's task must see the connection it came from (it does when uvicorn starts the task
-    inside data_received). A request running longer than header_timeout is not cut; after the
-    response, a kept-alive connection that sends its next head a byte at a time is closed."""
+@contextlib.contextmanager
+def bare_uvicorn(routes: list) -> Iterator[tuple[str, int]]:
+    """A Starlette app of `routes` served as localspec serves (run.uvicorn_config), in a thread."""
     import asyncio
-    import socket
 
     import uvicorn
     from starlette.applications import Starlette
-    from starlette.responses import PlainTextResponse
-    from starlette.routing import Route
 
     from localspec.server import run
 
-    async def slow(request) -> PlainTextResponse:
-        await asyncio.sleep(1.5 * LIMITS.header_timeout)
-        return PlainTextResponse("done")
-
-    app = Starlette(routes=[Route("/slow", slow)])
     sock = bind_socket("127.0.0.1", 0)
-    uv = uvicorn.Server(uvicorn_config(app, LIMITS))
+    uv = uvicorn.Server(uvicorn_config(Starlette(routes=routes), LIMITS))
     assert issubclass(uv.config.http, asyncio.Protocol) and isinstance(uv.config.app, run.HeadTimeoutApp)
     thread = threading.Thread(target=uv.run, kwargs=dict(sockets=[sock]), daemon=True)
     thread.start()
@@ -626,25 +615,80 @@ def test_the_head_timeout_starts_again_after_each_response_and_spares_slow_reque
         while not uv.started:
             assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.01)
-        with socket.create_connection(sock.getsockname()[:2], timeout=TIMEOUT) as conn:
-            conn.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-            answer = b""
-            while not answer.endswith(b"done"):
-                chunk = conn.recv(65536)
-                assert chunk, answer  # closed mid-request: the app did not find its connection
-                answer += chunk
-            assert answer.startswith(b"HTTP/1.1 200")
-            t0 = time.perf_counter()
-            with contextlib.suppress(OSError):
-                for byte in b"GET /slow HTTP/1.1\r\nHost: x\r\n":  # a slow second head
-                    conn.sendall(bytes([byte]))
-                    time.sleep(0.1)
-            assert conn.recv(65536) == b""  # closed
-            assert time.perf_counter() - t0 < LIMITS.header_timeout + 1
+        yield sock.getsockname()[:2]
     finally:
         uv.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def read_response(conn, until: bytes) -> bytes:
+    answer = b""
+    while not answer.endswith(until):
+        chunk = conn.recv(65536)
+        assert chunk, answer  # closed mid-request
+        answer += chunk
+    return answer
+
+
+def slow_send(conn, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        for byte in data:
+            conn.sendall(bytes([byte]))
+            time.sleep(0.1)
+
+
+def test_the_head_timeout_starts_again_after_each_response_and_spares_slow_requests() -> None:
+    """The head timer (run.timed_protocol) wraps uvicorn's protocol and stops at the blank line that
+    ends a head: a request running longer than header_timeout is not cut. After the response
+    (run.HeadTimeoutApp finds the connection by the client's address) it starts again: a
+    kept-alive connection that sends its next head a byte at a time is closed, and so is one that
+    sends blank lines a byte at a time (they are no head: the timer runs on)."""
+    import asyncio
+    import socket
+
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def slow(request) -> PlainTextResponse:
+        await asyncio.sleep(1.5 * LIMITS.header_timeout)
+        return PlainTextResponse("done")
+
+    with bare_uvicorn([Route("/slow", slow)]) as address:
+        for second_head in (b"GET /slow HTTP/1.1\r\nHost: x\r\n", b"\r\n" * 40):
+            with socket.create_connection(address, timeout=TIMEOUT) as conn:
+                conn.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = read_response(conn, b"done")
+                assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" not in answer.lower()
+                t0 = time.perf_counter()
+                slow_send(conn, second_head)
+                rest = b"".join(iter(lambda: conn.recv(65536), b""))  # to the close
+                assert rest == b"" or rest.startswith(b"HTTP/1.1 400"), rest  # closed (h11 may refuse blank lines first)
+                assert time.perf_counter() - t0 < LIMITS.header_timeout + 1
+
+
+def test_a_response_whose_connection_is_not_found_closes_it() -> None:
+    """Where HeadTimeoutApp cannot find the request's connection (here: forgotten by the request
+    before), the response says Connection: close and the connection ends with it, so no second
+    head can come slowly; negative control: found, the connection stays open for the next request."""
+    import socket
+
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from localspec.server import run
+
+    async def forget(request) -> PlainTextResponse:  # its own connection was found before this runs
+        run._CONNECTIONS.clear()
+        return PlainTextResponse("forgot")
+
+    with bare_uvicorn([Route("/forget", forget)]) as address:
+        with socket.create_connection(address, timeout=TIMEOUT) as conn:
+            conn.sendall(b"GET /forget HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert b"connection: close" not in read_response(conn, b"forgot").lower()
+            conn.sendall(b"GET /forget HTTP/1.1\r\nHost: x\r\n\r\n")  # the same connection: kept alive
+            assert b"connection: close" in read_response(conn, b"forgot").lower()  # now not found
+            assert conn.recv(65536) == b""  # closed with the response
 
 
 def test_a_stopped_server_leaves_the_streams_of_the_next_alone(tiny_paths: tuple[Path, Path]) -> None:

@@ -6,18 +6,24 @@ Two details decide how the server behaves on a real network:
   turns Nagle's algorithm off (``TCP_NODELAY``); with protocol 0 it does not, and every
   keep-alive response waits for the client's delayed ACK (~40 ms on Linux);
 * uvicorn times out idle keep-alive connections but not a client that connects and sends
-  nothing, or sends its request head a byte at a time, and it has no setting for that:
-  :func:`timed_protocol` (uvicorn's h11 protocol inside a wrapper, not a subclass) with
-  :class:`HeadTimeoutApp` closes a connection whose request head is not complete within
-  ``header_timeout`` seconds. The body's time is bounded by the app (``body_timeout``).
+  nothing, or sends its request head a byte at a time, and it has no setting for that. uvicorn's
+  ``http`` setting takes a protocol class: :func:`timed_protocol` gives one that holds uvicorn's
+  h11 protocol (composition, every call passed on) and closes a connection whose request head
+  is not complete within ``header_timeout`` seconds, telling the head's end from the bytes
+  themselves (the blank line that ends it, as h11 reads it). :class:`HeadTimeoutApp`, an ASGI
+  middleware, starts the timer again when a response is complete, finding the connection by the
+  request's ``client`` address (the ASGI scope's, with uvicorn's proxy headers off so a client
+  cannot rename itself); where it cannot, the response closes its connection
+  (``Connection: close``), so no second head can follow. The body's time is bounded by the app
+  (``body_timeout``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
-from contextvars import ContextVar
 from typing import Any
 
 import uvicorn
@@ -57,7 +63,8 @@ def base_url(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
-_CONNECTION: ContextVar[_HeadDeadline | None] = ContextVar("localspec_connection", default=None)
+HEAD_END = re.compile(rb"\n\r?\n")  # the blank line that ends a request head (h11 takes \n or \r\n lines)
+MAX_HEAD_BYTES = 64 * 1024  # a head is watched this far; h11 refuses longer ones (16 KiB by default) itself
 
 
 class _HeadDeadline(asyncio.Protocol):
@@ -65,12 +72,9 @@ class _HeadDeadline(asyncio.Protocol):
     on to it), and a timer that closes the connection when a request head is not complete within
     `header_timeout` seconds of connecting or of the end of the previous response.
 
-    :class:`HeadTimeoutApp` stops the timer when a request reaches the app (its head is complete)
-    and starts it again when the response is complete. It finds the connection through a context
-    variable: uvicorn starts a request's task inside data_received, where this connection is
-    current, and a task inherits the context it was created in (tests/test_server.py checks this
-    for the uvicorn installed). The bytes themselves are not inspected: a client could send blank
-    lines, which h11 skips, before a head it never finishes."""
+    The timer stops when the bytes received hold the end of a head (blank lines before a head
+    are no head: a client cannot keep a connection with them), and starts again when
+    :class:`HeadTimeoutApp` says the response is complete."""
 
     header_timeout: float = 10.0
     inner_protocol: type[asyncio.Protocol] = H11Protocol
@@ -78,12 +82,15 @@ class _HeadDeadline(asyncio.Protocol):
     def __init__(self, **kwargs: Any) -> None:  # what uvicorn passes its protocol class
         self.inner = self.inner_protocol(**kwargs)
         self.transport: asyncio.BaseTransport | None = None
-        self.running = 0  # requests whose response is not complete
+        self.peer: tuple[Any, ...] | None = None
+        self.head: bytearray | None = bytearray()  # the head so far (None: complete, the timer stopped)
         self._timer: asyncio.TimerHandle | None = None
 
     def arm(self) -> None:
+        """Time the next request head (from now)."""
         self.disarm()
-        if self.running == 0 and self.transport is not None and not self.transport.is_closing():
+        self.head = bytearray()
+        if self.transport is not None and not self.transport.is_closing():
             self._timer = asyncio.get_running_loop().call_later(self.header_timeout, self._expire)
 
     def disarm(self) -> None:
@@ -93,27 +100,41 @@ class _HeadDeadline(asyncio.Protocol):
 
     def _expire(self) -> None:
         self._timer = None
-        if self.running == 0 and self.transport is not None and not self.transport.is_closing():
+        if self.head is not None and self.transport is not None and not self.transport.is_closing():
             log.info("closing a connection whose request head did not arrive within %g s", self.header_timeout)
             self.transport.close()
 
+    def _watch(self, data: bytes) -> None:
+        """The next bytes of a head being timed: stop the timer once it is complete."""
+        assert self.head is not None
+        if len(self.head) < MAX_HEAD_BYTES:
+            self.head += data[: MAX_HEAD_BYTES - len(self.head)]
+        start = len(self.head) - len(self.head.lstrip(b"\r\n"))
+        if HEAD_END.search(self.head, start):
+            self.head = None
+            self.disarm()
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = tuple(peer[:2]) if isinstance(peer, (tuple, list)) and len(peer) >= 2 else None
+        if self.peer is not None:
+            _CONNECTIONS[self.peer] = self
         self.inner.connection_made(transport)
         self.arm()
 
     def data_received(self, data: bytes) -> None:
-        token = _CONNECTION.set(self)
-        try:
-            self.inner.data_received(data)  # type: ignore[attr-defined]
-        finally:
-            _CONNECTION.reset(token)
+        if self.head is not None:
+            self._watch(data)
+        self.inner.data_received(data)  # type: ignore[attr-defined]
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
+        if self.peer is not None and _CONNECTIONS.get(self.peer) is self:
+            del _CONNECTIONS[self.peer]
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -123,6 +144,9 @@ class _HeadDeadline(asyncio.Protocol):
         self.inner.resume_writing()
 
 
+_CONNECTIONS: dict[tuple[Any, ...], _HeadDeadline] = {}  # open connections by the client's address
+
+
 def timed_protocol(header_timeout: float) -> type[asyncio.Protocol]:
     """The protocol class for uvicorn's `http` setting: its h11 protocol, in connections that
     close when a request head takes longer than `header_timeout` seconds (with HeadTimeoutApp)."""
@@ -130,43 +154,37 @@ def timed_protocol(header_timeout: float) -> type[asyncio.Protocol]:
 
 
 class HeadTimeoutApp:
-    """ASGI middleware telling a connection's head timer (timed_protocol) that a request runs
-    (no timeout while it does) and when its response is complete (the timer starts again)."""
+    """ASGI middleware that starts a connection's head timer (timed_protocol) again when its
+    response is complete, finding the connection by the request's client address; a response
+    whose connection it cannot find closes the connection (``Connection: close``)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        connection = _CONNECTION.get()
-        if scope["type"] != "http" or connection is None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        connection.running += 1
-        connection.disarm()
-        done = False
-
-        def finish() -> None:
-            nonlocal done
-            if not done:
-                done = True
-                connection.running -= 1
-                connection.arm()
+        client = scope.get("client")
+        connection = _CONNECTIONS.get(tuple(client[:2])) if client else None
 
         async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start" and connection is None:
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                finish()
+            if (connection is not None and message["type"] == "http.response.body"
+                    and not message.get("more_body", False)):
+                connection.arm()
 
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            finish()
+        await self.app(scope, receive, sending)
 
 
 def uvicorn_config(app: Any, limits: ServerLimits, verbose: bool = False) -> uvicorn.Config:
+    # proxy_headers off: a client's X-Forwarded-For must not rename it (HeadTimeoutApp finds
+    # connections by the client address; no proxy stands before this server)
     return uvicorn.Config(HeadTimeoutApp(app), http=timed_protocol(limits.header_timeout), lifespan="on",
                           log_level="info" if verbose else "warning", access_log=verbose,
-                          timeout_graceful_shutdown=3, timeout_keep_alive=5)
+                          timeout_graceful_shutdown=3, timeout_keep_alive=5, proxy_headers=False)
 
 
 def serve(target: Model, draft: Model | None, *, model_id: str, sock: socket.socket,
