@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -596,8 +596,9 @@ def test_clients_that_send_nothing_or_slowly_are_timed_out(served: Served) -> No
 
 
 @contextlib.contextmanager
-def bare_uvicorn(routes: list) -> Iterator[tuple[str, int]]:
-    """A Starlette app of `routes` served as localspec serves (run.uvicorn_config), in a thread."""
+def bare_uvicorn(routes: list) -> Iterator[tuple[tuple[str, int], Any]]:
+    """A Starlette app of `routes` served as localspec serves (run.uvicorn_config), in a thread:
+    (its address, its run.HeadTimeoutApp)."""
     import asyncio
 
     import uvicorn
@@ -615,7 +616,7 @@ def bare_uvicorn(routes: list) -> Iterator[tuple[str, int]]:
         while not uv.started:
             assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.01)
-        yield sock.getsockname()[:2]
+        yield sock.getsockname()[:2], uv.config.app
     finally:
         uv.should_exit = True
         thread.join(10)
@@ -654,7 +655,7 @@ def test_the_head_timeout_starts_again_after_each_response_and_spares_slow_reque
         await asyncio.sleep(1.5 * LIMITS.header_timeout)
         return PlainTextResponse("done")
 
-    with bare_uvicorn([Route("/slow", slow)]) as address:
+    with bare_uvicorn([Route("/slow", slow)]) as (address, _):
         for second_head in (b"GET /slow HTTP/1.1\r\nHost: x\r\n", b"\r\n" * 40):
             with socket.create_connection(address, timeout=TIMEOUT) as conn:
                 conn.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -676,13 +677,14 @@ def test_a_response_whose_connection_is_not_found_closes_it() -> None:
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
-    from localspec.server import run
+    served: list = []
 
     async def forget(request) -> PlainTextResponse:  # its own connection was found before this runs
-        run._CONNECTIONS.clear()
+        served[0].connections.clear()
         return PlainTextResponse("forgot")
 
-    with bare_uvicorn([Route("/forget", forget)]) as address:
+    with bare_uvicorn([Route("/forget", forget)]) as (address, app):
+        served.append(app)
         with socket.create_connection(address, timeout=TIMEOUT) as conn:
             conn.sendall(b"GET /forget HTTP/1.1\r\nHost: x\r\n\r\n")
             assert b"connection: close" not in read_response(conn, b"forgot").lower()
@@ -982,3 +984,15 @@ def test_openai_parse_with_a_pydantic_model(served: Served) -> None:
                                              response_format=Person)
     person = r.choices[0].message.parsed
     assert isinstance(person, Person) and person.level in ("low", "high")
+
+
+def test_each_server_has_its_own_table_of_connections() -> None:
+    """Two servers in one process (as the tests run them) never find each other's connections: a
+    client may reach both from the same address, and re-arming the other server's connection would
+    close it mid-request."""
+    from starlette.applications import Starlette
+
+    first, second = uvicorn_config(Starlette(), LIMITS), uvicorn_config(Starlette(), LIMITS)
+    assert first.app.connections is first.http.connections
+    assert second.app.connections is second.http.connections
+    assert first.http.connections is not second.http.connections

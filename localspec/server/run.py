@@ -78,6 +78,7 @@ class _HeadDeadline(asyncio.Protocol):
 
     header_timeout: float = 10.0
     inner_protocol: type[asyncio.Protocol] = H11Protocol
+    connections: dict[tuple[Any, ...], "_HeadDeadline"] = {}  # open ones by client address (timed_protocol: one per server)
 
     def __init__(self, **kwargs: Any) -> None:  # what uvicorn passes its protocol class
         self.inner = self.inner_protocol(**kwargs)
@@ -119,7 +120,7 @@ class _HeadDeadline(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = tuple(peer[:2]) if isinstance(peer, (tuple, list)) and len(peer) >= 2 else None
         if self.peer is not None:
-            _CONNECTIONS[self.peer] = self
+            self.connections[self.peer] = self
         self.inner.connection_made(transport)
         self.arm()
 
@@ -133,8 +134,8 @@ class _HeadDeadline(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
-        if self.peer is not None and _CONNECTIONS.get(self.peer) is self:
-            del _CONNECTIONS[self.peer]
+        if self.peer is not None and self.connections.get(self.peer) is self:
+            del self.connections[self.peer]
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -144,13 +145,12 @@ class _HeadDeadline(asyncio.Protocol):
         self.inner.resume_writing()
 
 
-_CONNECTIONS: dict[tuple[Any, ...], _HeadDeadline] = {}  # open connections by the client's address
-
-
-def timed_protocol(header_timeout: float) -> type[asyncio.Protocol]:
+def timed_protocol(header_timeout: float) -> type[_HeadDeadline]:
     """The protocol class for uvicorn's `http` setting: its h11 protocol, in connections that
-    close when a request head takes longer than `header_timeout` seconds (with HeadTimeoutApp)."""
-    return type("HeadDeadlineH11", (_HeadDeadline,), {"header_timeout": header_timeout})
+    close when a request head takes longer than `header_timeout` seconds (with HeadTimeoutApp,
+    given its `connections`); each call makes a class with its own table of connections, so two
+    servers in one process never see each other's."""
+    return type("HeadDeadlineH11", (_HeadDeadline,), {"header_timeout": header_timeout, "connections": {}})
 
 
 class HeadTimeoutApp:
@@ -158,15 +158,16 @@ class HeadTimeoutApp:
     response is complete, finding the connection by the request's client address; a response
     whose connection it cannot find closes the connection (``Connection: close``)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, connections: dict[tuple[Any, ...], _HeadDeadline]) -> None:
         self.app = app
+        self.connections = connections  # the server's open connections (its timed_protocol's)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         client = scope.get("client")
-        connection = _CONNECTIONS.get(tuple(client[:2])) if client else None
+        connection = self.connections.get(tuple(client[:2])) if client else None
 
         async def sending(message: Any) -> None:
             if message["type"] == "http.response.start" and connection is None:
@@ -182,7 +183,8 @@ class HeadTimeoutApp:
 def uvicorn_config(app: Any, limits: ServerLimits, verbose: bool = False) -> uvicorn.Config:
     # proxy_headers off: a client's X-Forwarded-For must not rename it (HeadTimeoutApp finds
     # connections by the client address; no proxy stands before this server)
-    return uvicorn.Config(HeadTimeoutApp(app), http=timed_protocol(limits.header_timeout), lifespan="on",
+    protocol = timed_protocol(limits.header_timeout)
+    return uvicorn.Config(HeadTimeoutApp(app, protocol.connections), http=protocol, lifespan="on",
                           log_level="info" if verbose else "warning", access_log=verbose,
                           timeout_graceful_shutdown=3, timeout_keep_alive=5, proxy_headers=False)
 
