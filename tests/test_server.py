@@ -36,7 +36,7 @@ from children import popen
 
 from conftest import QUANTIZATIONS, load
 from greedy import assert_greedy_text
-from serving import uvicorn_thread
+from serving import uvicorn_server, uvicorn_thread
 
 PROMPT = "def add(a, b): return a"
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
@@ -601,26 +601,13 @@ def bare_uvicorn(routes: list) -> Iterator[tuple[tuple[str, int], Any]]:
     (its address, its run.HeadTimeoutApp)."""
     import asyncio
 
-    import uvicorn
     from starlette.applications import Starlette
 
     from localspec.server import run
 
-    sock = bind_socket("127.0.0.1", 0)
-    uv = uvicorn.Server(uvicorn_config(Starlette(routes=routes), LIMITS))
-    assert issubclass(uv.config.http, asyncio.Protocol) and isinstance(uv.config.app, run.HeadTimeoutApp)
-    thread = threading.Thread(target=uv.run, kwargs=dict(sockets=[sock]), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not uv.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
+    with uvicorn_server(Starlette(routes=routes), LIMITS) as (uv, sock):
+        assert issubclass(uv.config.http, asyncio.Protocol) and isinstance(uv.config.app, run.HeadTimeoutApp)
         yield sock.getsockname()[:2], uv.config.app
-    finally:
-        uv.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 def read_response(conn, until: bytes) -> bytes:
