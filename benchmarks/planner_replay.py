@@ -41,7 +41,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -191,19 +191,32 @@ def hindsight(prompt: Sequence[int], output: Sequence[int], cost: Callable[[int]
     this fast): what a planner that decides by kind could reach if it knew each kind's outcomes on
     this answer in advance. A planner that learns adapts within a kind, so this bounds it only
     roughly; the ceiling bounds it exactly."""
+    best, _ = coordinate_descent(lambda policy, kinds: replay(policy, prompt, output, cost, max_tokens,
+                                                              kinds=kinds).seconds, SEARCH_DEPTHS)
+    return len(output) * cost(1) / best
+
+
+Choice = TypeVar("Choice")
+
+
+def coordinate_descent(seconds: Callable[[dict[str, Choice], set[str]], float], choices: Sequence[Choice],
+                       start: Mapping[str, Choice] | None = None) -> tuple[float, dict[str, Choice]]:
+    """The fastest fixed policy (a choice per kind of proposal) that coordinate descent finds from
+    `start`, trying each of `choices` for each kind in turn until none helps, and its seconds.
+    `seconds(policy, kinds)` replays the answer under a policy, adding the kinds it meets."""
     kinds: set[str] = set()
-    policy: dict[str, int] = {}
-    best = replay(policy, prompt, output, cost, max_tokens, kinds=kinds).seconds
+    policy: dict[str, Choice] = dict(start or {})
+    best = seconds(policy, kinds)
     improved = True
     while improved:
         improved = False
         for kind in sorted(kinds):
-            for d in SEARCH_DEPTHS:
-                trial = {**policy, kind: d}
-                secs = replay(trial, prompt, output, cost, max_tokens, kinds=kinds).seconds
+            for choice in choices:
+                trial = {**policy, kind: choice}
+                secs = seconds(trial, kinds)
                 if secs < best * (1 - 1e-9):
                     best, policy, improved = secs, trial, True
-    return len(output) * cost(1) / best
+    return best, policy
 
 
 def settle(planner: Planner, pending: list[tuple[int, tuple[int, ...], str]],

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from head_to_head import _run, first_token_alternatives  # noqa: E402
 from planner_replay import (DEPTH, HELD_BACK, NOMINAL_C1, REPLAY_GROUNDED, REPLAY_PROMPTS, SEARCH_DEPTHS,  # noqa: E402
-                            parse_curve, recorded)
+                            coordinate_descent, parse_curve, recorded)
 
 from localspec.decoding.drafters import ngram_kind  # noqa: E402
 from localspec.decoding.lookup import ContextLookup  # noqa: E402
@@ -71,19 +71,9 @@ def hindsight(prompt: Sequence[int], output: Sequence[int], cost: Callable[[int]
               widths: Sequence[int], start: Policy | None = None) -> tuple[float, dict[str, tuple[int, int]]]:
     """The decode speedup of the best (depth, width in `widths`) per kind that coordinate descent
     finds on this answer, starting from `start` (so never worse than it), and that policy."""
-    kinds: set[str] = set()
-    policy: dict[str, tuple[int, int]] = dict(start or {})
-    best = replay_tree(policy, prompt, output, cost, max_tokens, kinds)
-    improved = True
-    while improved:
-        improved = False
-        for kind in sorted(kinds):
-            for depth in SEARCH_DEPTHS:
-                for width in widths:
-                    trial = {**policy, kind: (depth, width)}
-                    seconds = replay_tree(trial, prompt, output, cost, max_tokens, kinds)
-                    if seconds < best * (1 - 1e-9):
-                        best, policy, improved = seconds, trial, True
+    choices = [(depth, width) for depth in SEARCH_DEPTHS for width in widths]
+    best, policy = coordinate_descent(
+        lambda trial, kinds: replay_tree(trial, prompt, output, cost, max_tokens, kinds), choices, start)
     return len(output) * cost(1) / best, policy
 
 
