@@ -3,13 +3,15 @@
     python benchmarks/planner_replay.py                  # every prompt, baseline planner
     python benchmarks/planner_replay.py --shadow         # plus the variant that learns from every proposal
     python benchmarks/planner_replay.py --curve 2:1.76,4:3.02,8:7.2,16:8.43,32:14.02   # an earlier run's curve
+    python benchmarks/planner_replay.py --population     # plus the best fixed policies for the whole set
 
 The target alone writes each prompt's greedy answer once (the output any lossless speculation at
 T = 0 reproduces); the cost curve is measured in the same process. The real planner and context
 lookup then decide every step as the engine does with the n-gram drafter (`--drafter auto`
 without a draft model), but a step's cost is read from the curve and its accepted tokens from
 the recorded answer, so a replay takes milliseconds and two planners can be compared on the
-same answers with no timing noise. "cold" starts from an empty profile (c(1), c(16) and the
+same answers with no timing noise. A pass larger than the curve's largest size costs that
+size's cost plus the prefill rate per further token. "cold" starts from an empty profile (c(1), c(16) and the
 prefill rate known, as after a first run's prefill and first step); "warm" from the profile
 that replaying every prompt `--warm-rounds` times in order leaves (acceptance counts capped
 between generations as the profile store caps them). The ceiling is head_to_head's oracle:
@@ -21,6 +23,12 @@ the planner's acceptance is learned by), searched for on the answer itself: how 
 kind's outcomes on this answer in advance would take a planner that decides by kind. "uncapped,
 taught on this answer": the planner without its exploration cap, after learning from this
 answer alone: how close it comes when its profile knows nothing but this kind of prompt.
+With `--population`, two more: "one depth per kind for every prompt", the best fixed policy for
+the whole set (fitted on the set: what a planner that decides by kind reaches if it knows how
+each kind fares over these prompts, but not on the prompt at hand), and "the same, fitted on
+the other prompts" (leave one out: a planner's best case on a prompt it has not seen, from
+perfect knowledge of those it has). The hindsight column is an answer's own best policy; the
+gap between it and these is what knowing the answer is worth, which no planner has.
 
 Prompts: whole_process's; HELD_OUT, six grounded prompts that no planner setting was tuned on;
 MORE, twelve grounded prompts added later (other code, another language, other prose work), on
@@ -152,7 +160,7 @@ def replay(planner: Planner | Mapping[str, int], prompt: Sequence[int], output: 
     instead of a planner is a fixed policy: that many tokens of every proposal of a kind (0 if
     absent). `kinds` collects the kinds of the proposals seen; `trace`, every step's decision:
     (output position, kind of the proposal or None, depth drafted, tokens accepted)."""
-    lookup, pending = ContextLookup(), []
+    lookup, pending = answer_lookup(output, max_tokens), []
     i = seconds = steps = drafted = accepted = 0
     if isinstance(planner, Planner):
         planner.begin(max_tokens)
@@ -185,6 +193,18 @@ def replay(planner: Planner | Mapping[str, int], prompt: Sequence[int], output: 
     return Replay(seconds, steps, drafted, accepted)
 
 
+def answer_lookup(output: Sequence[int], max_tokens: int) -> ContextLookup:
+    """The context lookup as the engine makes it, its proposals ending at the model's
+    end-of-generation tokens; a replay knows those only from an answer that stopped before
+    `max_tokens` (greedy answers stop at one, its last token). An answer cut at `max_tokens` never
+    reached one, so a proposal running past one is rejected there in any case (it costs the few
+    tokens past it, which the engine does not draft)."""
+    if output and len(output) < max_tokens:
+        end = output[-1]
+        return ContextLookup(lambda t: t == end)
+    return ContextLookup()
+
+
 def hindsight(prompt: Sequence[int], output: Sequence[int], cost: Callable[[int], float], max_tokens: int) -> float:
     """The decode speedup of the best fixed depth per kind of proposal for this very answer that
     coordinate descent over SEARCH_DEPTHS finds (a local optimum: the best such policy is at least
@@ -197,6 +217,36 @@ def hindsight(prompt: Sequence[int], output: Sequence[int], cost: Callable[[int]
 
 
 Choice = TypeVar("Choice")
+
+
+def population_policy(answers: Answers, cost: Callable[[int], float], max_tokens: int) -> dict[str, int]:
+    """One depth per kind of proposal for every answer of the set: the policy, among those
+    coordinate descent over SEARCH_DEPTHS finds, with the best geometric mean speedup over the set.
+    Fitted on the answers it is then judged on, it is what a planner that decides by kind could
+    reach if it knew how each kind fares over this set of prompts (not on the prompt at hand)."""
+    def seconds(policy: dict[str, int], kinds: set[str]) -> float:  # target seconds over the target alone's,
+        # geometric mean
+        logs = [math.log(replay(policy, prompt, output, cost, max_tokens, kinds=kinds).seconds / (len(output) * cost(1)))
+                for prompt, output in answers.values()]
+        return math.exp(sum(logs) / len(logs))
+    return coordinate_descent(seconds, SEARCH_DEPTHS)[1]
+
+
+def population_speedups(answers: Answers, cost: Callable[[int], float], max_tokens: int,
+                        leave_one_out: bool) -> dict[str, float]:
+    """Each answer's speedup under population_policy fitted on the whole set, or (`leave_one_out`)
+    on every other answer: a planner's best case with perfect knowledge of the prompts it has seen."""
+    def speed(policy: dict[str, int], prompt: Sequence[int], output: Sequence[int]) -> float:
+        return len(output) * cost(1) / replay(policy, prompt, output, cost, max_tokens).seconds
+    if not leave_one_out:
+        policy = population_policy(answers, cost, max_tokens)
+        return {name: speed(policy, *answer) for name, answer in answers.items()}
+    out = {}
+    for name, answer in answers.items():
+        print(f"fitting a policy without {name}", file=sys.stderr, flush=True)
+        others = {other: a for other, a in answers.items() if other != name}
+        out[name] = speed(population_policy(others, cost, max_tokens), *answer)
+    return out
 
 
 def coordinate_descent(seconds: Callable[[dict[str, Choice], set[str]], float], choices: Sequence[Choice],
@@ -294,18 +344,21 @@ def warm_profile(answers: Answers, curve: dict[int, float], prefill: float, cost
 
 
 def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens: int, rounds: int,
-          variants: Sequence[bool]) -> list[str]:
-    cost = CostTable(dict(curve))
+          variants: Sequence[bool], population: bool = False) -> list[str]:
+    cost = CostTable(dict(curve), lambda: prefill)  # passes beyond the curve: a prefill's cost per further token
     names = {False: "baseline", True: "shadow"}
     header = ("| prompt | output tokens | ceiling | best depth per kind, in hindsight | uncapped, taught on this answer |"
+              + (" one depth per kind for every prompt | the same, fitted on the other prompts |" if population else "")
               + "".join(f" {names[v]} cold | {names[v]} warm |" for v in variants))
-    lines = [header, "|" + " --- |" + " ---: |" * (4 + 2 * len(variants))]
+    lines = [header, "|" + " --- |" + " ---: |" * (4 + 2 * population + 2 * len(variants))]
     warm = {v: warm_profile(answers, curve, prefill, cost, max_tokens, rounds, v) for v in variants}
+    fitted = [population_speedups(answers, cost, max_tokens, loo) for loo in (False, True)] if population else []
     rows: dict[str, list[float]] = {}
     for name, (prompt, output) in answers.items():
         print(f"replaying {name}", file=sys.stderr, flush=True)
         cells = [ngram_ceiling(prompt, output, cost), hindsight(prompt, output, cost, max_tokens),
-                 self_taught(prompt, output, curve, prefill, cost, max_tokens, max(rounds, 1))]
+                 self_taught(prompt, output, curve, prefill, cost, max_tokens, max(rounds, 1)),
+                 *(speeds[name] for speeds in fitted)]
         for v in variants:
             cells.append(speedup(fresh_profile(curve, prefill, False), prompt, output, cost, max_tokens, v))
             snapshot = Profile.from_json(warm[v].to_json())  # each prompt replayed from the same warm profile
@@ -377,6 +430,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=128, help="max tokens per answer (default 128)")
     p.add_argument("--warm-rounds", type=int, default=2, help="replays of every answer that build the warm profile")
     p.add_argument("--shadow", action="store_true", help="also replay the planner that learns from every proposal")
+    p.add_argument("--population", action="store_true",
+                   help="also the best fixed depth per kind for the whole set of prompts, fitted on the set and on "
+                        "the other prompts (leave one out: one fit per prompt, minutes)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--curve", type=parse_curve, default=None, metavar="N:RATIO,...",
                    help="replay with this cost curve, c(n)/c(1) by pass size (as printed at the end of a run, "
@@ -426,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         answers, curve, prefill = measure(args, prompts)
     variants = [False, True] if args.shadow else [False]
-    print("\n".join(table(answers, curve, prefill, args.tokens, args.warm_rounds, variants)))
+    print("\n".join(table(answers, curve, prefill, args.tokens, args.warm_rounds, variants, args.population)))
     c1 = curve[1]
     print("\nn-gram decode speedup over the target alone; cost curve c(n)/c(1): "
           + ", ".join(f"{n}: {curve[n] / c1:.2f}" for n in sorted(curve)) + f"; prefill {prefill / c1:.2f} c(1)/token")

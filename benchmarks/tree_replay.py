@@ -31,10 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from head_to_head import _run, first_token_alternatives  # noqa: E402
 from planner_replay import (DEPTH, HELD_BACK, NOMINAL_C1, REPLAY_GROUNDED, REPLAY_PROMPTS, SEARCH_DEPTHS,  # noqa: E402
-                            coordinate_descent, parse_curve, recorded)
+                            answer_lookup, coordinate_descent, parse_curve, recorded)
 
 from localspec.decoding.drafters import ngram_kind  # noqa: E402
-from localspec.decoding.lookup import ContextLookup  # noqa: E402
 from localspec.decoding.planner import CostTable  # noqa: E402
 
 Policy = Mapping[str, tuple[int, int]]  # kind of proposal: (depth, branches)
@@ -45,7 +44,7 @@ def replay_tree(policy: Policy, prompt: Sequence[int], output: Sequence[int], co
     """Target seconds to decode `output` again when every proposal of a kind is drafted `depth`
     deep with `branches` - 1 of the lookup's alternatives beside it (0 deep if the kind is absent);
     a step costs c(its tokens + 1) and yields the longest branch the output agrees with, + 1."""
-    lookup, i, seconds = ContextLookup(), 0, 0.0
+    lookup, i, seconds = answer_lookup(output, max_tokens), 0, 0.0
     while i < len(output):
         available = min(DEPTH, max_tokens - i - 1)
         proposal = lookup.propose([*prompt, *output[:i]], available) if available > 0 else None
@@ -108,11 +107,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="answers recorded by planner_replay.py --answers FILE (this replay loads no model)")
     p.add_argument("--curve", type=parse_curve, required=True, metavar="N:RATIO,...",
                    help="the cost curve c(n)/c(1), as planner_replay.py takes it")
+    p.add_argument("--prefill-rate", type=float, default=0.3, metavar="RATIO",
+                   help="a long prefill's cost per token in c(1), which prices passes beyond the curve "
+                        "(default 0.3, the reference CPU's)")
     p.add_argument("--width", type=int, default=3, help="most branches of a tree (default 3)")
     p.add_argument("--tokens", type=int, default=128, help="max tokens the answers were recorded with")
     args = p.parse_args(argv)
     if not 2 <= args.width <= 8:
         p.error("--width must be 2 to 8")
+    if not 0 < args.prefill_rate < 1:
+        p.error("--prefill-rate must be between 0 and 1 (a prefill token is cheaper than a step)")
     return args
 
 
@@ -123,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{args.answers} does not hold an answer to every prompt of planner_replay.py ({args.tokens} tokens); "
               "record them with: python benchmarks/planner_replay.py --answers FILE", file=sys.stderr)
         return 2
-    cost = CostTable({n: NOMINAL_C1 * ratio for n, ratio in args.curve.items()})
+    cost = CostTable({n: NOMINAL_C1 * ratio for n, ratio in args.curve.items()}, lambda: NOMINAL_C1 * args.prefill_rate)
     print("\n".join(table(answers, cost, args.tokens, args.width)))
     print("\nn-gram decode speedup over the target alone in hindsight; cost curve c(n)/c(1): "
           + ", ".join(f"{n}: {r:.2f}" for n, r in sorted(args.curve.items())))

@@ -89,3 +89,15 @@ def test_after_a_deletion_the_match_finds_the_place_again() -> None:
     context.append(15)
     p = look.propose(context, depth=3)
     assert p is not None and p.tokens == (16, 17, 18) and p.kind == "m1"
+
+
+def test_a_proposal_ends_at_an_end_of_generation_token() -> None:
+    """The output copies the prompt's last line, which the chat template follows with the turn's
+    end (2) and the next turn's header (3, 4): the proposal stops at 2, where the generation would
+    stop, instead of drafting the header after it."""
+    prompt = [10, 11, 12, 13, 14, 2, 3, 4]
+    look = ContextLookup(ends=lambda t: t == 2)
+    p = look.propose(prompt + [10, 11, 12], depth=6)
+    assert p is not None and p.tokens == (13, 14, 2)
+    # control: a lookup without the model's end tokens drafts on into the next turn
+    assert ContextLookup().propose(prompt + [10, 11, 12], depth=6).tokens == (13, 14, 2, 3, 4, 10)

@@ -24,7 +24,8 @@ def test_cost_table_interpolates_a_line() -> None:
     t.observe(5, 0.105)
     assert t(1) == 0.033
     assert t(3) == pytest.approx(0.069)
-    assert t(9) == pytest.approx(0.177)
+    assert t(9) == pytest.approx(0.105 + 4 * 0.5 * 0.033)  # beyond: UNMEASURED_SLOPE·c(1) a token, no prefill rate
+    assert CostTable({5: 0.105, 3: 0.069})(9) == pytest.approx(0.177)  # without c(1): the line
 
 
 def test_cost_table_follows_a_kinked_curve() -> None:
@@ -33,9 +34,10 @@ def test_cost_table_follows_a_kinked_curve() -> None:
     t = CostTable({1: 0.040, 7: 0.175, 9: 0.350, 16: 0.343})
     assert t(8) == pytest.approx(0.2625)
     assert t(12) == pytest.approx(0.350 - 0.007 * 3 / 7)
-    assert t(32) == pytest.approx(0.343)  # beyond: the falling last segment is floored at c(16)
+    assert CostTable({7: 0.175, 9: 0.350, 16: 0.343})(32) == pytest.approx(0.343)  # the falling last segment,
+    # without c(1) or a prefill rate, is floored at c(16)
     with_prefill = CostTable(dict(t.seconds), lambda: 0.010)
-    assert with_prefill(32) == pytest.approx(0.343 + 16 * 0.010)  # ... or at least a prefill's per token
+    assert with_prefill(32) == pytest.approx(0.343 + 16 * 0.010)  # beyond: a prefill's cost per token
     assert t(4) == pytest.approx(0.040 + 0.135 * 3 / 6)
     below = CostTable({2: 0.06, 4: 0.10})
     assert below(1) == pytest.approx(0.04)
@@ -48,6 +50,74 @@ def test_an_unmeasured_size_is_estimated_optimistically_from_the_prefill_rate() 
     t = CostTable({1: 0.034}, prefill=lambda: 0.010)
     assert t(9) == pytest.approx(0.034 + 8 * 0.010)
     assert CostTable({1: 0.034})(3) == pytest.approx(0.034 * 2)  # no prefill rate: UNMEASURED_SLOPE 0.5
+
+
+def test_passes_beyond_the_measured_ones_are_priced_optimistically() -> None:
+    """Measured up to 4 tokens (a steep start, ~0.9 c(1) per token), a pass of 16 is priced at c(4)
+    plus a prefill's cost per further token, not along the steep line; a prefill rate as dear as
+    c(1) (recorded under load, kept because later prompts came from the prompt cache) is forgotten
+    and UNMEASURED_SLOPE·c(1) per token used instead."""
+    start = {1: 0.036, 2: 0.064, 3: 0.096, 4: 0.126}
+    t = CostTable(dict(start), lambda: 0.011)
+    assert t(16) == pytest.approx(0.126 + 12 * 0.011)
+    stale = CostTable(dict(start), lambda: 0.040)
+    assert stale.prefill_rate() is None
+    assert stale(16) == pytest.approx(0.126 + 12 * 0.5 * 0.036)
+
+
+def test_the_prefill_rate_moves_with_c1_until_a_prefill_is_measured() -> None:
+    """Like the recorded pass sizes, a recorded prefill rate follows c(1): recorded while c(1) was
+    0.060, it halves when c(1) does, and is written back at today's level."""
+    profile = Profile("t", {})
+    profile.costs, profile.prefill = {1: 0.060, 16: 0.40}, 0.020
+    p = Planner(SimpleNamespace(file_bytes=1), Shape.chain(8), profiles=Profiles.in_memory(), profile=profile)
+    for _ in range(60):
+        p.target_cost.observe(1, 0.030)
+    assert p.target_cost.prefill_rate() == pytest.approx(0.010, rel=1e-3)
+    p.record()
+    assert profile.prefill == pytest.approx(0.010, rel=1e-3) and p.target_cost.prefill_scale == 1.0
+    p.observe_prefill(profile, 64, 64 * 0.012)  # a measured prefill: mixed in at today's level
+    assert profile.prefill == pytest.approx(0.8 * 0.010 + 0.2 * 0.012, rel=1e-3)
+
+
+class LineBeyond(CostTable):
+    """The earlier rule (negative control): beyond the largest measured size, the line through the
+    two largest."""
+
+    def __call__(self, n: int) -> float:
+        sizes = sorted(self.seconds)
+        if n <= sizes[-1]:
+            return super().__call__(n)
+        lo, hi = sizes[-2], sizes[-1]
+        return self.seconds[hi] + (self.seconds[hi] - self.seconds[lo]) * (n - hi) / (hi - lo)
+
+
+def test_a_curve_measured_only_up_to_4_tokens_does_not_keep_drafts_shallow() -> None:
+    """Where the prompt cache left no prefill to measure c(16), a profile knows c(1..4) only (this
+    host's curve is steep up to 8 tokens and flat from 8 to 16). A kind that is always right then
+    reaches 15-token drafts once the generation has saved what a miss would cost. Negative
+    control: priced along the line through the two largest measured sizes, each deeper try
+    measures a steep size, the line stays steep, and drafts stay at 4 (over 15 % slower)."""
+    start = {1: 0.036, 2: 0.064, 3: 0.096, 4: 0.126}
+    true = CostTable({**start, 6: 0.155, 8: 0.263, 12: 0.308, 16: 0.292, 24: 0.428, 32: 0.446})  # this host's, measured
+
+    def depths(table: CostTable) -> list[int]:  # the depths of a 128-token generation that copies throughout
+        p = planner_with(start, Shape.chain(32), "ngram:m16+/copying", alpha_runs=100, accepted=20, depth=20)
+        p.target_cost = table
+        p.begin(remaining=128)
+        out: list[int] = []
+        while sum(d + 1 for d in out) < 128:
+            d = p.choose(FREE, "ngram:m16+/copying", 15)[0]
+            out.append(d)
+            p.observe("ngram:m16+/copying", d, d, d + 1, true(d + 1))
+        return out
+
+    def seconds(depths: list[int]) -> float:
+        return sum(true(d + 1) for d in depths)
+
+    optimistic, line = depths(CostTable(dict(start), lambda: 0.011)), depths(LineBeyond(dict(start), lambda: 0.011))
+    assert optimistic[-1] == 15 and max(line[-5:]) <= 4, (optimistic, line)  # the line rule stays shallow
+    assert seconds(optimistic) < 0.85 * seconds(line)
 
 
 def test_costs_recorded_under_load_are_forgotten_and_measured_again() -> None:
@@ -193,7 +263,7 @@ def test_a_kind_never_seen_is_first_tried_short_and_deepens_as_it_is_accepted() 
     """Exploration is cheap: a first try is FIRST_TRY deep however long the proposal and however
     hopeful the prior, then twice as deep as drafts of that kind have been seen to reach; a try
     that fails at once earns nothing deeper."""
-    flat = {1: 0.030, 2: 0.031, 4: 0.032, 16: 0.035, 32: 0.040}  # deep drafts nearly free: depth is tempting
+    flat = {1: 0.030, 2: 0.031, 4: 0.032, 16: 0.035, 33: 0.040}  # deep drafts nearly free: depth is tempting
     p = planner_with(flat, Shape.chain(32), "ngram:m16+/copying", alpha_runs=0, accepted=0, depth=1)
     acc = p.acceptance("ngram:m16+/copying")
     assert p.choose(FREE, "ngram:m16+/copying", 32)[0] == FIRST_TRY

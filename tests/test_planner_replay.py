@@ -195,3 +195,29 @@ def planner_with_curve(curve: dict[int, float], kind: type[Planner] = Planner) -
     """A cold planner (no acceptance learned) that knows the whole cost curve."""
     return kind(pr._Target(), pr.GenerationConfig().shape, profiles=pr.Profiles.in_memory(),
                 profile=pr.fresh_profile(curve, 0.3 * curve[1], True))
+
+
+def test_a_population_policy_knows_only_the_prompts_it_was_fitted_on() -> None:
+    """Leave one out, a prompt's policy comes from the others: another long copy teaches it to
+    draft its own copy; text with no repeats (negative control) teaches nothing, so it drafts
+    nothing and runs at the target alone's speed. Fitted on the whole set, it never beats each
+    answer's own best policy by more than coordinate descent's slack."""
+    rng = np.random.default_rng(2)
+    copy, other_copy, plain = copy_case(0), copy_case(1), (words(rng, 50), words(rng, 60))
+    taught = pr.population_speedups({"copy": copy, "other": other_copy}, COST, 200, leave_one_out=True)
+    assert taught["copy"] > 1.5 and taught["other"] > 1.5
+    untaught = pr.population_speedups({"copy": copy, "plain": plain}, COST, 200, leave_one_out=True)
+    assert untaught["copy"] == pytest.approx(1.0) and untaught["plain"] == pytest.approx(1.0)
+    fitted = pr.population_speedups({"copy": copy, "plain": plain}, COST, 200, leave_one_out=False)
+    assert fitted["copy"] > 1.5 and fitted["plain"] == pytest.approx(1.0)
+    assert fitted["copy"] <= pr.hindsight(*copy, COST, 200) + 1e-9
+
+
+def test_a_replayed_proposal_ends_where_the_answer_ended() -> None:
+    """An answer that stopped before the token limit ended at an end-of-generation token (its
+    last): the replay's proposals stop there, as the engine's do; one cut at the limit shows no
+    end token, so nothing is cut."""
+    prompt = [10, 11, 12, 13, 14, 2, 3, 4]
+    output = [10, 11, 12, 13, 14, 2]
+    assert pr.answer_lookup(output, 128).propose(prompt + output[:3], 6).tokens == (13, 14, 2)
+    assert pr.answer_lookup(output, len(output)).propose(prompt + output[:3], 6).tokens[:5] == (13, 14, 2, 3, 4)

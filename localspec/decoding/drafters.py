@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -237,9 +237,9 @@ class NGramDrafter:
     source = None
     loaded = True
 
-    def __init__(self, n_vocab: int, max_nodes: int) -> None:
+    def __init__(self, n_vocab: int, max_nodes: int, ends: Callable[[int], bool] | None = None) -> None:
         self.buf = RowBuffer(max_nodes + 1, n_vocab)
-        self.lookup = ContextLookup()
+        self.lookup = ContextLookup(ends)  # proposals end at the target's end-of-generation tokens
 
     def start(self, prompt: Sequence[int]) -> None:
         self.lookup.reset()
@@ -312,7 +312,7 @@ def make_drafters(target: Model, draft: Model | LazyModel | None, config: Genera
         return []
     drafter, shape = config.drafter, config.shape
     max_nodes = max(shape.n_nodes, 1)
-    ngram: list[Drafter] = [NGramDrafter(target.n_vocab, max_nodes)] if drafter != "model" else []
+    ngram: list[Drafter] = [NGramDrafter(target.n_vocab, max_nodes, target.is_eog)] if drafter != "model" else []
     if drafter == "ngram":
         return ngram
     if draft is None:

@@ -12,13 +12,17 @@ keeps the position it was copying from: when the output replaces a source token,
 on from the token after it ("re-alignment"). A replaced token followed by a copy of a few tokens
 is taken for a rename: later copies propose the new token wherever the source has the old one,
 until the output keeps an old one.
+
+A proposal ends at its first end-of-generation token (given by the model: `ends`): the
+generation stops there, so a draft past it (a copy of the prompt's last line runs on into the
+chat template's next turn) can only cost verification and count as rejected where it was not.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 RECENT = 16  # output tokens over which the lookup judges whether the output is copying the context
 RENAME_CONFIRM = 2  # source tokens copied right after a replaced one for the replacement to count as a rename
@@ -87,9 +91,11 @@ class Proposal:
 
 class ContextLookup:
     """Proposals copied from the context: the continuation of the longest earlier match, or,
-    right after the output replaced a source token, the source from the next token on."""
+    right after the output replaced a source token, the source from the next token on; each
+    up to its first end-of-generation token (`ends`: the model's test, e.g. ``Model.is_eog``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ends: Callable[[int], bool] | None = None) -> None:
+        self.ends = ends
         self.reset()
 
     def reset(self) -> None:
@@ -170,6 +176,8 @@ class ContextLookup:
 
     def _copy(self, start: int, match: int, depth: int) -> Proposal | None:
         tokens = tuple(self.renamed.get(t, t) for t in self.tokens[start: start + depth])
+        if self.ends is not None:
+            tokens = tokens[: next((i + 1 for i, t in enumerate(tokens) if self.ends(t)), len(tokens))]
         if not tokens:
             return None
         if start != self.cursor:  # a new source: what follows is expected to copy from here

@@ -68,13 +68,17 @@ class CostTable:
     """Seconds per decode call, by number of tokens in the batch (EMA of measurements).
 
     Unmeasured sizes are interpolated linearly between their measured neighbours (CPU costs are
-    not a line: on the 2-core reference machine a batch of 16 costs about what 9 cost), and beyond
-    the measured range extended along the line through the two nearest sizes. With c(1) alone, a
-    larger batch is estimated from the prefill rate (a lower bound of any batch's cost per token)
-    or UNMEASURED_SLOPE: optimistic on purpose, the first real pass replaces it."""
+    not a line: on the 2-core reference machine a batch of 16 costs about what 9 cost). Beyond the
+    largest measured size each further token costs the prefill rate (the least a token of a long
+    batch costs), else UNMEASURED_SLOPE·c(1) (else, without c(1), the line through the two largest
+    sizes, never below the largest's cost); with c(1) alone, the same from c(1). Optimistic on
+    purpose: a draft that deep is then tried and the first real pass replaces the estimate.
+    (Extending a steep start, c(2..4), along its line priced 16 tokens at twice their cost, and no
+    draft deeper than 3 was ever tried where the prompt cache left no prefill to measure c(16).)"""
 
     seconds: dict[int, float] = field(default_factory=dict)
-    prefill: Callable[[], float | None] = lambda: None  # seconds per token of a long prefill
+    prefill: Callable[[], float | None] = lambda: None  # seconds per token of a long prefill, as recorded
+    prefill_scale: float = 1.0  # how c(1) moved since the prefill rate was recorded (it moves with it)
     _sizes: list[int] = field(default_factory=list, repr=False)  # sorted keys of `seconds`
     _measured: set[int] = field(default_factory=set, repr=False)  # sizes observed since the table was made
 
@@ -83,15 +87,29 @@ class CostTable:
         table was made (recorded by earlier runs) with it: they are measured only when drafts that
         size are made, so a curve recorded while the machine was busier would otherwise keep them
         dear while c(1) recovers, and no draft would pay again. The shape of the curve is the
-        machine's; its level is now's."""
+        machine's; its level is now's. The prefill rate moves with it too until a prefill is
+        measured (:meth:`prefill_rate`)."""
         old = self.seconds.get(n)
         self.seconds[n] = secs if old is None else (1 - EMA) * old + EMA * secs
         self._measured.add(n)
         if n == 1 and old:
             scale = self.seconds[1] / old
+            self.prefill_scale *= scale
             for m in self.seconds:
                 if m not in self._measured:
                     self.seconds[m] *= scale
+
+    def prefill_rate(self) -> float | None:
+        """Seconds per token of a long prefill at today's c(1); None where unknown or implausible:
+        a token of a long batch never costs what a pass of one token costs (a rate recorded under
+        load, and kept since because prompts came from the prompt cache, would price every pass
+        beyond the measured ones as dear as that many single steps)."""
+        rate = self.prefill()
+        if rate is None:
+            return None
+        rate *= self.prefill_scale
+        c1 = self.seconds.get(1)
+        return None if c1 and rate >= c1 else rate
 
     def __call__(self, n: int) -> float:
         if n in self.seconds:
@@ -103,15 +121,17 @@ class CostTable:
         sizes = self._sizes
         if len(sizes) == 1:
             c, size = self.seconds[sizes[0]], sizes[0]
-            per_token = self.prefill() or UNMEASURED_SLOPE * c / size
+            per_token = self.prefill_rate() or UNMEASURED_SLOPE * c / size
             return max(c, c + (n - size) * per_token) if n > size else c * n / size
         i = min(max(bisect.bisect_left(sizes, n), 1), len(sizes) - 1)  # sizes[i-1] < n < sizes[i] inside
         lo, hi = sizes[i - 1], sizes[i]
         c_lo, c_hi = self.seconds[lo], self.seconds[hi]
         line = c_lo + (c_hi - c_lo) * (n - lo) / (hi - lo)
-        if n > hi:  # beyond the largest measured size: each further token costs at least a prefill's
-            # token (a flat last segment, c(16) ~ c(9) on a CPU, is no trend)
-            return max(line, c_hi + (n - hi) * (self.prefill() or 0.0))
+        if n > hi:  # beyond the largest measured size: each further token costs a prefill's token, the
+            # least a token of a long batch costs (optimistic, so a deeper draft is tried and measured:
+            # neither a flat last segment, c(16) ~ c(9), nor a steep first one, c(2..4), is a trend)
+            per_token = self.prefill_rate() or UNMEASURED_SLOPE * self.seconds.get(1, 0.0)
+            return c_hi + (n - hi) * per_token if per_token else max(line, c_hi)
         if n < lo:  # below the smallest: never cheaper per token than it
             return max(line, c_lo * n / lo)
         return line
@@ -333,13 +353,13 @@ class Planner:
     def record(self) -> None:
         """Write what this planner learned (costs, acceptance) into the profiles, in memory; the
         profiles' owner saves them."""
-        self.profile.costs = dict(self.target_cost.seconds)
+        for profile, table in ((self.profile, self.target_cost), *self._draft_costs.values()):
+            profile.costs = dict(table.seconds)
+            profile.prefill = table.prefill_rate()  # at today's c(1); an implausible one is forgotten
+            table.prefill_scale = 1.0
+            profile.dirty = True
         for kind, acc in self._acceptance.items():
             self.profile.acceptance[self._entry(kind)] = [list(acc.at_risk), list(acc.rejected)]
-        for profile, table in self._draft_costs.values():
-            profile.costs = dict(table.seconds)
-            profile.dirty = True
-        self.profile.dirty = True
 
     # ------------------------------------------------------------------ what things cost
 
@@ -358,11 +378,7 @@ class Planner:
 
     def draft_cost(self, drafter: Drafter) -> CostTable:
         """A draft model's cost per level, from its profile."""
-        profile = self.profile_of(drafter.source)
-        found = self._draft_costs.get(profile.key)
-        if found is None:
-            found = self._draft_costs[profile.key] = (profile, CostTable(dict(profile.costs), lambda: profile.prefill))
-        return found[1]
+        return self._cost_table_of(self.profile_of(drafter.source))
 
     def _draft_level(self, drafter: Drafter) -> float:
         """Seconds per draft level: measured, else the target's c(1) scaled by the file sizes
@@ -374,7 +390,7 @@ class Planner:
         cost = self.target_cost(self._nodes[depth] + 1)
         if drafter.source is not None:  # a draft model: catch up on `lag` tokens, then `depth` levels
             level = self._draft_level(drafter)
-            per_token = self.profile_of(drafter.source).prefill or level / 3
+            per_token = self.draft_cost(drafter).prefill_rate() or level / 3
             cost += lag * per_token + depth * level
         return cost
 
@@ -418,7 +434,7 @@ class Planner:
         source = drafter.source
         level = self._draft_level(drafter)
         load = self.profile_of(source).load or 2.0 * source.file_bytes / 1e9  # ~2 s per GB here
-        prefill = prompt_tokens * (self.profile_of(source).prefill or level / 3)
+        prefill = prompt_tokens * (self.draft_cost(drafter).prefill_rate() or level / 3)
         best = min(self.step_cost(drafter, d, 0) / (d + 1) for d in range(1, self.shape.depth + 1))
         gain = remaining * (c1 - best)
         log.debug("draft model: best case %.1f ms/token vs %.1f, gain %.2f s vs load+prefill %.2f s",
@@ -482,5 +498,17 @@ class Planner:
         """A prompt prefill: the per-token rate of long batches (only long ones tell it)."""
         if n_tokens >= 32:
             rate = seconds / n_tokens
-            profile.prefill = rate if profile.prefill is None else (1 - EMA) * profile.prefill + EMA * rate
+            table = self._cost_table_of(profile)
+            known = table.prefill_rate()
+            profile.prefill = rate if known is None else (1 - EMA) * known + EMA * rate
+            table.prefill_scale = 1.0
             profile.dirty = True
+
+    def _cost_table_of(self, profile: Profile) -> CostTable:
+        """The cost table that prices passes of the model `profile` belongs to."""
+        if profile is self.profile:
+            return self.target_cost
+        found = self._draft_costs.get(profile.key)
+        if found is None:
+            found = self._draft_costs[profile.key] = (profile, CostTable(dict(profile.costs), lambda: profile.prefill))
+        return found[1]
