@@ -67,7 +67,8 @@ def test_passes_beyond_the_measured_ones_are_priced_optimistically() -> None:
 
 def test_the_prefill_rate_moves_with_c1_until_a_prefill_is_measured() -> None:
     """Like the recorded pass sizes, a recorded prefill rate follows c(1): recorded while c(1) was
-    0.060, it halves when c(1) does, and is written back at today's level."""
+    0.060, it halves when c(1) does, and is written back at today's level; once a prefill is
+    measured in this run it keeps its measurement."""
     profile = Profile("t", {})
     profile.costs, profile.prefill = {1: 0.060, 16: 0.40}, 0.020
     p = Planner(SimpleNamespace(file_bytes=1), Shape.chain(8), profiles=Profiles.in_memory(), profile=profile)
@@ -78,6 +79,8 @@ def test_the_prefill_rate_moves_with_c1_until_a_prefill_is_measured() -> None:
     assert profile.prefill == pytest.approx(0.010, rel=1e-3) and p.target_cost.prefill_scale == 1.0
     p.observe_prefill(profile, 64, 64 * 0.012)  # a measured prefill: mixed in at today's level
     assert profile.prefill == pytest.approx(0.8 * 0.010 + 0.2 * 0.012, rel=1e-3)
+    p.target_cost.observe(1, 0.020)  # measured now, it no longer follows c(1)
+    assert p.target_cost.prefill_rate() == pytest.approx(profile.prefill)
 
 
 class LineBeyond(CostTable):

@@ -79,6 +79,7 @@ class CostTable:
     seconds: dict[int, float] = field(default_factory=dict)
     prefill: Callable[[], float | None] = lambda: None  # seconds per token of a long prefill, as recorded
     prefill_scale: float = 1.0  # how c(1) moved since the prefill rate was recorded (it moves with it)
+    _prefill_measured: bool = field(default=False, repr=False)  # a prefill was measured since the table was made
     _sizes: list[int] = field(default_factory=list, repr=False)  # sorted keys of `seconds`
     _measured: set[int] = field(default_factory=set, repr=False)  # sizes observed since the table was made
 
@@ -94,10 +95,15 @@ class CostTable:
         self._measured.add(n)
         if n == 1 and old:
             scale = self.seconds[1] / old
-            self.prefill_scale *= scale
+            if not self._prefill_measured:
+                self.prefill_scale *= scale
             for m in self.seconds:
                 if m not in self._measured:
                     self.seconds[m] *= scale
+
+    def prefill_observed(self) -> None:
+        """The recorded prefill rate now holds a measurement taken at today's c(1)."""
+        self.prefill_scale, self._prefill_measured = 1.0, True
 
     def prefill_rate(self) -> float | None:
         """Seconds per token of a long prefill at today's c(1); None where unknown or implausible:
@@ -501,7 +507,7 @@ class Planner:
             table = self._cost_table_of(profile)
             known = table.prefill_rate()
             profile.prefill = rate if known is None else (1 - EMA) * known + EMA * rate
-            table.prefill_scale = 1.0
+            table.prefill_observed()
             profile.dirty = True
 
     def _cost_table_of(self, profile: Profile) -> CostTable:
