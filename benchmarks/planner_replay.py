@@ -11,8 +11,8 @@ lookup then decide every step as the engine does with the n-gram drafter (`--dra
 without a draft model), but a step's cost is read from the curve and its accepted tokens from
 the recorded answer, so a replay takes milliseconds and two planners can be compared on the
 same answers with no timing noise. A pass larger than the curve's largest size costs that
-size's cost plus the prefill rate per further token. "cold" starts from an empty profile (c(1), c(16) and the
-prefill rate known, as after a first run's prefill and first step); "warm" from the profile
+size's cost plus the prefill rate per further token. "cold" starts from an empty profile (c(1),
+c(16) and the prefill rate known, as after a first run's prefill and first step); "warm" from the profile
 that replaying every prompt `--warm-rounds` times in order leaves (acceptance counts capped
 between generations as the profile store caps them). The ceiling is head_to_head's oracle:
 every step drafts exactly the tokens the lookup gets right.
@@ -224,8 +224,7 @@ def population_policy(answers: Answers, cost: Callable[[int], float], max_tokens
     coordinate descent over SEARCH_DEPTHS finds, with the best geometric mean speedup over the set.
     Fitted on the answers it is then judged on, it is what a planner that decides by kind could
     reach if it knew how each kind fares over this set of prompts (not on the prompt at hand)."""
-    def seconds(policy: dict[str, int], kinds: set[str]) -> float:  # target seconds over the target alone's,
-        # geometric mean
+    def seconds(policy: dict[str, int], kinds: set[str]) -> float:  # the set's geometric mean of seconds / alone's
         logs = [math.log(replay(policy, prompt, output, cost, max_tokens, kinds=kinds).seconds / (len(output) * cost(1)))
                 for prompt, output in answers.values()]
         return math.exp(sum(logs) / len(logs))
