@@ -123,12 +123,13 @@ def step_server(ctx: Context) -> tuple[str, dict]:
 
     from localspec.config import GenerationConfig
     from localspec.server.app import create_app
+    from localspec.server.jobs import Pair
 
     messages = [{"role": "user", "content": "hello there"}]
     defaults = GenerationConfig.from_options(temperature=0.0, max_tokens=24, plan="fixed", num_draft_tokens=4,
                                              drafter="model")
     target, draft = ctx.model("f32_target", **EXACT), ctx.model("f32_draft", **EXACT)
-    app = create_app(target, draft, model_id="gpu-check", defaults=defaults)
+    app = create_app(Pair.adopting(target, draft, "gpu-check"), model_id="gpu-check", defaults=defaults)
     with serving(app) as url, httpx.Client(base_url=url, timeout=120) as http:
         models = http.get("/models").json()
         body = {"model": "gpu-check", "messages": messages}

@@ -1,5 +1,5 @@
 """``python -m localspec`` runs the command line, as the ``localspec`` command does."""
 
-from localspec.resident.client import main
+from localspec.cli import main
 
 main()

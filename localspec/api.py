@@ -26,9 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from localspec.config import GenerationConfig
+from localspec.config import GenerationConfig, PairOptions
 from localspec.decoding.drafters import make_drafters
-from localspec.decoding.engine import Engine, GenerationStats
+from localspec.decoding.engine import Engine
+from localspec.decoding.stats import GenerationStats
 from localspec.errors import ConfigError, PromptError
 from localspec.loading import load_model, load_pair
 from localspec.llama.model import Model
@@ -60,6 +61,9 @@ class Response:
     # on the last response: the calls the model made, each complete (finish_reason "tool_calls"),
     # or, with finish_reason "length", the calls it completed before the limit cut it off
     tool_calls: tuple[ToolCall, ...] = ()
+    # the token was drafted and accepted (a draft model's or an n-gram proposal's; not a token the
+    # grammar forced): where speculation paid (chat's /drafts and --show-drafts colour it)
+    drafted: bool = False
 
 
 def default_pair(*, draft_n_gpu_layers: int | None = None, draft_rpc: str | None = None,
@@ -67,7 +71,8 @@ def default_pair(*, draft_n_gpu_layers: int | None = None, draft_rpc: str | None
     """The default (target, draft) pair of the registry, fetched if needed. Options as for
     load_model; draft_n_gpu_layers defaults to n_gpu_layers; the draft stays on this machine
     unless draft_rpc names RPC servers for it (rpc= applies to the target)."""
-    loaded = load_pair(None, None, draft_n_gpu_layers=draft_n_gpu_layers, draft_rpc=draft_rpc, **options)
+    pair = PairOptions.from_flags({**options, "draft_n_gpu_layers": draft_n_gpu_layers, "draft_rpc": draft_rpc})
+    loaded = load_pair(None, None, pair)
     return loaded.target, loaded.draft
 
 
@@ -284,6 +289,17 @@ class Generation:
                 raise
             self._finish()
 
+    def prime(self) -> bool:
+        """The prompt into the target's cache and the prompt cache, without generating (a chat's
+        /save: the conversation's state is kept for --resume); whether the prompt cache holds it."""
+        with contextlib.ExitStack() as held:
+            for model in self._models:
+                held.enter_context(model.in_use())
+            held.callback(self.engine.close)
+            self._start()
+        cache = self.prompt_cache
+        return cache is not None and cache.keeps(self.target, len(self.prompt) - 1)
+
     @property
     def call_cut_off(self) -> bool:
         """Whether the answer ended inside a tool call (which is then not reported; the calls
@@ -330,18 +346,18 @@ class Generation:
                 finish = "stop" if last and scanner.stopped else engine.finish_reason if i == len(new) - 1 else None
                 if finish and not scanner.stopped:
                     text += scanner.flush()
-                yield self._response(text, tok, finish)
+                yield self._response(text, tok, finish, drafted=i < engine.speculated)
                 if finish:
                     return
 
-    def _response(self, text: str, token: int | None, finish: str | None) -> Response:
+    def _response(self, text: str, token: int | None, finish: str | None, drafted: bool = False) -> Response:
         """The Response of one token; with tools, its content and, at the end, the calls made
         (finish_reason "tool_calls" only when every call is complete; with "length", the calls
         completed before the limit: a call cut off is never reported, nor one completed lost)."""
         engine, parser = self.engine, self._parser
         satisfied = engine.constraint_satisfied if finish else None
         if parser is None:
-            return Response(text, token, finish, engine.stats(), satisfied, text)
+            return Response(text, token, finish, engine.stats(), satisfied, text, drafted=drafted)
         content = parser.push(token, text)
         calls: tuple[ToolCall, ...] = ()
         if finish:
@@ -350,7 +366,7 @@ class Generation:
                 finish, calls = "tool_calls", tuple(parser.calls)
             elif finish == "length":
                 calls = tuple(parser.calls)
-        return Response(text, token, finish, engine.stats(), satisfied, content, calls)
+        return Response(text, token, finish, engine.stats(), satisfied, content, calls, drafted)
 
 
 def _tool_parser(target: Model, prompt: Prompt, tools: ToolSet | None) -> ToolCallParser | None:

@@ -382,6 +382,23 @@ def _shape_from_options(base: Shape, num_draft_tokens: int | None = None, paths:
     return Shape(depth=depth, paths=(base.paths if base.branching is None else 1) if paths is None else paths)
 
 
+def describe_speculation(config: GenerationConfig, draft_name: str | None) -> str:
+    """What drafts, in words (chat's banner, serve's start-up line): `draft_name` is the draft
+    model's name, None without one."""
+    if config.is_target_alone(draft_name is not None):
+        return "the target alone (nothing drafted)"
+    s = config.shape
+    shape = (f"tree {'x'.join(map(str, s.branching))}" if s.branching
+             else f"k={s.depth}" + (f", {s.paths} paths" if s.paths > 1 else ""))
+    model = f"the draft model {draft_name}" if draft_name else ""
+    drafts = {"ngram": "n-gram drafts from the context",
+              "model": model,
+              "hybrid": f"n-gram drafts and {model}",
+              "auto": "n-gram drafts from the context" + (f", {model} where it pays" if model else
+                                                          " (no draft model)")}[config.drafter]
+    return f"{drafts}; verifier {config.verifier}, {shape}, plan {config.plan}"
+
+
 DEFAULTS = GenerationConfig()
 SETTING_KEYS: tuple[str, ...] = tuple(DEFAULTS.options())  # every setting's keyword (CLI flags, request fields)
 
@@ -392,6 +409,8 @@ SETTING_KEYS: tuple[str, ...] = tuple(DEFAULTS.options())  # every setting's key
 @dataclass(frozen=True)
 class ModelOptions:
     """How to load a model and size its context (keyword names of ``localspec.load_model``)."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # a resident service validates requests with pydantic
 
     ctx_size: int = 4096  # context length in tokens (KV cells, shared by all sequences)
     batch_size: int = 512  # most tokens one decode may take
@@ -444,3 +463,37 @@ class ModelOptions:
 
 
 MODEL_DEFAULTS = ModelOptions()
+LOAD_FLAGS: tuple[str, ...] = ("ctx_size", "n_gpu_layers", "draft_n_gpu_layers", "threads", "cache_type", "load_mode",
+                               "cpu_kernels", "rpc", "draft_rpc")  # the CLI's flags that say how a pair loads
+
+
+@dataclass(frozen=True)
+class PairOptions:
+    """How a target and its draft load: one ModelOptions each. The draft's are the target's, on
+    this machine unless ``draft_rpc`` names servers for it, with its own GPU layers when
+    ``draft_n_gpu_layers`` is given (:meth:`from_flags`)."""
+
+    __pydantic_config__ = {"extra": "forbid"}
+
+    target: ModelOptions = MODEL_DEFAULTS
+    draft: ModelOptions = MODEL_DEFAULTS
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.target, ModelOptions) and isinstance(self.draft, ModelOptions), "options",
+                "a pair's options are two ModelOptions (the target's and the draft's)")
+
+    @classmethod
+    def from_flags(cls, options: Mapping[str, Any]) -> "PairOptions":
+        """The options of the load keywords (LOAD_FLAGS and ModelOptions' names; None: the
+        default): ConfigError naming a bad one."""
+        own = {k: v for k, v in options.items() if k not in ("draft_n_gpu_layers", "draft_rpc")}
+        target = ModelOptions.from_options(own)
+        draft = replace(target, rpc=parse_endpoints(options.get("draft_rpc")))
+        if options.get("draft_n_gpu_layers") is not None:
+            draft = replace(draft, n_gpu_layers=options["draft_n_gpu_layers"])
+        return cls(target, draft)
+
+    @property
+    def remote(self) -> bool:
+        """Whether either model puts layers on RPC servers."""
+        return bool(self.target.rpc or self.draft.rpc)

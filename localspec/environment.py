@@ -20,6 +20,8 @@ LOCALSPEC_LLAMA_LOG           boolean: llama.cpp's log at debug level (with -vv)
 LOCALSPEC_KEEP_ALIVE          duration the models stay loaded in a resident         5m
                               service after a call (``--keep-alive``): 30s, 5m,
                               1h, 1h30m (0 = never)
+LOCALSPEC_MAX_LOADED          most pairs the resident service keeps loaded at once  3
+                              (the idle one used least recently is unloaded first)
 ============================  ====================================================  ================
 
 Read by the command line as the default of a flag (click; a bad value is reported as the flag's,
@@ -171,6 +173,14 @@ def parse_words(text: str, name: str, param: str | None = None) -> list[str]:
                       param) from None
 
 
+def parse_count(text: str, name: str, param: str | None = None) -> int:
+    """A whole number of at least 1 (1, 3, 10)."""
+    value = text.strip()
+    if not value.isascii() or not value.isdigit() or len(value) > 9 or int(value) < 1:
+        raise _refuse(name, text, "is not a whole number of at least 1; use e.g. 1 or 3", param)
+    return int(value)
+
+
 def _text(text: str, name: str, param: str | None = None) -> str:
     return text
 
@@ -207,6 +217,7 @@ VARIABLES: dict[str, Variable] = _variables(
     Variable("LOCALSPEC_LLAMA_LOG", parse_bool, False, "llama.cpp's log lines at debug level"),
     Variable("LOCALSPEC_KEEP_ALIVE", parse_duration, 300.0,
              "how long a resident service keeps the models loaded after a call (0 = never)", "--keep-alive"),
+    Variable("LOCALSPEC_MAX_LOADED", parse_count, 3, "most model pairs the resident service keeps loaded at once"),
     Variable("LOCALSPEC_MODEL", _text, None, "target model (GGUF path or registry name)", "--model"),
     Variable("LOCALSPEC_DRAFT", _text, None, "draft model (GGUF path, registry name or none)", "--draft"),
     Variable("LOCALSPEC_CACHE_TYPE", _text, None, "KV cache type", "--cache-type"),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localspec.config import ModelOptions
+from localspec.config import ModelOptions, PairOptions
 
 if TYPE_CHECKING:
     from localspec.llama.model import Model
@@ -78,48 +78,36 @@ def pair_names(model: str | None, draft: str | None) -> PairNames:
     return PairNames(target, draft_name, draft_name == pair.draft and target == pair.target)
 
 
-def draft_options(options: dict, draft_n_gpu_layers: int | None, draft_rpc: str | None) -> dict:
-    """The draft's load options: the target's, on this machine unless draft_rpc names servers,
-    with its own GPU layers when given."""
-    out = dict(options, rpc=draft_rpc)
-    if draft_n_gpu_layers is not None:
-        out["n_gpu_layers"] = draft_n_gpu_layers
-    return out
-
-
-def load_draft(names: PairNames, options: dict, lazy: bool) -> Any:
+def load_draft(names: PairNames, options: ModelOptions, lazy: bool) -> Any:
     """The draft model of `names` (fetched if needed): a Model, or a LazyModel loaded on first use."""
     from localspec.llama import registry
     from localspec.llama.lazy import LazyModel
+    from localspec.llama.model import Model
 
     assert names.draft is not None
-    if lazy:
-        return LazyModel(registry.resolve(names.draft), ModelOptions.from_options(options), names.paired)
-    return load_model(names.draft, **options)
+    path = registry.resolve(names.draft)
+    return LazyModel(path, options, names.paired) if lazy else Model(path, options)
 
 
-def load_pair(model: str | None, draft: str | None, *, draft_n_gpu_layers: int | None = None,
-              draft_rpc: str | None = None, need_draft: bool = True, lazy_draft: bool = False,
-              grammar: bool = False, **options: Any) -> Loaded:
-    """Load the target and the draft the options name (options: those of localspec.load_model).
-    lazy_draft: the draft is fetched if needed but loaded only when the planner wants it.
-    grammar: a constrained generation follows; the target's grammar tokenizer is built from its
-    vocabulary while its weights load."""
+def load_pair(model: str | None, draft: str | None, options: PairOptions = PairOptions(), *,
+              need_draft: bool = True, lazy_draft: bool = False, grammar: bool = False) -> Loaded:
+    """Load the target and the draft -m/-d name, as `options` say. lazy_draft: the draft is
+    fetched if needed but loaded only when the planner wants it. grammar: a constrained
+    generation follows; the target's grammar tokenizer is built from its vocabulary while its
+    weights load."""
     from localspec.llama import registry
+    from localspec.llama.model import Model
 
-    ModelOptions.from_options(options)  # bad options are reported before anything loads
     names = pair_names(model, draft)
     t0 = time.perf_counter()
     if grammar:
         from localspec.decoding.tokenizer import prestart_tokenizer
 
         prestart_tokenizer(registry.resolve(names.target))
-    target = load_model(names.target, **options)
+    target = Model(registry.resolve(names.target), options.target)
     t1 = time.perf_counter()
     try:
-        dm = None
-        if names.draft and need_draft:
-            dm = load_draft(names, draft_options(options, draft_n_gpu_layers, draft_rpc), lazy_draft)
+        dm = load_draft(names, options.draft, lazy_draft) if names.draft and need_draft else None
     except BaseException:
         target.close()
         raise

@@ -12,6 +12,7 @@ from localspec import environment
 
 CACHE_ENV = "LOCALSPEC_CACHE_DIR"
 RUNTIME_ENV = "XDG_RUNTIME_DIR"
+PROMPT_CACHE_ENV = "LOCALSPEC_PROMPT_CACHE"  # a directory, or "off"
 
 
 def cache_root() -> Path:
@@ -36,3 +37,17 @@ def runtime_dir() -> Path:
     if runtime and os.path.isabs(runtime):
         return Path(runtime) / "localspec"
     return cache_root() / "run"
+
+
+def prompt_cache_setting(value: str | os.PathLike | None = None) -> Path | bool | None:
+    """What a prompt-cache setting names: a directory, False ("off"), or None (the default:
+    <cache root>/prompts); None as `value` reads LOCALSPEC_PROMPT_CACHE (ConfigError for a bad one)."""
+    if value is None:  # the environment's (an empty variable is unset)
+        return environment.get(PROMPT_CACHE_ENV)
+    if str(value).strip() == "":
+        return False
+    return environment.parse_dir_or_off(os.fsdecode(value), "prompt_cache", "prompt_cache")
+
+
+def default_prompt_cache() -> Path:
+    return cache_root() / "prompts"

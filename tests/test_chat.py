@@ -18,10 +18,12 @@ from typing import Callable, Iterator
 import pytest
 from click.testing import CliRunner
 
-from localspec.api import Response, generate
+from localspec.api import generate
 from localspec.cli import chat as chat_module, cli
+from localspec.cli.chat_commands import Session
 from localspec.config import GenerationConfig
-from localspec.decoding.engine import GenerationStats
+from localspec.core.calls import Done, Text
+from localspec.decoding.stats import GenerationStats
 from localspec.llama.model import Model
 
 import tiny_models as tiny
@@ -316,30 +318,40 @@ def _stats(n: int) -> GenerationStats:
     return GenerationStats(3, n, n, 0, 0, 0.0, 0.01 * n, 0.0, 0.0, 0.0, ())
 
 
+class FakeCall:
+    """A call whose events are a reply of up to 100 words; Ctrl-C (its cancel) ends it at the next word."""
+
+    resident = False
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        self.reason = reason
+
+    def events(self) -> Iterator[object]:
+        for i in range(100):
+            if i == 3:
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: only stops the call
+            if self.reason is not None:
+                yield Done(model="t", finish_reason=None, stats=_stats(i), stopped=self.reason)
+                return
+            yield Text(f"w{i} ", drafted=i % 2 == 1)
+        yield Done(model="t", finish_reason="length", stats=_stats(100))
+
+
 def test_interrupted_reply_is_kept_and_marked(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    """SIGINT mid-reply: the generator is closed between tokens; the partial reply stays."""
-    closed = []
-
-    def fake_stream(target, draft, history, config, profiles=None, prompt_cache=None) -> Iterator[Response]:
-        try:
-            for i in range(100):
-                if i == 3:
-                    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: only sets the flag
-                yield Response(f"w{i} ", i, None, _stats(i + 1))
-        except GeneratorExit:
-            closed.append(True)
-            raise
-
-    monkeypatch.setattr("localspec.api.stream_generate", fake_stream)
-    loaded = chat_module.Loaded(target=None, draft=None, target_name="t")
-    session = chat_module.Session("sys")
+    """SIGINT mid-reply: the call stops between tokens; the partial reply stays, marked."""
+    session = Session("sys", config=GenerationConfig(max_tokens=100))
+    call = FakeCall()
+    monkeypatch.setattr(Session, "call", lambda self, kind, prompt, config=None: call)
     before = signal.getsignal(signal.SIGINT)
-    chat_module._turn("hi", session, loaded, GenerationConfig(max_tokens=100))
-    assert closed == [True]
+    chat_module._turn("hi", session)
+    assert call.reason == "interrupted"
     assert session.history[0] == {"role": "system", "content": "sys"}
     assert session.history[1] == {"role": "user", "content": "hi"}
-    assert session.history[2] == {"role": "assistant", "content": "w0 w1 w2 w3 ", "interrupted": True}
-    assert session.last_stats.generated_tokens == 4
+    assert session.history[2] == {"role": "assistant", "content": "w0 w1 w2 ", "interrupted": True}
+    assert session.last_stats.generated_tokens == 3
     assert "[interrupted" in capsys.readouterr().err
     session.reset()
     assert session.history == [{"role": "system", "content": "sys"}]

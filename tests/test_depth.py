@@ -10,7 +10,7 @@ import pytest
 from localspec.api import stream_generate
 from localspec.config import ModelOptions, Shape
 from localspec.decoding.depth import LIMITS, batch_depth, step_depth
-from localspec.decoding.engine import GenerationStats, combine
+from localspec.decoding.stats import GenerationStats, combine
 from localspec.llama.model import Model
 
 from conftest import EXACT, load

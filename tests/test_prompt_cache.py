@@ -309,6 +309,7 @@ def test_server_conversations_in_turn_restore_from_memory(model: Model, tmp_path
 
     from localspec.server import ServerLimits
     from localspec.server.app import create_app
+    from localspec.server.jobs import Pair
 
     def ask(client: TestClient, doc: str, key: str | None = None) -> int:
         r = client.post("/v1/completions", json={"prompt": doc + QUESTIONS[0], "max_tokens": 2, "temperature": 0},
@@ -318,12 +319,12 @@ def test_server_conversations_in_turn_restore_from_memory(model: Model, tmp_path
 
     a, b = "# a\n" + DOC, "# b\n" + DOC.replace("add", "mul")
     cache = PromptCache(tmp_path, memory=64 << 20)
-    with TestClient(create_app(model, None, model_id="tiny", prompt_cache=cache)) as client:
+    with TestClient(create_app(Pair.adopting(model, None, "tiny", prompt_cache=cache), model_id="tiny")) as client:
         assert ask(client, a) == 0 and ask(client, b) < 32  # b shares only a few tokens with a
         cache.clear()  # the disk entries are gone: what follows comes from memory
         assert ask(client, a) >= 32 and ask(client, b) >= 32
     keyed = PromptCache(tmp_path, memory=0, namespace="sekret")
-    with TestClient(create_app(model, None, model_id="tiny", prompt_cache=keyed,
+    with TestClient(create_app(Pair.adopting(model, None, "tiny", prompt_cache=keyed), model_id="tiny",
                                limits=ServerLimits(api_key="sekret"))) as client:
         model.clear()
         assert ask(client, a, "sekret") == 0  # the keyless server's entries are not this key's

@@ -163,8 +163,9 @@ def test_the_server_answers_the_extremes_not_500(tiny_target: Model) -> None:
     from starlette.testclient import TestClient
 
     from localspec.server.app import create_app
+    from localspec.server.jobs import Pair
 
-    app = create_app(tiny_target, None, model_id="tiny")
+    app = create_app(Pair.adopting(tiny_target, None, "tiny"), model_id="tiny")
     with TestClient(app) as client:
         for fields in ({"top_p": MIN_PROBABILITY, "min_p": MIN_PROBABILITY}, {"temperature": MIN_TEMPERATURE},
                        {"temperature": MAX_TEMPERATURE, "top_k": INT32_MAX}):

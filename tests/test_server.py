@@ -28,7 +28,10 @@ from openai import OpenAI
 from localspec.cli import cli
 from localspec.config import GenerationConfig
 from localspec.llama.model import Model
-from localspec.server import ServerLimits, schemas, worker
+from localspec.server import ServerLimits, jobs, schemas
+from localspec.core.residency import Cancel, Residency
+from localspec.core.status import PairStatus
+from localspec.loading import Loaded
 from localspec.server.app import create_app
 from localspec.server.run import bind_socket, uvicorn_config
 import tiny_models as tiny
@@ -52,9 +55,9 @@ TIMEOUT = 30.0
 
 
 class Served:
-    def __init__(self, url: str, worker: worker.ModelWorker) -> None:
+    def __init__(self, url: str, pair: jobs.Pair) -> None:
         self.url = url
-        self.worker = worker
+        self.pair = pair
         # the server closes a connection idle for header_timeout (1 s here): the clients must
         # not reuse one that old, or a request can race the close (as with any keep-alive server)
         pool = httpx.Limits(keepalive_expiry=LIMITS.header_timeout / 2)
@@ -62,17 +65,29 @@ class Served:
         self.openai = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=TIMEOUT,
                              http_client=httpx.Client(timeout=TIMEOUT, limits=pool))
 
+    def pair_status(self) -> PairStatus:
+        (pair,) = self.pair.residency.status().pairs
+        return pair
+
+    def wait_idle(self, calls: int) -> None:
+        """Until a generation that began with `calls` calls served has ended (its client left)."""
+        deadline = time.monotonic() + TIMEOUT
+        while (state := self.pair_status()).calls == calls or state.state != "idle":
+            assert time.monotonic() < deadline, "the generation of a disconnected client kept running"
+            time.sleep(0.01)
+
 
 @contextlib.contextmanager
 def serving(target: Model, draft: Model) -> Iterator[Served]:
     """uvicorn serving these models on a free port, in a background thread (closes them after)."""
-    app = create_app(target, draft, model_id="tiny-pair", defaults=DEFAULTS, limits=LIMITS)
+    residency = Residency()
+    pair = jobs.Pair(residency, residency.adopt(Loaded(target, draft, "tiny-pair")), LIMITS.max_queue)
+    app = create_app(pair, model_id="tiny-pair", defaults=DEFAULTS, limits=LIMITS)
     with uvicorn_thread(app, LIMITS) as url:
-        s = Served(url, app.state.worker)
+        s = Served(url, pair)
         yield s
         s.http.close()
-    target.close()
-    draft.close()
+    assert residency.close(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -374,7 +389,7 @@ def test_internal_errors_are_json_500(served: Served, monkeypatch: pytest.Monkey
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
         assert "Traceback" not in r.text
     with monkeypatch.context() as m:
-        m.setattr(worker, "Generation", BrokenGeneration)
+        m.setattr(jobs, "Generation", BrokenGeneration)
         r = served.http.post("/completions", json=body)
         assert r.status_code == 500 and "engine bug" in r.json()["error"]["message"]
     assert any("generation failed" in rec.message for rec in caplog.records)
@@ -386,7 +401,7 @@ def test_internal_errors_are_json_500(served: Served, monkeypatch: pytest.Monkey
 
 def test_disconnect_mid_stream_stops_generation(served: Served, tiny_target: Model) -> None:
     max_tokens = CTX - 100  # far more than one chunk: the generation must be cut short
-    stopped = served.worker.stopped_early
+    calls = served.pair_status().calls
     body = {"prompt": PROMPT, "max_tokens": max_tokens, "stream": True, "num_draft_tokens": 0}
     with httpx.Client(base_url=served.url, timeout=TIMEOUT) as client:
         with client.stream("POST", "/completions", json=body) as r:
@@ -395,11 +410,9 @@ def test_disconnect_mid_stream_stops_generation(served: Served, tiny_target: Mod
             assert next(lines).startswith("data: {")
             # the event loop answers while the model generates
             health = served.http.get(served.url.removesuffix("/v1") + "/health", timeout=5).json()
-            assert health["busy"] is True and health["model"] == "tiny-pair"
-    deadline = time.monotonic() + TIMEOUT
-    while served.worker.stopped_early == stopped or served.worker.busy.locked():
-        assert time.monotonic() < deadline, "the generation of a disconnected client kept running"
-        time.sleep(0.01)
+            (pair,) = health["pairs"]  # the core's status, as `localspec ps` shows it
+            assert pair["state"] == "busy" and pair["name"] == "tiny-pair" and health["pid"] == os.getpid()
+    served.wait_idle(calls)
     # the lock is free and the caches are reusable: the next request is lossless
     r = served.openai.completions.create(model="x", prompt=PROMPT, max_tokens=N, temperature=0, timeout=10)
     same_greedy(tiny_target, PROMPT, r.choices[0].text)
@@ -407,14 +420,11 @@ def test_disconnect_mid_stream_stops_generation(served: Served, tiny_target: Mod
 
 def test_disconnect_non_streaming(served: Served, tiny_target: Model) -> None:
     """A non-streaming client that gives up (a timeout) does not keep the model busy."""
-    stopped = served.worker.stopped_early
+    calls = served.pair_status().calls
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(served.url + "/completions", timeout=0.1,
                    json={"prompt": PROMPT, "max_tokens": CTX - 100, "num_draft_tokens": 0})
-    deadline = time.monotonic() + TIMEOUT
-    while served.worker.stopped_early == stopped or served.worker.busy.locked():
-        assert time.monotonic() < deadline, "the generation of a disconnected client kept running"
-        time.sleep(0.01)
+    served.wait_idle(calls)
 
 
 def test_concurrent_clients(served: Served, tiny_target: Model) -> None:
@@ -704,35 +714,39 @@ def test_keep_alive_requests_are_not_delayed(served: Served) -> None:
     assert median < 0.020, f"median keep-alive request {median * 1e3:.1f} ms"
 
 
-def test_a_full_queue_is_refused(tiny_target: Model) -> None:
-    import asyncio
-
+def test_a_full_queue_is_refused(tiny_paths: tuple[Path, Path]) -> None:
+    """The pair's queue on the core is bounded: past max_queue waiting calls, a 503 at once."""
     from localspec.errors import RequestError
 
-    w = worker.ModelWorker(tiny_target, None, max_queue=1)
-    loop = asyncio.new_event_loop()
-    jobs = [worker.Job(PROMPT, DEFAULTS, loop) for _ in range(3)]
-    for job in jobs:
-        job.cancel.set()  # nothing is generated: only the queue is under test
-    with w.busy:  # the worker thread takes the first job and waits for the models
-        w.submit(jobs[0])
+    residency = Residency()
+    spec = residency.adopt(Loaded(load(tiny_paths[0]), None, "t"))
+    waited: list[bool] = []
+
+    def wait_turn() -> None:
+        with residency.lease(spec, Cancel(), max_queue=1):
+            waited.append(True)
+
+    with residency.lease(spec, Cancel(), max_queue=1):  # this call has the pair
+        second = threading.Thread(target=wait_turn)
+        second.start()
         deadline = time.monotonic() + 5
-        while w.pending():
+        while residency.status().pairs[0].queued != 1:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        w.submit(jobs[1])  # waits in the queue
         with pytest.raises(RequestError, match="the server is busy: 1 requests are waiting") as info:
-            w.submit(jobs[2])
+            with residency.lease(spec, Cancel(), max_queue=1):
+                pass
         assert info.value.status == 503
-    assert w.close(timeout=10)
-    loop.close()
+    second.join(10)
+    assert waited == [True]  # the one that waited had its turn
+    assert residency.close(timeout=10)
 
 
 def test_api_key_is_required_when_given(tiny_target: Model) -> None:
     import openai
     from starlette.testclient import TestClient
 
-    app = create_app(tiny_target, None, model_id="tiny", limits=ServerLimits(api_key="sekret"))
+    app = create_app(jobs.Pair.adopting(tiny_target, None, "tiny"), model_id="tiny", limits=ServerLimits(api_key="sekret"))
     with TestClient(app) as client:
         r = client.get("/v1/models")
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
@@ -801,7 +815,7 @@ def test_api_key_scheme_and_encoding(tiny_paths: tuple[Path, Path]) -> None:
     from starlette.testclient import TestClient
 
     key = "clé-секрет"
-    app = create_app(load(tiny_paths[0]), None, model_id="tiny", defaults=DEFAULTS,
+    app = create_app(jobs.Pair.adopting(load(tiny_paths[0]), None, "tiny"), model_id="tiny", defaults=DEFAULTS,
                      limits=ServerLimits(api_key=key))
     with TestClient(app) as client:
         for scheme in ("Bearer", "bearer", "BEARER"):

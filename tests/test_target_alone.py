@@ -14,7 +14,8 @@ from localspec.cli import cli
 from localspec.config import GenerationConfig
 from localspec.decoding.drafters import NGramDrafter, make_drafters
 from localspec.llama.model import Model
-from localspec.cli.report import describe_speculation, format_stats
+from localspec.cli.report import format_stats
+from localspec.config import describe_speculation
 
 REPEATS = "def add(a, b): return a + b. def add(a, b): return a + b. def add(a, b): return"
 

@@ -153,8 +153,9 @@ def test_request_bodies_keep_their_nul(tiny_target: Model) -> None:
     from starlette.testclient import TestClient
 
     from localspec.server.app import create_app
+    from localspec.server.jobs import Pair
 
-    app = create_app(tiny_target, None, model_id="tiny")
+    app = create_app(Pair.adopting(tiny_target, None, "tiny"), model_id="tiny")
     with TestClient(app) as client:
         chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": TEXT}],
                                                           "max_tokens": 1, "stop": ["\0"]})

@@ -45,6 +45,7 @@ from localspec.llama.model import Model
 from localspec.prompt import chat_tokens
 from localspec.server import ServerLimits
 from localspec.server.app import create_app
+from localspec.server.jobs import Pair
 from localspec.tool_calls import ToolCallParser, call_tokens
 from localspec.tools import JsonCalls, ToolSet
 import tiny_models as tiny
@@ -232,7 +233,7 @@ DEFAULTS = GenerationConfig.from_options(temperature=1.0, max_tokens=200, plan="
 def serving(target_path: Path, draft_path: Path) -> Iterator[Served]:
     """uvicorn serving the pair (its own instances) on a free port, in a background thread."""
     with load_model(target_path, **EXACT) as t, load_model(draft_path, **EXACT) as d:
-        app = create_app(t, d, model_id="tiny-tools", defaults=DEFAULTS, limits=ServerLimits())
+        app = create_app(Pair.adopting(t, d, "tiny-tools"), model_id="tiny-tools", defaults=DEFAULTS, limits=ServerLimits())
         with uvicorn_thread(app, ServerLimits()) as url:
             served = Served(url)
             try:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from localspec.cli.options import model_kwargs, model_options, user_errors
+from localspec.cli.options import model_options, pair_options, user_errors
 from localspec.config import DEFAULT_SAMPLING, DRAFTERS, PLANS, VERIFIERS, SamplingParams, Shape
 from localspec.errors import ConfigError
 from localspec.loading import load_pair
@@ -130,7 +130,7 @@ def bench(model: str | None, draft: str | None, verifiers: tuple[str, ...], shap
                              plan=plan, max_tokens=max_tokens, repeat=repeat, seed=seed,
                              sampling=SamplingParams(DEFAULT_SAMPLING.temperature, top_k, top_p, min_p), chat=chat)
     _check_plotting()
-    loaded = load_pair(model, draft, need_draft=any(d != "ngram" for d in drafters), **model_kwargs(options))
+    loaded = load_pair(model, draft, pair_options(options), need_draft=any(d != "ngram" for d in drafters))
     try:
         _, notes = run_matrix(settings, limits(loaded.target), loaded.draft is not None)
         for note in notes:

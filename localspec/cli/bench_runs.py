@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from localspec.config import DEFAULT_SAMPLING, GenerationConfig, SamplingParams, Shape
-from localspec.decoding.engine import GenerationStats, combine
+from localspec.decoding.stats import GenerationStats, combine
 from localspec.errors import BenchError, ConfigError, DependencyError
 
 

@@ -1,40 +1,43 @@
 """``localspec chat``: a multi-turn conversation in the terminal, with speculative decoding.
 
-The conversation is rendered with the model's own chat template every turn; the target's and
-draft's KV caches keep the shared prefix, so a new turn only decodes what is new.
+The chat runs here, in the command line, as ollama's does: it reads the user's lines (with line
+editing in a terminal), keeps the conversation and its commands, and makes one call per reply,
+to the resident service (which keeps the pair loaded between replies, so other calls on it run
+between two of this chat's) or, with ``--keep-alive 0``, in this process. The conversation is
+rendered with the model's own chat template every turn; the KV cache keeps the shared prefix, so
+a new turn only decodes what is new.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-import signal
 import sys
-import threading
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
+from localspec.cli import calls, render
+from localspec.cli.chat_commands import Session, note, run_command
+from localspec.cli.chat_store import load_chat
 from localspec.cli.options import (
     constraint_options,
-    keep_alive_option,
-    prompt_cache_option,
     generation_config,
+    keep_alive_option,
     model_options,
+    pair_options,
+    prompt_cache_option,
     sampling_options,
     spec_options,
     user_errors,
 )
 from localspec.config import GenerationConfig
-from localspec.errors import ConfigError
+from localspec.core.calls import Done, Failed, Note, Prompt, Ready, Text
+from localspec.errors import ConfigError, ModelError
 from localspec.files import TEXT_LIMIT, mib
-from localspec.loading import Loaded
-from localspec.decoding.profiles import Profiles
-from localspec.cli.chat_commands import Session, note, run_command
-from localspec.cli.chat_store import load_chat
-from localspec.cli.report import describe_speculation
-from localspec.cli import resources
+from localspec.loading import draft_loading
 
 log = logging.getLogger(__name__)
 
@@ -54,64 +57,44 @@ class ChatReply:
     stats: Any
     interrupted: bool
     constraint_satisfied: bool | None = None  # with a constraint: whether the reply is a complete answer
+    error: ModelError | None = None  # the conversation no longer fits, or the context filled mid-reply
+    done: Done | None = None
 
 
-# ---------------------------------------------------------------- Ctrl-C while streaming
-
-
-@dataclass
-class _Interrupt:
-    requested: bool = False  # Ctrl-C was pressed while streaming
-
-
-@contextlib.contextmanager
-def deferred_interrupt() -> Iterator[_Interrupt]:
-    """While streaming, the first Ctrl-C only sets a flag (the reply stops cleanly after the
-    current step, keeping the KV caches reusable); a second one interrupts at once."""
-    flag = _Interrupt()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        if flag.requested:
-            raise KeyboardInterrupt
-        flag.requested = True
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield flag
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def stream_reply(loaded: Loaded, history: list[dict], config: GenerationConfig,
-                 write: Callable[[str], None], profiles: Profiles, prompt_cache: Any = None) -> ChatReply:
-    """Stream the assistant's next message to `write`; Ctrl-C stops it early."""
-    from localspec.api import stream_generate
+def follow_reply(call: Any, write: Any, config: GenerationConfig) -> ChatReply:
+    """Stream a reply's text to `write(text, drafted)`. Ctrl-C stops it after the current step
+    (the partial reply is kept); SIGTERM too, and then the chat ends (Terminated, raised after)."""
+    from localspec.resident.client import ServiceLost
 
     parts: list[str] = []
-    last = None
-    interrupted = False
-    stream = stream_generate(loaded.target, loaded.draft, history, config, profiles=profiles,
-                             prompt_cache=prompt_cache or False)
-    with deferred_interrupt() as flag:
+    done: Done | None = None
+    with render.stopping(call, lambda: True, leave=False):
         try:
-            for r in stream:
-                last = r
-                if r.text:
-                    parts.append(r.text)
-                    write(r.text)
-                if flag.requested and r.finish_reason is None:
-                    interrupted = True
-                    break
-        except KeyboardInterrupt:  # the second Ctrl-C, or one before the first token
-            interrupted = True
-        finally:
-            stream.close()  # between steps: the engine records its KV caches for reuse
-            profiles.save()
-    return ChatReply("".join(parts), last.finish_reason if last else None, last.stats if last else None, interrupted,
-                 last.constraint_satisfied if last else None)
+            for event in call.events():
+                if isinstance(event, Note):
+                    note(event.text)
+                elif isinstance(event, Text):
+                    parts.append(event.text)
+                    write(event.text, event.drafted)
+                elif isinstance(event, Failed):
+                    error = calls.error_of(event, config=config)
+                    if not isinstance(error, ModelError):
+                        raise error
+                    return ChatReply("", None, None, False, error=error)
+                elif isinstance(event, Done):
+                    done = event
+        except ServiceLost:
+            sys.exit(render.service_lost())
+    assert done is not None
+    if done.error is not None:
+        error = calls.error_of(done.error, config=config)
+        if not isinstance(error, ModelError):
+            raise error
+        return ChatReply("".join(parts), None, None, False, error=error)
+    if done.stopped == "terminated":
+        raise render.Terminated()
+    return ChatReply("".join(parts), done.finish_reason, done.stats, done.stopped is not None,
+                     done.constraint_satisfied, done=done)
 
 
 # ---------------------------------------------------------------- input
@@ -134,7 +117,7 @@ def read_line(prompt: str) -> str:
     line that is not UTF-8 is refused alone, the next one is read normally)."""
     try:
         if _interactive():
-            return resources.current().input(prompt)
+            return input(prompt)
         click.echo(prompt, nl=False, err=True)
         stream = getattr(sys.stdin, "buffer", None)
         raw = stream.readline(TEXT_LIMIT + 1) if stream is not None else sys.stdin.readline(TEXT_LIMIT + 1).encode()
@@ -160,32 +143,30 @@ def read_message() -> str:
 # ---------------------------------------------------------------- the loop
 
 
-def _context_note(loaded: Loaded) -> str:
-    return f"the context is full ({loaded.target.n_ctx} tokens); /reset to start over, or use a larger --ctx-size"
+def _context_note(session: Session) -> str:
+    return (f"the context is full ({session.ready.n_ctx} tokens); /reset to start over, or use a larger "
+            "--ctx-size")
 
 
-def _turn(text: str, session: Session, loaded: Loaded, config: GenerationConfig) -> None:
+def _turn(text: str, session: Session) -> None:
     """Send one user message and stream the reply."""
-    from localspec.errors import ModelError
-
     session.history.append({"role": "user", "content": text})
-    turn = config if config.seed is None else replace(config, seed=(config.seed + len(session.replies)) % 2**64)
-
+    config = session.config
+    seed = None if config.seed is None else (config.seed + len(session.replies)) % 2**64
+    turn = config if seed is None else dataclasses.replace(config, seed=seed)
     written: list[str] = []
 
-    def write(piece: str) -> None:
+    def write(piece: str, drafted: bool) -> None:
         written.append(piece)
-        click.echo(piece, nl=False)
-        sys.stdout.flush()
+        render.write_text(piece, drafted, session.show_drafts)
 
-    try:
-        reply = stream_reply(loaded, session.history, turn, write, session.profiles, session.prompt_cache)
-    except ModelError as exc:  # the conversation no longer fits, or the context filled mid-step
+    reply = follow_reply(session.call("generate", Prompt(messages=list(session.history)), turn), write, config)
+    if reply.error is not None:  # the conversation no longer fits, or the context filled mid-step
         session.history.pop()
         if written:
             click.echo("")
-        note(f"error: {exc}")
-        note(_context_note(loaded) if "context" in str(exc) else "the message was not added to the history")
+        note(f"error: {reply.error}")
+        note(_context_note(session) if "context" in str(reply.error) else "the message was not added to the history")
         return
     click.echo("")
     message: dict = {"role": "assistant", "content": reply.text}
@@ -195,23 +176,22 @@ def _turn(text: str, session: Session, loaded: Loaded, config: GenerationConfig)
     session.history.append(message)
     if reply.stats is not None:
         session.replies.append(reply.stats)
+        session.last = reply.done
     if reply.finish_reason == "length" and not reply.interrupted:
         if reply.stats is not None and reply.stats.generated_tokens < config.max_tokens:
-            note(_context_note(loaded))
+            note(_context_note(session))
         else:
             note(f"[reply cut at --max-tokens {config.max_tokens}]")
     if config.constraint is not None and reply.constraint_satisfied is False:
         note(f"[the reply is incomplete: it does not match {config.constraint.describe()}]")
 
 
-def _banner(loaded: Loaded, config: GenerationConfig) -> str:
-    target = loaded.target.name
-    how = describe_speculation(config, loaded.draft.name if loaded.draft is not None else None)
-    return (f"localspec chat: {target}, {how}, context {loaded.target.n_ctx} tokens\n"
+def _banner(ready: Ready) -> str:
+    return (f"localspec chat: {ready.model}, {ready.speculation}, context {ready.n_ctx} tokens\n"
             "/help for commands, /exit to leave")
 
 
-def chat_loop(session: Session, loaded: Loaded, config: GenerationConfig) -> None:
+def chat_loop(session: Session) -> None:
     """Read messages and commands until /exit, EOF, or Ctrl-C twice at the prompt."""
     pending_interrupt = False
     while True:
@@ -223,6 +203,8 @@ def chat_loop(session: Session, loaded: Loaded, config: GenerationConfig) -> Non
         except NotText as exc:
             note(str(exc))
             continue
+        except render.Terminated:
+            raise
         except KeyboardInterrupt:
             click.echo("", err=True)
             if pending_interrupt:
@@ -235,37 +217,40 @@ def chat_loop(session: Session, loaded: Loaded, config: GenerationConfig) -> Non
         if not text:
             continue
         if text.startswith("/") and not text.startswith("//"):
-            if not run_command(text, session, loaded, config):
+            if not run_command(text, session):
                 return
             continue
-        _turn(line[1:] if text.startswith("//") else line, session, loaded, config)
+        _turn(line[1:] if text.startswith("//") else line, session)
 
 
-def _validate(loaded: Loaded, config: GenerationConfig, system: str | None, profiles: Profiles) -> GenerationConfig:
-    """Refuse impossible settings before the first message (raises localspec errors); the
-    settings as they apply to the loaded pair."""
-    from localspec.api import Generation
+def _open(session: Session) -> Ready:
+    """The chat's first call: the pair loaded (in the service or here) and the settings checked
+    against it, before the first message; a stop before it is ready ends the chat."""
+    ready: Ready | None = None
+    call = session.call("open", Prompt(system=session.system))
+    from localspec.resident.client import ServiceLost
 
-    target = loaded.target
-    if not target.chat_template:
-        raise click.ClickException(f"{target.path.name} has no chat template, so it cannot chat; for plain "
-                                   f"text completion use: localspec generate --raw -m {target.path}")
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": ""}]
-    return Generation(target, loaded.draft, messages, config, profiles).config  # validates; nothing is decoded
-
-
-@contextlib.contextmanager
-def ctrl_c_raises() -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt while chatting, whatever SIGINT disposition the process
-    inherited (a shell or CI runner may start it with SIGINT ignored)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        with render.stopping(call, lambda: False):
+            for event in call.events():
+                if isinstance(event, Note):
+                    note(event.text)
+                elif isinstance(event, Ready):
+                    ready = event
+                elif isinstance(event, Failed):
+                    raise calls.error_of(event, config=session.config)
+                elif isinstance(event, Done) and (event.stopped or ready is None):
+                    raise render.Terminated() if event.stopped == "terminated" else KeyboardInterrupt()
+                elif isinstance(event, Done) and call.resident and event.timings.get("target_load"):
+                    render.stays_loaded(event.model, session.keep_alive)
+    except ServiceLost:
+        sys.exit(render.service_lost())
+    except KeyboardInterrupt as stop:
+        click.echo(render.stop_word(stop), err=True)
+        call.abandon(render.exit_status(stop))
+        sys.exit(render.exit_status(stop))
+    assert ready is not None
+    return ready
 
 
 @click.command()
@@ -278,8 +263,11 @@ def ctrl_c_raises() -> Iterator[None]:
 @keep_alive_option
 @click.option("--resume", default=None, metavar="NAME",
               help="Continue a conversation kept with /save NAME (its KV state comes from the prompt cache).")
+@click.option("--show-drafts", is_flag=True,
+              help="On a terminal, print the text of accepted drafts in another colour (/drafts toggles it).")
 @user_errors
-def chat(model: str | None, draft: str | None, system: str | None, resume: str | None, **options: Any) -> None:
+def chat(model: str | None, draft: str | None, system: str | None, resume: str | None, show_drafts: bool,
+         **options: Any) -> None:
     """Chat with the model in the terminal, using its chat template.
 
     Replies stream to stdout as they are generated; the banner, notes and
@@ -291,6 +279,7 @@ def chat(model: str | None, draft: str | None, system: str | None, resume: str |
       /stats   statistics of the last reply and of the session
       /reset   forget the conversation (the system message stays)
       /save N  keep the conversation as N (resume it with --resume N)
+      /drafts  show the text of accepted drafts in another colour (again: off)
       /exit    leave (also /quit and Ctrl-D)
     Ctrl-C stops a reply being written (the partial reply stays in the
     history, marked as interrupted); at the prompt, press Ctrl-C twice
@@ -302,26 +291,29 @@ def chat(model: str | None, draft: str | None, system: str | None, resume: str |
     localspec chat -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1
     printf 'Write fizzbuzz\\n/stats\\n' | localspec chat -t 0
     """
-    res = resources.current()
-    res.keep_alive(options.pop("keep_alive", None))
-    cache = res.prompt_cache(options.pop("prompt_cache", None))
-    config = generation_config(options)
-    saved = load_chat(resume) if resume is not None else None
-    if saved is not None and system is None:
-        system = saved["system"]
-    loaded = res.load_for(config, model, draft, options)
-    try:
-        session = Session(system, profiles=res.session_profiles(), prompt_cache=cache)
-        if saved is not None:  # the system message is the saved one unless -s gives another
-            session.history += [m for m in saved["history"] if m["role"] != "system"]
-            note(f"resumed {resume}: {len(session.history)} messages")
-        config = _validate(loaded, config, system, session.profiles)
-        if _interactive():
-            with contextlib.suppress(ImportError):
-                import readline  # noqa: F401  line editing and history for input()
-        note(_banner(loaded, config))
-        with ctrl_c_raises():
-            chat_loop(session, loaded, config)
-    finally:
-        res.release(loaded)
-
+    with render.stop_signals():
+        keep_alive = options.pop("keep_alive")
+        cache = calls.prompt_cache(options.pop("prompt_cache", None))
+        config = generation_config(options, compile=False)
+        saved = load_chat(resume) if resume is not None else None
+        if saved is not None and system is None:  # the system message is the saved one unless -s gives another
+            system = saved["system"]
+        pair = calls.resolve_pair(model, draft, pair_options(options), need_draft=draft_loading(config.drafter, False)[0])
+        caller = calls.Caller(keep_alive, shared=True)
+        session = Session(system, config=config, caller=caller, pair=pair, cache=cache, keep_alive=keep_alive,
+                          show_drafts=render.colours(show_drafts))
+        try:
+            session.ready = _open(session)
+            if saved is not None:
+                session.history += [m for m in saved["history"] if m["role"] != "system"]
+                note(f"resumed {resume}: {len(session.history)} messages")
+            if _interactive():
+                with contextlib.suppress(ImportError):
+                    import readline  # noqa: F401  line editing and history for input()
+            note(_banner(session.ready))
+            chat_loop(session)
+        except render.Terminated as stop:
+            click.echo(render.stop_word(stop), err=True)
+            sys.exit(render.exit_status(stop))
+        finally:
+            caller.close()

@@ -9,8 +9,9 @@ from typing import Any
 
 import click
 
-from localspec.cli.options import model_kwargs, model_options, user_errors
+from localspec.cli.options import model_options, pair_options, user_errors
 from localspec.errors import CheckFailed, exit_code
+from localspec.config import PairOptions
 from localspec.loading import load_pair
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def check(toy_only: bool, model: str | None, draft: str | None, samples: int | N
     results = checks.toy_suite(alpha, seed, progress=_echo)
     if not toy_only:
         click.echo("model pair:")
-        result = _pair(model, draft, model_kwargs(options), samples or checks.PAIR_SAMPLES, alpha, seed, lenience)
+        result = _pair(model, draft, pair_options(options), samples or checks.PAIR_SAMPLES, alpha, seed, lenience)
         _echo(result)
         results.append(result)
     failed = [r for r in results if not r.passed]
@@ -82,11 +83,11 @@ def check(toy_only: bool, model: str | None, draft: str | None, samples: int | N
     click.echo(f"all {len(results)} checks passed, the negative controls detected ({elapsed:.1f} s)")
 
 
-def _pair(model: str | None, draft: str | None, options: dict, samples: int, alpha: float, seed: int,
+def _pair(model: str | None, draft: str | None, options: PairOptions, samples: int, alpha: float, seed: int,
           lenience: float) -> Any:
     from localspec.cli.check_runs import pair_check
 
-    loaded = load_pair(model, draft, **options)
+    loaded = load_pair(model, draft, options)
     try:
         if loaded.draft is None:
             raise click.ClickException("the model-pair check needs a draft model: give -d/--draft "

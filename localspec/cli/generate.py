@@ -1,70 +1,64 @@
 """The root command's behaviour: it generates.
 
 ``localspec "prompt"`` equals ``localspec generate "prompt"``: :class:`DefaultGroup` sends a
-first argument that is not a subcommand to ``generate``.
+first argument that is not a subcommand to ``generate``. The command resolves the call here
+(settings, pair, prompt: :mod:`localspec.cli.calls`), runs it in the resident service or in
+this process, and prints its events (:mod:`localspec.cli.render`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import signal
 import sys
-import threading
-from typing import TYPE_CHECKING, Any, Iterator
+import time
+from typing import Any
 
 import click
 
-from localspec.llama import rpc
+from localspec.cli import calls, render
 from localspec.cli.options import (
     constraint_options,
-    keep_alive_option,
-    prompt_cache_option,
     generation_config,
+    keep_alive_option,
     model_options,
+    pair_options,
+    prompt_cache_option,
     sampling_options,
     spec_options,
     tool_options,
-    toolset_from_flags,
     user_errors,
 )
-from localspec.config import GenerationConfig
-from localspec.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
-from localspec.loading import Loaded
-from localspec.cli.report import format_stats, response_json, timings_json
-from localspec.cli import resources
-
-if TYPE_CHECKING:
-    from localspec.api import Generation
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (`timeout`, service managers) while generating: handled as Ctrl-C is, so the text
-    generated so far (with --json, the JSON object) still comes out."""
-
-
-@contextlib.contextmanager
-def sigterm_stops_generation() -> Iterator[None]:
-    """Within the block, SIGTERM raises Terminated in the main thread (elsewhere: unchanged)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+from localspec.cli.report import empty_json, format_stats, response_json
+from localspec.config import DEFAULTS, GenerationConfig
+from localspec.core.calls import Done, Failed, Note, Prompt, Text
+from localspec.errors import ConfigError
+from localspec.loading import draft_loading
 
 
 class DefaultGroup(click.Group):
-    """A group whose first argument, when it is not a subcommand, goes to ``generate``."""
+    """A group whose first argument, when it is not a subcommand, goes to ``generate``; its other
+    commands are imported when they run (:attr:`lazy`), so that a generating call imports only
+    what it uses."""
 
     default_command = "generate"
+    lazy: dict[str, str] = {}  # command name -> "module:attribute"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in self.lazy:
+            import importlib
+
+            module, attribute = self.lazy[name].split(":")
+            command = getattr(importlib.import_module(module), attribute)
+            self.add_command(command, name)
+            self.on_load(command)
+        return self.commands.get(name)
+
+    def on_load(self, command: click.Command) -> None:
+        """What every command gets when it is added (set by the package: its error handling)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         n_root = 0  # leading root options (-v, -vv, --verbose) stay with the group
@@ -72,11 +66,14 @@ class DefaultGroup(click.Group):
                                       (args[n_root].startswith("-v") and set(args[n_root][1:]) == {"v"})):
             n_root += 1
         root, rest = args[:n_root], args[n_root:]
-        if rest and rest[0] not in self.commands and rest[0] not in ("--help", "-h", "--version"):
+        if rest and rest[0] not in self.list_commands(ctx) and rest[0] not in ("--help", "-h", "--version"):
             args = [*root, self.default_command, *rest]
         elif not rest and not sys.stdin.isatty():
             args = [*root, self.default_command]  # `echo prompt | localspec`
         return super().parse_args(ctx, args)
+
+
+# ---------------------------------------------------------------- the prompt
 
 
 def _utf8_problem(data: bytes, where: str) -> click.UsageError:
@@ -137,6 +134,9 @@ def read_prompt(prompt: tuple[str, ...]) -> str:
     return piped
 
 
+# ---------------------------------------------------------------- the command
+
+
 @click.command()
 @click.argument("prompt", nargs=-1)
 @model_options
@@ -155,9 +155,13 @@ def read_prompt(prompt: tuple[str, ...]) -> str:
 @keep_alive_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the text and stats.")
 @click.option("-u", "--usage", is_flag=True, help="Print statistics to stderr when done.")
+@click.option("--show-drafts", is_flag=True,
+              help="On a terminal, print the text that came from accepted drafts in another colour: where "
+                   "speculation paid.")
 @user_errors
 def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat_template: bool,
-             system: str | None, context_file: str | None, as_json: bool, usage: bool, **options: Any) -> None:
+             system: str | None, context_file: str | None, as_json: bool, usage: bool, show_drafts: bool,
+             **options: Any) -> None:
     """Generate text from PROMPT (or stdin), streaming it to stdout.
 
     \b
@@ -167,125 +171,133 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     localspec --drafter ngram -d none --raw -n 100 "$(cat file.py) # refactor:"
     localspec --context report.md "What are the three main risks?"
     localspec --tools tools.json "What is the weather in Paris?"
+    localspec --show-drafts --drafter ngram "$(cat app.py) Add type hints:"
     """
-    from localspec.api import Generation
-
-    res = resources.current()
-    res.keep_alive(options.pop("keep_alive", None))
-    cache = res.prompt_cache(options.pop("prompt_cache", None))
-    tools = toolset_from_flags(options)
-    config = generation_config(options)
-    if system is not None and not chat_template:
-        raise click.BadParameter("a system message needs the chat template: drop --raw, or put the text "
-                                 "in the prompt", param_hint="--system")
-    if tools is not None and not chat_template:
-        raise click.BadParameter("tools are rendered by the chat template: drop --raw", param_hint="--tools")
-    context = read_context(context_file)
-    text = with_context(context, read_prompt(prompt))
-    try:
-        with sigterm_stops_generation():
-            loaded = res.load_for(config, model, draft, options, grammar=tools is not None and tools.calls_allowed)
-    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM while loading: nothing generated, said so
-        _stopped_before_output(stop, as_json, model or "", config, prompt_tokens=0, resident=res.resident)
-    try:
-        if system is not None and not loaded.target.chat_template:
-            raise click.BadParameter(f"{loaded.target_name} has no chat template, so a system message cannot "
-                                     "be given; put the text in the prompt", param_hint="--system")
-        message: Any = text
-        if chat_template and (loaded.target.chat_template or tools is not None):
-            message = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        generation = Generation(loaded.target, loaded.draft, message, config, res.profiles,
-                                prompt_cache=cache or False, tools=tools)
-        parts: list[str] = []
-        unregister = rpc.on_fatal(lambda error: _remote_failed(parts, as_json, loaded, config, error))
+    started = time.time()
+    config = DEFAULTS
+    with render.stop_signals():
         try:
-            with sigterm_stops_generation():
-                last, interrupted = _stream(generation, as_json, parts)
-        finally:
-            unregister()
-        _report(parts, last, as_json, usage, loaded, generation, res)  # also after Ctrl-C: nothing lost
-    finally:
-        res.release(loaded)
-    if interrupted is not None:
-        sys.exit(EXIT_TERMINATED if isinstance(interrupted, Terminated) else EXIT_INTERRUPTED)
+            keep_alive = options.pop("keep_alive")
+            cache = calls.prompt_cache(options.pop("prompt_cache", None))
+            tools, tools_file = calls.tools_from_flags(options)
+            config = generation_config(options, compile=False)
+            if system is not None and not chat_template:
+                raise ConfigError("a system message needs the chat template: drop --raw, or put the text in the "
+                                  "prompt", "system")
+            if tools is not None and not chat_template:
+                raise ConfigError("tools are rendered by the chat template: drop --raw", "tools")
+            loading = pair_options(options)
+            text = with_context(read_context(context_file), read_prompt(prompt))
+            pair = calls.resolve_pair(model, draft, loading, need_draft=draft_loading(config.drafter, False)[0])
+            request = calls.request("generate", pair, config, Prompt(text=text, chat=chat_template, system=system),
+                                    cache, keep_alive, tools)
+            call = calls.Caller(keep_alive).call(request)
+        except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM while reading stdin, fetching, starting: said so
+            _stopped_before_output(stop, as_json, model or "", config, prompt_tokens=0, resident=False)
+        code = _follow(call, config, pair.target_name, as_json=as_json, usage=usage,
+                       colour=render.colours(show_drafts) and not as_json, started=started, tools_file=tools_file,
+                       keep_alive=keep_alive)
+    if code:
+        sys.exit(code)
 
 
-def _empty_json(model: str, config: GenerationConfig, prompt_tokens: int, resident: bool) -> dict:
-    """The --json object of a run stopped before it generated anything."""
-    return {"model": model, "text": "", "finish_reason": None, "settings": config.options(),
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0}, "stats": {}, "timings": {},
-            "resident": resident}
-
-
-def _stopped_before_output(stop: KeyboardInterrupt, as_json: bool, model: str, config: GenerationConfig,
+def _stopped_before_output(stop: BaseException | str | None, as_json: bool, model: str, config: GenerationConfig,
                            prompt_tokens: int, resident: bool) -> None:
     """Ctrl-C or SIGTERM before any output: say so (with --json, the empty JSON object) and exit
     with the signal's status, as a stop while generating does."""
-    terminated = isinstance(stop, Terminated)
-    click.echo("terminated" if terminated else "interrupted", err=True)
+    click.echo(render.stop_word(stop), err=True)
     if as_json:
-        click.echo(json.dumps(_empty_json(model, config, prompt_tokens, resident)))
-    sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+        click.echo(json.dumps(empty_json(model, config, prompt_tokens, resident)))
+    sys.exit(render.exit_status(stop))
 
 
-def _remote_failed(parts: list[str], as_json: bool, loaded: Loaded, config: GenerationConfig, error: str) -> None:
-    """A remote device failed mid-generation: what was generated is kept (printed) before the exit."""
-    if as_json:
-        click.echo(json.dumps({"model": loaded.target_name, "text": "".join(parts), "finish_reason": "error",
-                               "error": error, "settings": config.options()}))
-    elif parts:
-        click.echo("")
+def _follow(call: Any, config: GenerationConfig, model: str, *, as_json: bool, usage: bool, colour: bool,
+            started: float, tools_file: str | None, keep_alive: float) -> int:
+    """Print the call's events as they come, then its report; the exit status."""
+    from localspec.resident.client import ServiceLost
 
-
-def _stream(generation: Any, as_json: bool, parts: list[str]) -> tuple[Any, KeyboardInterrupt | None]:
-    """Run the generation into `parts`, echoing text unless JSON is wanted; Ctrl-C (or SIGTERM:
-    Terminated) stops it with what it has, and is returned."""
-    last = None
-    stream = iter(generation)
+    parts: list[str] = []
+    done: Done | None = None
+    unregister = _on_remote_failure(call, parts, as_json, config)
     try:
-        for r in stream:
-            last = r
-            parts.append(r.content)
-            if not as_json and r.content:
-                click.echo(r.content, nl=False)
-                sys.stdout.flush()
-    except KeyboardInterrupt as stop:
-        click.echo("\nterminated" if isinstance(stop, Terminated) else "\ninterrupted", err=True)
-        return last, stop
-    finally:
-        stream.close()
-    return last, None
-
-
-def _report(parts: list[str], last: Any, as_json: bool, usage: bool, loaded: Loaded, generation: Generation,
-            res: resources.Resources) -> None:
-    """After generation: the final newline or the JSON object on stdout, the statistics on stderr."""
-    config, profiles = generation.config, generation.profiles
-    calls = [c.as_dict() for c in last.tool_calls] if last is not None else []
-    if not as_json and "".join(parts):
-        click.echo("")
-    if not as_json and calls:
-        click.echo(json.dumps(calls, ensure_ascii=False, indent=2))
-    if last is None:  # stopped before the first token (in the prefill): the JSON object all the same
+        with render.stopping(call, lambda: bool(parts)):
+            for event in call.events():
+                if isinstance(event, Note):
+                    click.echo(event.text, err=True)
+                elif isinstance(event, Text):
+                    parts.append(event.text)
+                    if not as_json:
+                        render.write_text(event.text, event.drafted, colour)
+                elif isinstance(event, Failed):
+                    raise calls.error_of(event, tools_file, config)
+                elif isinstance(event, Done):
+                    done = event
+    except ServiceLost:
+        return render.service_lost()
+    except KeyboardInterrupt as stop:  # before any output, or a second Ctrl-C: leave now
+        code = render.exit_status(stop)
+        click.echo(("\n" if parts else "") + render.stop_word(stop), err=True)
         if as_json:
-            click.echo(json.dumps(_empty_json(loaded.target_name, config, len(generation.prompt), res.resident)))
+            click.echo(json.dumps(empty_json(model, config, 0, call.resident) | {"text": "".join(parts)}))
+        call.abandon(code)
+        return code
+    finally:
+        unregister()
+    if done is None:
+        return render.service_lost()
+    if done.error is not None:
+        if parts and not as_json:
+            click.echo("")
+        raise calls.error_of(done.error, tools_file, config)
+    if done.stopped is not None:
+        click.echo("\n" + render.stop_word(done.stopped), err=True)
+    _report("".join(parts), done, as_json, usage, started, call.resident)
+    if call.resident and done.timings.get("target_load"):
+        render.stays_loaded(done.model, keep_alive)
+    return render.exit_status(done.stopped) if done.stopped is not None else 0
+
+
+def _on_remote_failure(call: Any, parts: list[str], as_json: bool, config: GenerationConfig) -> Any:
+    """In this process with RPC servers: a remote device that fails mid-generation ends the
+    process (llama.cpp aborts); what was generated is printed first."""
+    if call.resident:
+        return lambda: None
+    from localspec.llama import rpc
+
+    def failed(error: str) -> None:
+        if as_json:
+            click.echo(json.dumps({"model": "", "text": "".join(parts), "finish_reason": "error", "error": error,
+                                   "settings": config.options()}))
+        elif parts:
+            click.echo("")
+
+    return rpc.on_fatal(failed)
+
+
+def _report(text: str, done: Done, as_json: bool, usage: bool, started: float, resident: bool) -> None:
+    """After generation: the final newline or the JSON object on stdout, the statistics on stderr."""
+    config = GenerationConfig.from_options(**done.settings)
+    calls_made = done.tool_calls or []
+    if not as_json and text:
+        click.echo("")
+    if not as_json and calls_made:
+        click.echo(json.dumps(calls_made, ensure_ascii=False, indent=2))
+    if done.stats is None:  # stopped before the first token (waiting, loading, in the prefill)
+        if as_json:
+            click.echo(json.dumps(empty_json(done.model, config, done.prompt_tokens, resident)))
         return
     if as_json:
-        timings = timings_json(res.entered, loaded, last.stats, profiles.io_seconds,
-                               (generation.restore_seconds, generation.save_seconds)) | res.timings()
-        click.echo(json.dumps(response_json("".join(parts), last.finish_reason, last.stats, loaded.target_name,
-                                            config, timings, last.constraint_satisfied,
-                                            calls if generation.tools else None) | {"resident": res.resident}))
-    if last.finish_reason == "length" and generation.call_cut_off:
-        done = "" if not calls else " (the one it completed is)" if len(calls) == 1 else \
-            f" (the {len(calls)} it completed are)"
+        timings = {"command_started": started, **done.timings}
+        click.echo(json.dumps(response_json(text, done.finish_reason, done.stats, done.model, config, timings,
+                                            done.constraint_satisfied, done.tool_calls) | {"resident": resident}))
+    if done.finish_reason == "length" and done.call_cut_off:
+        n = len(calls_made)
+        completed = "" if not n else " (the one it completed is)" if n == 1 else f" (the {n} it completed are)"
         click.echo("warning: the answer was cut off by the length limit; a tool call it was writing is not "
-                   f"reported{done}; raise --max-tokens", err=True)
-    elif config.constraint is not None and last.finish_reason not in ("stop", "tool_calls") \
-            and not last.constraint_satisfied:
-        click.echo(f"warning: the output is truncated ({last.finish_reason}): it does not match "
+                   f"reported{completed}; raise --max-tokens", err=True)
+    elif config.constraint is not None and done.finish_reason not in ("stop", "tool_calls") \
+            and not done.constraint_satisfied:
+        click.echo(f"warning: the output is truncated ({done.finish_reason}): it does not match "
                    f"{config.constraint.describe()} yet; raise --max-tokens", err=True)
     if usage:
-        drafts = not config.is_target_alone(loaded.draft is not None)
-        one = profiles.one_token_seconds(loaded.target) if drafts else 0.0
-        click.echo(format_stats(last.stats, drafts, one), err=True)
+        click.echo(format_stats(done.stats, done.speculative, done.one_token_seconds), err=True)

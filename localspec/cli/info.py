@@ -212,13 +212,16 @@ def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kerne
 
 
 def resident_info() -> dict:
-    """The keep-alive a call gets here and the services keeping models loaded."""
+    """The keep-alive a call gets here and the models the resident service keeps loaded (the
+    core's status, as `localspec ps` shows it)."""
     from localspec import locations
+    from localspec.core.status import rows
     from localspec.resident import control
 
     keep = environment.get("LOCALSPEC_KEEP_ALIVE")
     return {"keep_alive_seconds": keep, "keep_alive_from_env": environment.is_set("LOCALSPEC_KEEP_ALIVE"),
-            "runtime_dir": str(locations.runtime_dir()), "services": control.rows()}
+            "max_loaded": environment.get("LOCALSPEC_MAX_LOADED"), "runtime_dir": str(locations.runtime_dir()),
+            "models": rows([state for _, state in control.services()])}
 
 
 def _prompt_cache_line(cache: dict) -> str:
@@ -285,15 +288,15 @@ def render(info: dict) -> str:
                                                           else ""),
               f"cost profiles    {info['profiles']['count']} in {info['profiles']['dir']} (`localspec profiles list`)",
               _prompt_cache_line(info["prompt_cache"])]
-    from localspec.resident import control
+    from localspec.core.status import table_of_rows
 
     res = info["resident"]
     keep = environment.format_duration(res["keep_alive_seconds"])
     lines.append(f"resident models  kept loaded {keep} after a call"
                  + (" (from $LOCALSPEC_KEEP_ALIVE)" if res["keep_alive_from_env"] else "")
                  + ("" if res["keep_alive_seconds"] else " (off: every call loads its models)")
-                 + f"; sockets in {res['runtime_dir']}")
-    lines += ["  " + line for line in control.describe_rows(res["services"])]
+                 + f", at most {res['max_loaded']} pairs; sockets in {res['runtime_dir']}")
+    lines += ["  " + line for line in table_of_rows(res["models"])]
     r = info["rpc"]
     lines.append("RPC backend      " + ("available" if r["available"] else "not in this build (rebuild with "
                                                                            "CMAKE_ARGS=-DGGML_RPC=on)"))

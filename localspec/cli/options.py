@@ -16,6 +16,7 @@ import click
 from click.core import ParameterSource
 
 from localspec.config import (
+    LOAD_FLAGS,
     CACHE_TYPES,
     CPU_KERNELS,
     DEFAULT_SAMPLING,
@@ -27,11 +28,11 @@ from localspec.config import (
     SETTING_KEYS,
     VERIFIERS,
     GenerationConfig,
+    PairOptions,
 )
 from localspec.constraints import LARK_MARKER, MAX_JSON_DEPTH, Constraint, constraint_from_options, grammar_from_file
 from localspec.errors import ConfigError, LocalspecError, exit_code
 from localspec.files import SPEC_LIMIT, read_user_text
-from localspec.loading import Loaded, draft_loading, load_pair
 
 
 # ---------------------------------------------------------------- errors
@@ -289,46 +290,14 @@ def tool_options(f: Callable) -> Callable:
     ])
 
 
-def toolset_from_flags(options: dict) -> Any:
-    """The ToolSet --tools, --tool-choice and --parallel-tool-calls ask for (removed from
-    `options`), checked now: a bad file or tool is a usage error naming its flag."""
-    from localspec.tools import CHOICES, ToolSet
-
-    path, choice = options.pop("tools", None), options.pop("tool_choice", None)
-    parallel = options.pop("parallel_tool_calls", True)
-    if path is None:
-        if choice is not None:
-            raise ConfigError("--tool-choice needs --tools FILE.json", "tool_choice")
-        return None
-    if not path.strip():
-        raise ConfigError(empty_value(EMPTY_HINTS["tools"]), "tools")
-    try:
-        tools = json.loads(read_user_text(path, param="tools", limit=SPEC_LIMIT, what="the tools file"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not a JSON file: {exc}", "tools") from None
-    except RecursionError:  # deeper than Python's recursion limit
-        raise ConfigError(f"{path} nests deeper than {MAX_JSON_DEPTH} levels of JSON arrays and objects (the most "
-                          "localspec accepts)", "tools") from None
-    if isinstance(tools, dict) and "tools" in tools:  # a request body's tools
-        tools = tools["tools"]
-    if isinstance(tools, dict):  # one tool
-        tools = [tools]
-    if choice is not None and choice not in CHOICES:
-        choice = {"type": "function", "function": {"name": choice}}
-    try:
-        return ToolSet.parse(tools, choice, parallel)
-    except ConfigError as exc:
-        where = exc.param or ""
-        param = "tool_choice" if where.startswith("tool_choice") else "tools"
-        raise ConfigError(f"{path}: {exc}" if param == "tools" else str(exc), param) from None
-
-
-def constraint_from_flags(options: dict) -> Constraint | None:
-    """The constraint the flags ask for (removed from `options`), compiled and validated now, so a
-    bad schema or grammar is a usage error naming its flag before any model loads. Built as the API
-    and the server build theirs (localspec.constraints.constraint_from_options, from the same
-    keywords): --json-object is response_format {"type": "json_object"}; --json-schema and
-    --grammar take the text the API takes, or a file that holds it."""
+def constraint_from_flags(options: dict, compile: bool = True) -> Constraint | None:
+    """The constraint the flags ask for (removed from `options`); `compile`: compiled and
+    validated now (a command that loads models in this process), else where the call runs,
+    before any model loads (generate, chat: localspec.core.run). Either way a bad schema or
+    grammar is a usage error naming its flag. Built as the API and the server build theirs
+    (localspec.constraints.constraint_from_options, from the same keywords): --json-object is
+    response_format {"type": "json_object"}; --json-schema and --grammar take the text the API
+    takes, or a file that holds it."""
     given = [k for k in CONSTRAINT_FLAGS if options.get(k) not in (None, False)]  # "" too: refused, never ignored
     values = {k: options.pop(k, None) for k in CONSTRAINT_FLAGS}
     for flag in given:
@@ -339,9 +308,10 @@ def constraint_from_flags(options: dict) -> Constraint | None:
     if len(given) > 1:
         raise ConfigError("give one of --json-schema, --json-object, --regex and --grammar", given[1])
     constraint = constraint_from_options(_constraint_keywords(given[0], values[given[0]]))
-    from localspec.decoding.constraint import compile_constraint  # llguidance: only for a constrained run
+    if compile:
+        from localspec.decoding.constraint import compile_constraint  # llguidance: only for a constrained run
 
-    compile_constraint(constraint)
+        compile_constraint(constraint)
     return constraint
 
 
@@ -386,26 +356,16 @@ def _schema_text(value: str) -> str:
 GENERATION_KEYS = SETTING_KEYS  # a command's options that are generation settings
 
 
-def generation_config(options: dict) -> GenerationConfig:
+def generation_config(options: dict, compile: bool = True) -> GenerationConfig:
     """The GenerationConfig of the command's options (the keys of GENERATION_KEYS it has, and
-    the constraint flags of constraint_options, which this removes from `options`)."""
-    constraint = constraint_from_flags(options)
+    the constraint flags of constraint_options, which this removes from `options`; `compile`: see
+    constraint_from_flags)."""
+    constraint = constraint_from_flags(options, compile)
     settings = {k: v for k, v in options.items() if k in GENERATION_KEYS and k not in CONSTRAINT_FLAGS}
     return GenerationConfig.from_options(**settings, constraint=constraint)
 
 
-def load_for(config: GenerationConfig, model: str | None, draft: str | None, options: dict,
-             grammar: bool = False) -> Loaded:
-    """The pair a generation config needs (localspec.loading.draft_loading decides about the draft);
-    `grammar`: the generation will be constrained (tool calls) even if the config is not yet."""
-    need, lazy = draft_loading(config.drafter, draft_named=False)
-    return load_pair(model, draft, need_draft=need, lazy_draft=lazy,
-                     grammar=grammar or config.constraint is not None, **model_kwargs(options))
-
-
-def model_kwargs(options: dict) -> dict:
-    """The load_pair keywords among a command's options."""
-    keys = ("ctx_size", "n_gpu_layers", "draft_n_gpu_layers", "threads", "cache_type", "load_mode", "cpu_kernels",
-            "rpc", "draft_rpc")
-    return {k: options[k] for k in keys if k in options}
-
+def pair_options(options: dict) -> PairOptions:
+    """How the pair loads, from a command's load flags (removed from `options`): ConfigError
+    naming a bad one."""
+    return PairOptions.from_flags({k: options.pop(k) for k in LOAD_FLAGS if k in options})

@@ -7,23 +7,6 @@ from typing import Any
 from localspec.config import GenerationConfig
 
 
-def describe_speculation(config: GenerationConfig, draft_name: str | None) -> str:
-    """What drafts, in words (chat's banner, serve's start-up line): `draft_name` is the draft
-    model's name, None without one."""
-    if config.is_target_alone(draft_name is not None):
-        return "the target alone (nothing drafted)"
-    s = config.shape
-    shape = (f"tree {'x'.join(map(str, s.branching))}" if s.branching
-             else f"k={s.depth}" + (f", {s.paths} paths" if s.paths > 1 else ""))
-    model = f"the draft model {draft_name}" if draft_name else ""
-    drafts = {"ngram": "n-gram drafts from the context",
-              "model": model,
-              "hybrid": f"n-gram drafts and {model}",
-              "auto": "n-gram drafts from the context" + (f", {model} where it pays" if model else
-                                                          " (no draft model)")}[config.drafter]
-    return f"{drafts}; verifier {config.verifier}, {shape}, plan {config.plan}"
-
-
 def format_stats(stats: Any, speculative: bool, one_token_seconds: float = 0.0) -> str:
     """Human-readable generation statistics (for stderr). With the target's measured one-token
     step cost, a speedup estimate."""
@@ -83,15 +66,8 @@ def response_json(text: str, finish: str | None, stats: Any, model: str, config:
     return out
 
 
-def timings_json(entered: float, loaded: Any, stats: Any, profile_io: float,
-                 prompt_cache: tuple[float, float] = (0.0, 0.0)) -> dict:
-    """Where the process's time went (seconds; `entered`: when the command started, epoch;
-    `profile_io`: reading and writing cost profiles; `prompt_cache`: restoring and saving the
-    prompt's state)."""
-    draft_load = loaded.load_seconds[1]
-    if draft_load is None:
-        draft_load = getattr(loaded.draft, "load_seconds", None)  # a lazy draft the planner loaded
-    return {"command_started": entered, "target_load": loaded.load_seconds[0], "draft_load": draft_load,
-            "profile_io": profile_io, "prompt_cache_restore": prompt_cache[0], "prompt_cache_save": prompt_cache[1],
-            "prefill": stats.prompt_seconds,
-            "decode": stats.elapsed_seconds}
+def empty_json(model: str, config: GenerationConfig, prompt_tokens: int, resident: bool) -> dict:
+    """The --json object of a call stopped before it generated anything."""
+    return {"model": model, "text": "", "finish_reason": None, "settings": config.options(),
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0}, "stats": {}, "timings": {},
+            "resident": resident}

@@ -1,4 +1,4 @@
-"""``localspec ps`` and ``localspec stop``: the resident services that keep models loaded."""
+"""``localspec ps`` and ``localspec stop``: the models the resident service keeps loaded."""
 
 from __future__ import annotations
 
@@ -11,37 +11,40 @@ from localspec.errors import ConfigError
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the services as a JSON array.")
+@click.option("--json", "as_json", is_flag=True, help="Print the loaded models as a JSON array.")
 @user_errors
 def ps(as_json: bool) -> None:
-    """List the models kept loaded by resident services.
+    """List the models the resident service keeps loaded.
 
-    A `localspec` call that loads models leaves them loaded in a background
-    service for --keep-alive (default 5m); later calls with the same models
-    and options are served by it without loading anything.
+    A `localspec` call leaves its models loaded in a background service for
+    --keep-alive (default 5m); later calls with the same models and options
+    are served by it without loading anything. The service holds several pairs
+    (LOCALSPEC_MAX_LOADED, default 3) and unloads the idle one used least
+    recently when another needs the room.
 
     \b
     localspec ps
     localspec ps --json | jq '.[].model'
     """
+    from localspec.core.status import rows, table
     from localspec.resident import control
 
-    rows = control.rows()
+    statuses = [state for _, state in control.services()]
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        click.echo(json.dumps(rows(statuses), indent=1))
         return
-    for line in control.describe_rows(rows):
+    for line in table(statuses):
         click.echo(line)
 
 
 @click.command()
 @click.argument("model", required=False)
-@click.option("--all", "stop_all", is_flag=True, help="Stop every resident service.")
+@click.option("--all", "stop_all", is_flag=True, help="Unload every model and end the resident service.")
 @user_errors
 def stop(model: str | None, stop_all: bool) -> None:
-    """Unload resident models: the service of MODEL (a registry name, a
-    GGUF path or file name), or --all. With one service running, MODEL
-    may be left out. A call it is running stops within one step.
+    """Unload resident models: MODEL (a registry name, a GGUF path, file
+    name or stem), or --all. With one model loaded, MODEL may be left out.
+    A call using it stops within one step.
 
     \b
     localspec stop --all
@@ -49,19 +52,23 @@ def stop(model: str | None, stop_all: bool) -> None:
     """
     from localspec.resident import control
 
-    services = control.services()
     if model is not None and stop_all:
         raise ConfigError("give MODEL or --all, not both", "all")
-    if model is None and not stop_all and len(services) > 1:
-        names = ", ".join(sorted({control.model_name(s) for _, s in services}))
-        raise ConfigError(f"{len(services)} services run ({names}); name a MODEL or use --all", "model")
-    chosen = [(r, s) for r, s in services if model is None or control.matches(r, s, model)]
+    services = control.services()
+    pairs = [(path, pair) for path, state in services for pair in state.pairs]
+    if model is None and not stop_all and len(pairs) > 1:
+        names = ", ".join(sorted({pair.name for _, pair in pairs}))
+        raise ConfigError(f"{len(pairs)} models are loaded ({names}); name a MODEL or use --all", "model")
+    chosen = [(path, pair) for path, pair in pairs if model is None or pair.matches(model)]
     if model is not None and not chosen:
-        running = ", ".join(sorted({control.model_name(s) for _, s in services})) or "none"
-        raise ConfigError(f"no resident service holds {model!r} (running: {running}); localspec ps lists them",
-                          "model")
-    for record, state in chosen:
-        if control.stop_service(record, reason="localspec stop"):
-            click.echo(f"stopped {control.model_name(state)} (pid {state.get('pid')})", err=True)
-    if not chosen:
+        running = ", ".join(sorted({pair.name for _, pair in pairs})) or "none"
+        raise ConfigError(f"no resident model is {model!r} (loaded: {running}); localspec ps lists them", "model")
+    everything = stop_all or model is None
+    for path, state in services:
+        targets = None if everything else [pair.target for p, pair in chosen if p == path]
+        if targets == []:
+            continue
+        for pair in control.stop(path, targets):
+            click.echo(f"stopped {pair.name} (pid {state.pid})", err=True)
+    if not chosen and not services:
         click.echo("no resident models", err=True)

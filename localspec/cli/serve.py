@@ -7,19 +7,21 @@ from typing import Any
 
 import click
 
+from localspec.cli import calls
 from localspec.cli.options import (
     EnvOption,
-    pop_prompt_cache,
-    prompt_cache_option,
     generation_config,
-    model_kwargs,
     model_options,
+    pair_options,
+    prompt_cache_option,
     sampling_options,
     spec_options,
     user_errors,
 )
-from localspec.loading import draft_loading, is_none, load_pair
-from localspec.cli.report import describe_speculation
+from localspec.config import describe_speculation
+from localspec.core.residency import PROMPT_MEMORY
+from localspec.core.status import display_name
+from localspec.loading import draft_loading, is_none
 from localspec.server import ServerLimits
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,7 @@ def check_loaded_pair(loaded: Any) -> None:
 @click.option("--body-timeout", type=click.FloatRange(0, min_open=True), default=ServerLimits.body_timeout,
               show_default=True, help="Seconds a request may take to send its body (408 after that).")
 @prompt_cache_option
-@click.option("--prompt-cache-memory", type=click.IntRange(0), default=1024, show_default=True, metavar="MB",
+@click.option("--prompt-cache-memory", type=click.IntRange(0), default=PROMPT_MEMORY >> 20, show_default=True, metavar="MB",
               help="Prompt states also kept in memory, so that conversations served in turn restore theirs "
                    "without reading the disk (0: disk only).")
 @user_errors
@@ -104,40 +106,41 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     from localspec import server
 
     server.require_server_deps()
+    from localspec.core.residency import Residency
+    from localspec.server.jobs import Pair
     from localspec.server.run import base_url, bind_socket, serve as run_server
 
-    cache = pop_prompt_cache(options, memory=prompt_cache_memory << 20,
-                             namespace=api_key or None)  # one key's prompts are not another's
+    directory, limit = calls.prompt_cache(options.pop("prompt_cache", None))
     defaults = generation_config(options)
     limits = ServerLimits(api_key=api_key or None, **{k: options[k] for k in LIMITS})
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"localspec: warning: listening on {host} without --api-key: anyone who can reach this "
                    "port can use the model", err=True)
+    # a request may ask for another drafter than the default: a draft named with -d is kept
+    need, lazy = draft_loading(defaults.drafter, draft_named=draft is not None and not is_none(draft))
+    loading = pair_options(options)
     sock = bind_socket(host, port)
+    residency = Residency(prompt_memory=prompt_cache_memory << 20)
     try:
-        # a request may ask for another drafter than the default: a draft named with -d is kept
-        need, lazy = draft_loading(defaults.drafter, draft_named=draft is not None and not is_none(draft))
-        loaded = load_pair(model, draft, need_draft=need, lazy_draft=lazy, **model_kwargs(options))
-        try:
-            check_loaded_pair(loaded)  # a draft that cannot draft for the target: refused now, as generate does
-        except BaseException:
-            loaded.close()
-            raise
+        spec = calls.resolve_pair(model, draft, loading, need_draft=need)
+        loaded = residency.pin(spec, need_draft=need, lazy_draft=lazy)
+        check_loaded_pair(loaded)  # a draft that cannot draft for the target: refused now, as generate does
     except BaseException:
         sock.close()
+        residency.close()
         raise
+    # one key's prompts are not another's
+    pair = Pair(residency, spec, limits.max_queue, residency.prompt_cache(directory, limit, namespace=api_key or None))
     stopped = True  # False: a generation may still use the models
     try:
-        model_id = server.model_id_of(loaded.target_name)
+        model_id = display_name(loaded.target_name)
         speculation = describe_speculation(defaults, loaded.draft.name if loaded.draft is not None else None)
         click.echo(f"localspec: serving {model_id} on {base_url(sock)}", err=True)
         click.echo(f"localspec: {speculation}; Ctrl-C stops", err=True)
-        stopped = run_server(loaded.target, loaded.draft, model_id=model_id, sock=sock, defaults=defaults,
-                             limits=limits, verbose=logging.getLogger().getEffectiveLevel() <= logging.INFO,
-                             prompt_cache=cache)
+        stopped = run_server(pair, model_id=model_id, sock=sock, defaults=defaults, limits=limits,
+                             verbose=logging.getLogger().getEffectiveLevel() <= logging.INFO)
     finally:
         sock.close()
-        if stopped:
-            loaded.close()
+        if not stopped:
+            log.warning("a generation was still running when the server stopped")
     click.echo("localspec: server stopped", err=True)
-

@@ -31,87 +31,13 @@ from localspec.decoding.planner import Planner
 from localspec.decoding.policy import FixedPolicy, Policy
 from localspec.decoding.profiles import Profiles
 from localspec.decoding.state import NO_DRAFT, Draft, PairState
+from localspec.decoding.stats import GenerationStats
 from localspec.llama.sequence import KVSequence
 
 if TYPE_CHECKING:
     from localspec.decoding.structured import StepMasks, Structured
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GenerationStats:
-    """Running statistics of one generation (a snapshot)."""
-
-    prompt_tokens: int
-    generated_tokens: int
-    target_passes: int
-    drafted_tokens: int
-    accepted_tokens: int
-    prompt_seconds: float
-    elapsed_seconds: float
-    draft_seconds: float
-    target_seconds: float
-    verify_seconds: float
-    accept_histogram: tuple[int, ...]
-    # tokens accepted per kind of draft ("forced", "ngram:…", "model:…"), sorted by kind
-    accepted_by_kind: tuple[tuple[str, int], ...] = ()
-    constraint_seconds: float = 0.0  # in the grammar: masks, forced tokens, following the committed tokens
-    cached_tokens: int = 0  # prompt tokens the KV cache held already (an earlier prompt's, or restored)
-    # steps whose draft depth was capped below num_draft_tokens, by reason (localspec.decoding.depth.LIMITS:
-    # "context", "max_tokens", "batch"), sorted by reason; the planner's own choice is not counted
-    depth_limits: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def block_efficiency(self) -> float:
-        """Generated tokens per target forward pass (the papers' metric)."""
-        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.generated_tokens / self.elapsed_seconds if self.elapsed_seconds > 0 else 0.0
-
-    @property
-    def verifier_share(self) -> float:
-        busy = self.draft_seconds + self.target_seconds + self.verify_seconds
-        return self.verify_seconds / busy if busy > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        """The statistics programs read (the CLI's --json `stats`, the server's `speculative`)."""
-        return {"generated_tokens": self.generated_tokens, "tokens_per_second": self.tokens_per_second,
-                "elapsed_seconds": self.elapsed_seconds, "block_efficiency": self.block_efficiency,
-                "acceptance_rate": self.acceptance_rate, "target_passes": self.target_passes,
-                "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
-                "accept_histogram": list(self.accept_histogram), "verifier_share": self.verifier_share,
-                "accepted_by_kind": dict(self.accepted_by_kind), "constraint_seconds": self.constraint_seconds,
-                "cached_tokens": self.cached_tokens, "depth_limits": dict(self.depth_limits)}
-
-
-def combine(stats: Sequence[GenerationStats]) -> GenerationStats:
-    """The statistics of several generations taken together (sums; histograms added bin by bin),
-    so rates and shares of a session or a benchmark row come from the same properties."""
-    hist = [0] * max((len(s.accept_histogram) for s in stats), default=0)
-    by_kind: dict[str, int] = {}
-    limits: dict[str, int] = {}
-    for s in stats:
-        for n, count in enumerate(s.accept_histogram):
-            hist[n] += count
-        for kind, count in s.accepted_by_kind:
-            by_kind[kind] = by_kind.get(kind, 0) + count
-        for reason, count in s.depth_limits:
-            limits[reason] = limits.get(reason, 0) + count
-    return GenerationStats(
-        sum(s.prompt_tokens for s in stats), sum(s.generated_tokens for s in stats),
-        sum(s.target_passes for s in stats), sum(s.drafted_tokens for s in stats),
-        sum(s.accepted_tokens for s in stats), sum(s.prompt_seconds for s in stats),
-        sum(s.elapsed_seconds for s in stats), sum(s.draft_seconds for s in stats),
-        sum(s.target_seconds for s in stats), sum(s.verify_seconds for s in stats), tuple(hist),
-        tuple(sorted(by_kind.items())), sum(s.constraint_seconds for s in stats),
-        sum(s.cached_tokens for s in stats), tuple(sorted(limits.items())))
 
 
 @dataclass
@@ -176,6 +102,7 @@ class Engine:
         self.sampling = config.sampling
         self.rng = np.random.default_rng(config.seed)
         self.finish_reason: str | None = None  # "stop" (end of generation) or "length" once done
+        self.speculated = 0  # of the last step's new tokens, how many came first from an accepted draft (not forced)
         self._counters = _Counters()
         self.structured = self._structured(config) if config.constraint is not None else None
         forced = [ForcedDrafter(self.structured.follower, target.n_vocab, max(self.shape.depth, 1))
@@ -260,6 +187,7 @@ class Engine:
         verdict = self._verify(draft, masks)
         t3 = time.perf_counter()
         new = self._emit(draft.tree.path_tokens(verdict.path) + [verdict.token])
+        self.speculated = 0 if draft.certain else min(verdict.n_accepted, len(new))
         self.state.accept(draft, verdict.path, new)
         self._counters.step(draft.kind if draft.n else None, draft.n, verdict.n_accepted, (t1 - t0, t2 - t1, t3 - t2))
         if self.structured is not None:

@@ -30,6 +30,13 @@ class LazyModel:
         self._busy = threading.Lock()
         self.load_seconds: float | None = None  # set when it is loaded
 
+    @classmethod
+    def of(cls, model: Model, paired: bool = False) -> "LazyModel":
+        """A model loaded already, kept as one that loads on first use is (an app's own draft)."""
+        lazy = cls(model.path, model.options, paired)
+        lazy._model = model
+        return lazy
+
     def in_use(self) -> contextlib.AbstractContextManager[None]:
         """Claim the draft for one generation (localspec.llama.model.claimed)."""
         return claimed(self._busy, self.path.name)

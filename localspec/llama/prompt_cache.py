@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 MIN_TOKENS = 32  # shorter prefixes: prefilling them costs about what saving and restoring does
 DEFAULT_LIMIT = 4 << 30  # bytes on disk
-ENV = "LOCALSPEC_PROMPT_CACHE"  # a directory, or "off"
+ENV = "LOCALSPEC_PROMPT_CACHE"  # a directory, or "off" (localspec.locations.prompt_cache_setting)
 LIMIT_ENV = "LOCALSPEC_PROMPT_CACHE_LIMIT"  # bytes, or with a K/M/G suffix
 
 
@@ -68,17 +68,12 @@ class PromptCache(PromptStore):
                      **options: Any) -> PromptCache | None:
         """The cache a setting names: a directory, "off" (None), or None for the environment's
         LOCALSPEC_PROMPT_CACHE or else ``<cache root>/prompts``."""
-        from localspec.llama import registry
+        from localspec import locations
 
-        if value is None:  # the environment's (an empty variable is unset)
-            setting = environment.get(ENV)
-        elif str(value).strip() == "":
-            setting = False
-        else:
-            setting = environment.parse_dir_or_off(os.fsdecode(value), "prompt_cache", "prompt_cache")
+        setting = locations.prompt_cache_setting(value)
         if setting is False:
             return None
-        root = setting if setting is not None else registry.cache_root() / "prompts"
+        root = setting if setting is not None else locations.default_prompt_cache()
         size = environment.get(LIMIT_ENV) if limit is None else parse_limit(str(limit))
         cache = cls(root, size, **options)
         if setting is not None:  # a directory the user named: refused now (the default one: off, with a warning)
@@ -129,6 +124,11 @@ class PromptCache(PromptStore):
             self._disable(str(exc))
             return None
         return self._write(directory, options, tokens, data)
+
+    def keeps(self, model: StatefulModel, n_tokens: int) -> bool:
+        """Whether a prefix of `n_tokens` tokens is one this cache saves for `model` (long enough,
+        and the cache not off for it)."""
+        return n_tokens >= self.min_tokens and not self._off(model)
 
     # ------------------------------------------------------------------ in memory
 

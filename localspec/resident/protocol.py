@@ -1,21 +1,23 @@
-"""The frames a ``localspec`` client and a resident service exchange on a Unix socket.
+"""The frames a ``localspec`` client and the resident service exchange on a Unix socket.
 
-A frame is one byte naming its kind, the payload's length (u32, little endian) and the payload:
-bytes for standard streams, JSON for everything else. A call goes::
+A frame is one byte naming its kind, the payload's length (u32, little endian) and the payload,
+a JSON object (UTF-8; text that is not valid Unicode, such as a path's undecodable bytes, kept
+as surrogate escapes). A connection carries one exchange::
 
-    client                                   service
-    REQUEST {argv, cwd, env, ttys, ...}  ─►
-                                         ◄─  ACCEPTED {service}   (or DECLINED {reason}: another key)
-                                         ◄─  STDOUT / STDERR bytes, as the command writes them
-                                         ◄─  READ {n}             (the command reads stdin)
-    STDIN bytes (b"": end of input)      ─►
-                                         ◄─  INPUT {prompt}       (chat asks for a line in a terminal)
-    LINE {line} | {eof} | {interrupt}    ─►
-    SIGNAL {signal}  (Ctrl-C, SIGTERM)   ─►  any time: stops the generation within one step
-                                         ◄─  EXIT {code}
+    client                                     service
+    CALL {version, kind, pair, settings, ...} ─►  (localspec.core.calls.Request)
+                                           ◄─  ACCEPT {}         (at once; or RETRY {reason}: this
+                                                                  service takes no more calls)
+                                           ◄─  EVENT {event: note|ready|text|done|failed, ...}, ...
+    CANCEL {reason}   (Ctrl-C, SIGTERM)    ─►  any time: the call stops within one step
+    (the connection closed)                ─►  the client is gone: the call stops at once
 
-``STATUS`` (answered by ``STATUS``) and ``STOP`` (answered by ``EXIT``) are what ``localspec ps``
-and ``localspec stop`` send instead of a request. Standard library only: the client imports it.
+    STATUS {}                              ─►
+                                           ◄─  STATUS {pid, pairs, ...}  (localspec.core.status)
+    STOP {model | all}                     ─►
+                                           ◄─  STOP {stopped: [...], ending}
+
+Standard library only: the client imports it.
 """
 
 from __future__ import annotations
@@ -30,25 +32,18 @@ if TYPE_CHECKING:
     from typing import Any
 
 HEADER = struct.Struct("<cI")
-MAX_FRAME = 64 << 20  # a payload larger than this ends the connection (no peer of ours sends one)
-MAX_JSON = 8 << 20
+MAX_FRAME = 160 << 20  # a call holds a prompt and a context of up to 32 MiB each, tools and a schema
 
 # client -> service
-REQUEST = b"Q"
-STDIN = b"I"
-LINE = b"L"
-SIGNAL = b"S"
+CALL = b"Q"
+CANCEL = b"C"
 STATUS = b"T"
 STOP = b"X"
 # service -> client
-ACCEPTED = b"A"
-DECLINED = b"D"
-STDOUT = b"O"
-STDERR = b"E"
-READ = b"R"
-INPUT = b"P"
-EXIT = b"Z"
-NOTE = b"N"  # a line for the client's stderr from the service itself (e.g. "waiting for another call")
+ACCEPT = b"A"
+EVENT = b"V"
+RETRY = b"Y"
+KINDS = (CALL, CANCEL, STATUS, STOP, ACCEPT, EVENT, RETRY)
 
 
 class ProtocolError(ConnectionError):
@@ -62,22 +57,24 @@ class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._send_lock = threading.Lock()
-        self.closed = False
 
-    def send(self, kind: bytes, payload: bytes = b"") -> None:
-        """One frame; OSError (BrokenPipeError, ...) when the peer is gone."""
+    def send(self, kind: bytes, value: Any) -> None:
+        """One frame of a JSON value; OSError (BrokenPipeError, ...) when the peer is gone."""
+        payload = dumps(value)
+        if len(payload) > MAX_FRAME:
+            raise ProtocolError(f"a frame of {len(payload)} bytes (at most {MAX_FRAME})")
         with self._send_lock:
             self.sock.sendall(HEADER.pack(kind, len(payload)) + payload)
 
-    def send_json(self, kind: bytes, value: Any) -> None:
-        self.send(kind, json.dumps(value, ensure_ascii=False).encode("utf-8"))
-
     def recv(self) -> tuple[bytes, bytes] | None:
-        """The next frame, or None when the peer closed the connection between frames."""
+        """The next frame (kind, payload), or None when the peer closed the connection between
+        frames; ProtocolError for a frame no peer of ours sends."""
         head = self._read(HEADER.size, allow_eof=True)
         if head is None:
             return None
         kind, length = HEADER.unpack(head)
+        if kind not in KINDS:
+            raise ProtocolError(f"a frame of unknown kind {kind!r}")
         if length > MAX_FRAME:
             raise ProtocolError(f"a frame of {length} bytes (at most {MAX_FRAME})")
         payload = self._read(length, allow_eof=False) if length else b""
@@ -97,7 +94,6 @@ class Channel:
         return b"".join(chunks)
 
     def close(self) -> None:
-        self.closed = True
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -105,11 +101,14 @@ class Channel:
         self.sock.close()
 
 
+def dumps(value: Any) -> bytes:
+    """A JSON value as a frame's payload (surrogate escapes pass: json.loads reads them back)."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass")
+
+
 def loads(payload: bytes) -> Any:
     """A JSON payload (ProtocolError when it is not one)."""
-    if len(payload) > MAX_JSON:
-        raise ProtocolError(f"a JSON frame of {len(payload)} bytes")
     try:
-        return json.loads(payload.decode("utf-8"))
+        return json.loads(payload)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"a malformed JSON frame ({exc})") from None

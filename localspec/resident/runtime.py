@@ -1,19 +1,22 @@
-"""Where resident services live and how a client finds one (the standard library only: the
+"""Where the resident service lives and how a client reaches it (the standard library only: the
 ``localspec`` client imports this before anything else).
 
-A service is two files in the per-user runtime directory (:func:`localspec.locations.runtime_dir`,
-private: 0700, this user's, never a symbolic link): its socket ``<id>.sock`` (0600) and its
-record ``<id>.json`` (0600: pid, models, keep-alive, the environment and code it was started
-with), written after the socket listens and removed when it exits. A record whose socket refuses
-connections belongs to a service that died: :func:`connect` removes both files. Every connection
-is checked with ``SO_PEERCRED``: a service talks to its own user only, and so does a client.
+One service per user holds every pair. It is a socket in the per-user runtime directory
+(:func:`localspec.locations.runtime_dir`, private: 0700, this user's, never a symbolic link),
+``<name>.sock`` (0600), where the name says which localspec it runs (version and install) and
+the environment its process was started with that changes how llama.cpp runs (``GGML_*``,
+``OMP_*``, ...) or where localspec keeps its state (the cache and profile directories): a client
+whose own differ is served by another service. A service's log is ``<name>-<token>.log`` (0600),
+removed when it ends cleanly and kept when it crashed. Every connection is checked with
+``SO_PEERCRED``: a service talks to its own user only, and so does a client.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
+import fcntl
+import hashlib
 import os
 import socket
 import stat
@@ -22,7 +25,7 @@ from pathlib import Path
 
 TYPE_CHECKING = False  # no typing at run time: the client imports this module
 if TYPE_CHECKING:
-    from typing import Any, Mapping
+    from typing import Iterator
 
 import localspec
 from localspec import locations
@@ -30,15 +33,14 @@ from localspec.files import private_dir
 from localspec.resident.protocol import Channel
 
 SOCKET_SUFFIX = ".sock"
-RECORD_SUFFIX = ".json"
 LOG_SUFFIX = ".log"
-MAX_RECORD = 64 << 10
+SPAWN_LOCK = "spawn.lock"
+KEEP_CRASH_LOGS = 5  # logs of services that did not end cleanly, kept for the user to read
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux
-# the environment a service was started with and that changes what a call does or where it
-# writes: a client whose values differ is never served by it
-ENV_PREFIXES = ("LOCALSPEC_", "GGML_", "LLAMA_", "OMP_", "CUDA_", "HIP_", "OPENBLAS_")
-ENV_NAMES = ("HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR")
-ENV_IGNORED = ("LOCALSPEC_KEEP_ALIVE", "LOCALSPEC_API_KEY")  # read per call / by serve only
+# the environment a service's process was started with that changes what it does: llama.cpp's
+# and its thread libraries' settings (read when the process starts)
+ENV_PREFIXES = (b"GGML_", b"LLAMA_", b"OMP_", b"GOMP_", b"KMP_", b"CUDA_", b"HIP_", b"OPENBLAS_")
+ENV_NAMES = (b"LOCALSPEC_LLAMA_LOG", b"LOCALSPEC_RPC_TIMEOUT")
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -57,81 +59,26 @@ def directory(create: bool = True) -> Path:
         raise NotPrivate(str(exc)) from None
 
 
-def env_subset(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of `env` that a service's key covers."""
-    return {k: v for k, v in sorted(env.items())
-            if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and k not in ENV_IGNORED}
+def service_name() -> str:
+    """The name of the service this process's calls go to (see the module docstring)."""
+    from localspec.llama.host import profile_dir
+
+    digest = hashlib.sha256()
+    for part in (localspec.__version__, os.path.dirname(os.path.abspath(localspec.__file__)),
+                 os.fspath(locations.cache_root().absolute()), os.fspath(profile_dir().absolute())):
+        digest.update(os.fsencode(part) + b"\0")
+    for name, value in sorted(os.environb.items()):
+        if name.startswith(ENV_PREFIXES) or name in ENV_NAMES:
+            digest.update(name + b"=" + value + b"\0")
+    return f"service-{digest.hexdigest()[:12]}"
 
 
-def env_key(env: Mapping[str, str]) -> dict[str, str]:
-    """What a service records of its environment, and a client's must equal (the record is
-    private: no secret of serve's is in it)."""
-    return env_subset(env)
+def socket_path(where: Path, name: str) -> Path:
+    return where / f"{name}{SOCKET_SUFFIX}"
 
 
-def code_identity() -> dict[str, Any]:
-    """Which localspec this is: its version and where its package lives (another checkout or
-    install is another localspec). The service adds llama.cpp's version and checks both files
-    before each call."""
-    return {"localspec": localspec.__version__, "package": os.path.dirname(os.path.abspath(localspec.__file__))}
-
-
-class Record:
-    """What a service wrote about itself (`path`: the record file)."""
-
-    __slots__ = ("id", "path", "data")
-
-    def __init__(self, id: str, path: Path, data: dict[str, Any]) -> None:
-        self.id, self.path, self.data = id, path, data
-
-    @property
-    def socket_path(self) -> Path:
-        return self.path.with_suffix(SOCKET_SUFFIX)
-
-    @property
-    def pid(self) -> int:
-        return int(self.data.get("pid", 0))
-
-    def matches(self, env: Mapping[str, str]) -> bool:
-        """Whether a client with this environment and code may be served by it (the service
-        checks the models and options itself)."""
-        return self.data.get("env") == env_key(env) and self.data.get("code") == code_identity()
-
-
-def _read_record(path: Path) -> dict[str, Any] | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > MAX_RECORD:
-            return None
-        data = os.read(fd, MAX_RECORD + 1)
-    finally:
-        os.close(fd)
-    try:
-        value = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def records(where: Path | None = None) -> list[Record]:
-    """The records of every service in the runtime directory, most recently started first."""
-    try:
-        where = where or directory(create=False)
-        names = os.listdir(where)
-    except (OSError, FileNotFoundError):
-        return []
-    out = []
-    for name in names:
-        if name.endswith(RECORD_SUFFIX) and not name.startswith("."):
-            path = where / name
-            data = _read_record(path)
-            if data is not None:
-                out.append(Record(name[: -len(RECORD_SUFFIX)], path, data))
-    return sorted(out, key=lambda r: -float(r.data.get("started", 0)))
+def socket_path_fits(path: Path) -> bool:
+    return len(os.fsencode(str(path))) <= MAX_SOCKET_PATH
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -140,28 +87,36 @@ def peer_uid(sock: socket.socket) -> int:
     return uid
 
 
-def remove_stale(record: Record) -> None:
-    """Remove a dead service's socket and record (only what is a socket / regular file of ours)."""
-    log_path = record.path.with_suffix(LOG_SUFFIX)
-    for path, is_type in ((record.socket_path, stat.S_ISSOCK), (record.path, stat.S_ISREG), (log_path, stat.S_ISREG)):
-        with contextlib.suppress(OSError):
-            st = os.lstat(path)
-            if is_type(st.st_mode) and st.st_uid == os.geteuid():
-                os.unlink(path)
-
-
-def connect(record: Record, timeout: float | None = None) -> Channel | None:
-    """A channel to the service of `record`, checked to be run by this user; None when it is
-    gone (a stale socket or record is removed). `timeout`: of every later operation too (None:
-    a call's channel, which waits as long as the call runs)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout if timeout is not None else 5.0)
+def is_our_socket(path: Path) -> bool:
+    """Whether `path` is a socket of this user's (not followed if it is a link)."""
     try:
-        sock.connect(str(record.socket_path))
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def connect(path: Path, timeout: float | None = None) -> Channel | None:
+    """A channel to the service listening at `path`, checked to be run by this user; None when
+    none listens there (a socket left by a service that died is removed). `timeout`: of every
+    later operation too (None: a call's channel, which waits as long as the call runs)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5.0)
+    try:
+        sock.connect(str(path))
     except OSError as exc:
         sock.close()
-        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
-            remove_stale(record)  # nobody listens: a service closes its socket only as it exits
+        if exc.errno == errno.ECONNREFUSED and is_our_socket(path):
+            with spawn_lock(path.parent):  # nobody listens: a service closes its socket only as it exits
+                with contextlib.suppress(OSError):
+                    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    try:
+                        probe.connect(str(path))
+                    except OSError as again:
+                        if again.errno == errno.ECONNREFUSED and is_our_socket(path):
+                            os.unlink(path)
+                    finally:
+                        probe.close()
         return None
     if peer_uid(sock) != os.geteuid():
         sock.close()
@@ -170,16 +125,52 @@ def connect(record: Record, timeout: float | None = None) -> Channel | None:
     return Channel(sock)
 
 
-def proc_bytes(path: str, field: str) -> int:
-    """A "Field: N kB" line of a /proc file (/proc/meminfo, /proc/self/status) in bytes; 0 where
-    there is none (not Linux)."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open(path, encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    return 0
+def sockets(where: Path | None = None) -> list[Path]:
+    """Every service socket in the runtime directory (none when it does not exist)."""
+    try:
+        where = where or directory(create=False)
+        names = os.listdir(where)
+    except OSError:
+        return []
+    return sorted(where / n for n in names if n.endswith(SOCKET_SUFFIX) and not n.startswith("."))
 
 
-def socket_path_fits(path: Path) -> bool:
-    return len(os.fsencode(str(path))) <= MAX_SOCKET_PATH
+@contextlib.contextmanager
+def spawn_lock(where: Path) -> Iterator[None]:
+    """The lock under which one client at a time starts a service and a service removes its
+    socket: N clients arriving at once start one service."""
+    fd = os.open(where / SPAWN_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def listen(path: Path) -> socket.socket:
+    """A listening socket at `path` (0600 from the start); call under spawn_lock, where no
+    service listens at `path` (a stale socket of ours is replaced)."""
+    if is_our_socket(path):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    sock.listen(64)
+    return sock
+
+
+def prune_logs(where: Path, name: str) -> None:
+    """Keep the newest KEEP_CRASH_LOGS logs of crashed services (a live service's is its own)."""
+    logs = []
+    for entry in os.scandir(where):
+        if entry.name.startswith(name + "-") and entry.name.endswith(LOG_SUFFIX):
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                    logs.append((st.st_mtime, entry.path))
+    for _, path in sorted(logs, reverse=True)[KEEP_CRASH_LOGS:]:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -4,14 +4,15 @@
     POST /v1/chat/completions   messages -> chat.completion (or chat.completion.chunk events)
     POST /v1/completions        prompt   -> text_completion (or text_completion events)
 
-One target/draft pair is loaded once and shared. Requests queue for a single worker thread, so
-only one generation touches the models at a time while the event loop stays responsive; a
-client that disconnects stops its generation between steps. Speculative settings are extension
+One target/draft pair is loaded once and kept on the core every front end shares
+(:mod:`localspec.core.residency`). Requests wait in its queue, so only one generation touches the
+models at a time while the event loop stays responsive; a client that disconnects stops its
+generation between steps. Speculative settings are extension
 parameters of the request body (``extra_body`` in the openai client): top_k, min_p, verifier,
 num_draft_tokens, paths, tree, drafter, plan. Every response carries a ``speculative`` object
 with the settings used and the acceptance statistics.
 
-Modules: :mod:`.schemas` (request bodies), :mod:`.worker` (the model thread),
+Modules: :mod:`.schemas` (request bodies), :mod:`.jobs` (a request's generation on the core),
 :mod:`.responses` (OpenAI objects), :mod:`.app` (routes, limits, errors), :mod:`.run` (socket and
 uvicorn). Importing this package needs neither Starlette nor uvicorn.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 
 from localspec.errors import ConfigError, DependencyError
 
@@ -58,8 +58,3 @@ def require_server_deps() -> None:
     missing = [name for name, module in modules.items() if importlib.util.find_spec(module) is None]
     if missing:
         raise DependencyError(f"the server needs {' and '.join(missing)}: pip install 'localspec[server]'")
-
-
-def model_id_of(name: str) -> str:
-    """The id /v1/models reports: a registry name as is, a GGUF path by its file stem."""
-    return Path(name).stem if name.lower().endswith(".gguf") else name

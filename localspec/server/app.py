@@ -2,8 +2,8 @@
 
 Every client is treated as possibly hostile: the body is read with a size and a time limit
 before anything else happens, JSON nesting and the number of messages are bounded, the queue in
-front of the single model worker is bounded, and every failure is a specific 4xx (or a logged
-500 for a bug), never a worker held hostage. localspec's errors map to HTTP statuses in one
+front of the pair is bounded (its queue on the residency), and every failure is a specific 4xx
+(or a logged 500 for a bug), never a generation held hostage. localspec's errors map to HTTP statuses in one
 place, :data:`HTTP_STATUS`.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
@@ -37,10 +38,9 @@ from localspec.errors import (
     RequestError,
     VerifierError,
 )
-from localspec.llama.model import Model
 from localspec.server import ServerLimits, schemas
-from localspec.server.responses import Health, ModelCard, ModelList, ResponseBuilder, error_body
-from localspec.server.worker import Job, ModelWorker
+from localspec.server.jobs import Job, Pair
+from localspec.server.responses import ModelCard, ModelList, ResponseBuilder, error_body
 
 log = logging.getLogger(__name__)
 
@@ -196,11 +196,11 @@ def _sse_response(job: Job, events: AsyncIterator[ServerSentEvent]) -> HTTPRespo
     """A Server-Sent-Events response (sse-starlette) that stops the job when the client
     disconnects: at once when the disconnect is seen, and when the event generator is closed. A
     stream quiet for PING_SECONDS gets a comment line, which SSE clients (OpenAI's) skip. When
-    the server stops, the worker ends the generation after its current step and the stream
+    the server stops, the generation ends after its current step and the stream
     ends by itself, with its final chunks and [DONE], within STREAM_SHUTDOWN_GRACE seconds."""
 
     async def client_left(message: Any) -> None:
-        job.cancel.set()
+        job.cancel.set("gone")
 
     # with sse-starlette's X-Accel-Buffering: no (proxies pass each event on at once)
     return EventSourceResponse(events, headers={"Cache-Control": "no-cache"}, sep="\n", ping=PING_SECONDS,
@@ -235,7 +235,7 @@ async def _events(job: Job, first: tuple[str, Any], reply: ResponseBuilder) -> A
                 yield _event(chunk)
         yield _event("[DONE]")
     finally:
-        job.cancel.set()
+        job.cancel.set("gone")
 
 
 async def _respond_stream(request: Request, job: Job, reply: ResponseBuilder) -> HTTPResponse:
@@ -262,12 +262,12 @@ async def _respond_full(request: Request, job: Job, reply: ResponseBuilder) -> H
 # ---------------------------------------------------------------- the app
 
 
-def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: GenerationConfig = DEFAULTS,
-               limits: ServerLimits = ServerLimits(), prompt_cache: Any = None) -> Starlette:
-    """The ASGI app serving one loaded target/draft pair (draft None: no draft model; n-gram drafts or none).
-    `defaults`: the settings of what a request leaves out; `prompt_cache`: a PromptCache (None: off)."""
-    worker = ModelWorker(target, draft, limits.max_queue, prompt_cache)
+def create_app(pair: Pair, *, model_id: str, defaults: GenerationConfig = DEFAULTS,
+               limits: ServerLimits = ServerLimits()) -> Starlette:
+    """The ASGI app serving one pair kept on a residency (its draft None: no draft model; n-gram
+    drafts or none). `defaults`: the settings of what a request leaves out."""
     created = int(time.time())
+    has_draft = pair.spec.draft is not None
 
     card = ModelCard(id=model_id, created=created)
 
@@ -282,7 +282,8 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
         return json_response(card)
 
     async def health(request: Request) -> HTTPResponse:
-        return json_response(Health(model=model_id, queued=worker.pending(), busy=worker.busy.locked()))
+        """What the residency holds: the status type `localspec ps` shows too."""
+        return HTTPResponse(json.dumps(pair.residency.status().to_json()), media_type="application/json")
 
     async def generate(request: Request, chat: bool) -> HTTPResponse:
         req = schemas.parse(parse_json(await read_body(request, limits), limits, chat), chat)
@@ -292,18 +293,18 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
         chat_request = isinstance(req, schemas.ChatRequest)
         prompt = req.prompt() if chat_request else req.prompt_value()
         tools = await asyncio.to_thread(req.toolset) if chat_request else None
-        reply = ResponseBuilder(chat, req.include_usage, applied_config(config, draft is not None), model_id)
+        reply = ResponseBuilder(chat, req.include_usage, applied_config(config, has_draft), model_id)
         job = Job(prompt, config, asyncio.get_running_loop(), tools)
-        worker.submit(job)
-        log.info("%s: %s, %d queued", reply.id, "stream" if req.stream else "request", worker.pending())
+        pair.submit(job)
+        log.info("%s: %s", reply.id, "stream" if req.stream else "request")
         try:
             return await (_respond_stream if req.stream else _respond_full)(request, job, reply)
         except Disconnected:
-            job.cancel.set()
+            job.cancel.set("gone")
             log.info("%s: the client disconnected", reply.id)
             return HTTPResponse(status_code=499)
         except BaseException:
-            job.cancel.set()
+            job.cancel.set("gone")
             raise
 
     def endpoint(chat: bool) -> Callable[[Request], Awaitable[HTTPResponse]]:
@@ -339,7 +340,7 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
-        await asyncio.to_thread(worker.close)
+        await asyncio.to_thread(pair.residency.end, "the server is stopping")
 
     app = Starlette(
         routes=[
@@ -354,7 +355,7 @@ def create_app(target: Model, draft: Model | None, *, model_id: str, defaults: G
     )
     app.router.redirect_slashes = False  # /v1/models/ is a 404, not a redirect to follow
     app.add_middleware(_BearerAuth, limits=limits)
-    app.state.worker = worker
+    app.state.pair = pair
     app.state.model_id = model_id
     return app
 

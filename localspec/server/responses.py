@@ -3,7 +3,8 @@
 
 Every JSON body the server sends is one of these models: :class:`ChatCompletion`,
 :class:`TextCompletion`, their stream chunks, :class:`ModelList` / :class:`ModelCard`,
-:class:`Health` and :class:`ErrorBody`. A None value is sent as ``null`` (OpenAI's clients read
+:class:`ErrorBody` (``/health`` answers the core's status: :mod:`localspec.core.status`). A None
+value is sent as ``null`` (OpenAI's clients read
 ``logprobs``, ``finish_reason``, ``param`` and ``code`` as present), except where a model says a
 field is left out when not given (a chunk's ``usage`` without ``include_usage``, a delta's
 unset role or content).
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model
 
 from localspec import __version__
 from localspec.config import GenerationConfig
-from localspec.decoding.engine import GenerationStats
+from localspec.decoding.stats import GenerationStats
 from localspec.tool_calls import ToolCall
 
 FINGERPRINT = f"localspec-{__version__}"
@@ -225,13 +226,6 @@ class ModelCard(_Wire):
 class ModelList(_Wire):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class Health(_Wire):
-    status: Literal["ok"] = "ok"
-    model: str
-    queued: int  # requests waiting for the model worker
-    busy: bool  # a generation holds the models
 
 
 class ErrorDetail(_Wire):

@@ -31,10 +31,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from localspec.config import DEFAULTS, GenerationConfig
 from localspec.errors import ConfigError
-from localspec.llama.model import Model
 from localspec.server import ServerLimits
 from localspec.server.app import create_app
-from localspec.server.worker import ModelWorker
+from localspec.server.jobs import Pair
 
 log = logging.getLogger(__name__)
 
@@ -189,17 +188,16 @@ def uvicorn_config(app: Any, limits: ServerLimits, verbose: bool = False) -> uvi
                           timeout_graceful_shutdown=3, timeout_keep_alive=5, proxy_headers=False)
 
 
-def serve(target: Model, draft: Model | None, *, model_id: str, sock: socket.socket,
-          defaults: GenerationConfig = DEFAULTS, limits: ServerLimits = ServerLimits(),
-          verbose: bool = False, prompt_cache: Any = None) -> bool:
+def serve(pair: Pair, *, model_id: str, sock: socket.socket, defaults: GenerationConfig = DEFAULTS,
+          limits: ServerLimits = ServerLimits(), verbose: bool = False) -> bool:
     """Serve until interrupted (Ctrl-C: a graceful shutdown, waiting at most 3 s for open requests).
     Returns True when no generation is left running, so the models may be closed."""
-    app = create_app(target, draft, model_id=model_id, defaults=defaults, limits=limits, prompt_cache=prompt_cache)
-    worker: ModelWorker = app.state.worker
+    app = create_app(pair, model_id=model_id, defaults=defaults, limits=limits)
+    residency = pair.residency
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            worker.stop()  # open responses end after the current step, with what they have
+            residency.end("the server is stopping")  # open responses end after the current step, with what they have
             super().handle_exit(sig, frame)
 
     try:
@@ -208,4 +206,4 @@ def serve(target: Model, draft: Model | None, *, model_id: str, sock: socket.soc
         pass
     finally:
         sock.close()
-    return worker.close()
+    return residency.close()

@@ -1,0 +1,458 @@
+"""The one owner of what is loaded: pairs keyed by their spec, the cost profiles, the prompt
+caches, a queue per pair and what each call's cancellation stops.
+
+Both front ends keep pairs through it: the resident service (:mod:`localspec.resident.service`,
+many pairs, each idle for its keep-alive at most) and ``localspec serve`` (one pair, pinned).
+A call *leases* its pair (:meth:`Residency.lease`): it waits in the pair's queue (and only
+there: calls on other pairs run meanwhile), the pair is loaded if it is not (once, whoever asks
+first; the idle pairs used least recently are unloaded first when the new one would not fit the
+memory available or LOCALSPEC_MAX_LOADED), and the call has it to itself until it gives it back.
+A call's :class:`Cancel` (Ctrl-C, SIGTERM, its client gone, the service ending) ends its wait at
+once and its generation between two steps. :meth:`Residency.status` is the one status type
+(:mod:`localspec.core.status`) that ``localspec ps``, ``localspec info`` and ``/health`` show.
+
+Targets are kept per file and load options; drafts per target (a call without a draft model
+shares the target with calls that have one), loaded when a call needs them (lazily where the
+planner decides, :func:`localspec.loading.draft_loading`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from localspec.core.pairs import ModelFile, PairSpec
+from localspec.core.status import CoreStatus, PairStatus, display_name, process_memory
+from localspec.errors import ModelError, RequestError
+from localspec.loading import Loaded
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_LOADED = 3  # pairs a service keeps loaded at most (LOCALSPEC_MAX_LOADED), as ollama's default on a CPU
+MEMORY_MARGIN = 1.15  # a model needs about its file's size, plus its context and compute buffers
+PROMPT_MEMORY = 256 << 20  # bytes of recent prompts' KV states kept in memory, in front of the disk cache
+POLL = 0.1  # seconds between checks of a waiting call's cancellation
+STOPS = ("interrupted", "terminated")  # reasons a user stops a call (Ctrl-C, SIGTERM)
+
+
+class Cancel:
+    """One call's stop, set once with its reason: "interrupted" (Ctrl-C), "terminated"
+    (SIGTERM), "gone" (its client went away) or "ending" (the service or server stops). A
+    waiting call stops waiting at once; a generation stops between two steps."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: str | None = None
+
+    def set(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._event.wait(timeout)
+
+
+class Cancelled(Exception):
+    """A call stopped before it had its pair (Cancel.reason says why)."""
+
+
+Notify = Callable[[str], None]
+
+
+def _quiet(text: str) -> None:
+    """A call that nobody is told about (the server logs instead)."""
+    log.info("%s", text)
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """A call in a pair's queue."""
+
+    cancel: Cancel
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
+class _Resident:
+    """A target (with the drafts calls brought) and the calls that use it."""
+
+    spec: PairSpec  # the latest call's (its names are what `ps` shows)
+    target: Any = None  # localspec.llama.model.Model once loaded
+    drafts: dict[tuple, Any] = field(default_factory=dict)  # draft key -> LazyModel
+    loading: bool = False
+    holder: _Ticket | None = None
+    queue: list[_Ticket] = field(default_factory=list)
+    calls: int = 0  # leases given back
+    last_used: float = field(default_factory=time.monotonic)
+    keep_alive: float | None = None  # seconds idle before it is unloaded (None: never; `serve`)
+    last_call_seconds: float | None = None
+    bytes: int = 0  # estimated memory (weights, KV cache, buffers)
+
+    @property
+    def busy(self) -> bool:
+        return self.holder is not None
+
+    @property
+    def idle(self) -> bool:
+        return self.holder is None and not self.queue and not self.loading
+
+    def draft_models(self) -> list[Any]:
+        return [d for d in self.drafts.values() if getattr(d, "loaded", True)]
+
+
+def model_bytes(file: ModelFile | None) -> int:
+    return int(MEMORY_MARGIN * file.size) if file is not None else 0
+
+
+class Residency:
+    """What is loaded in this process and who uses it (see the module docstring). `memory`:
+    bytes available to new allocations (None: unknown); `prompt_memory`: bytes of prompt states
+    each prompt cache keeps in memory."""
+
+    def __init__(self, memory: Callable[[], int | None] | None = None, prompt_memory: int = PROMPT_MEMORY) -> None:
+        from localspec.llama.host import available_memory
+
+        self._memory = memory or available_memory
+        self.prompt_memory = prompt_memory
+        self._cond = threading.Condition()
+        self._residents: dict[tuple, _Resident] = {}
+        self._caches: dict[tuple[str, str | None], Any] = {}
+        self._profiles: dict[str, Any] = {}
+        self.started = time.time()
+        self.ending: str | None = None  # why no new call is taken
+        self._held: list[Cancel] = []  # the cancellation of every call holding or waiting for a pair
+
+    # ------------------------------------------------------------ leasing a pair
+
+    @contextlib.contextmanager
+    def lease(self, spec: PairSpec, cancel: Cancel, *, need_draft: bool = True, lazy_draft: bool = True,
+              grammar: bool = False, keep_alive: float | None = None, max_loaded: int = DEFAULT_MAX_LOADED,
+              max_queue: int | None = None, notify: Notify = _quiet) -> Iterator[Loaded]:
+        """The pair of `spec`, this call's alone until the block ends (see the module docstring).
+        Cancelled when `cancel` is set before the call has it; ModelError when it cannot load;
+        RequestError (503) when `max_queue` calls wait already or the residency is ending."""
+        started = time.monotonic()
+        with self._cond:
+            resident, ticket = self._join(spec, cancel, max_queue)
+        try:
+            with self._cond:
+                self._wait_turn(resident, ticket, notify)
+            seconds = self._ensure_target(resident, spec, grammar, max_loaded, ticket, notify)
+            draft, draft_seconds = self._draft(resident, spec, need_draft, lazy_draft)
+            yield Loaded(resident.target, draft, spec.target_name, (seconds, draft_seconds))
+        finally:
+            with self._cond:
+                self._leave(resident, ticket, keep_alive, started)
+
+    def _join(self, spec: PairSpec, cancel: Cancel, max_queue: int | None) -> tuple[_Resident, _Ticket]:
+        if self.ending is not None:
+            raise RequestError(f"localspec is ending ({self.ending}); this call was not started", status=503)
+        self._forget_replaced(spec)
+        resident = self._residents.get(spec.target_key)
+        if resident is None:
+            resident = self._residents[spec.target_key] = _Resident(spec)
+        if max_queue is not None and len(resident.queue) >= max_queue:
+            raise RequestError(f"the server is busy: {max_queue} requests are waiting; retry later", status=503)
+        resident.spec = spec
+        ticket = _Ticket(cancel)
+        resident.queue.append(ticket)
+        self._held.append(cancel)
+        return resident, ticket
+
+    def _wait_turn(self, resident: _Resident, ticket: _Ticket, notify: Notify) -> None:
+        """Until the ticket is first in its pair's queue and the pair is free (told once why)."""
+        told = False
+        while resident.queue[0] is not ticket or resident.busy:
+            self._check(ticket)
+            if not told:
+                ahead = resident.queue.index(ticket) + (1 if resident.busy else 0)
+                notify(f"localspec: waiting for {ahead} earlier call{'s' if ahead > 1 else ''} on "
+                       f"{display_name(resident.spec.target_name)} (one call at a time per model)")
+                told = True
+            self._cond.wait(POLL)
+        self._check(ticket)
+        resident.queue.remove(ticket)
+        resident.holder = ticket
+
+    def _check(self, ticket: _Ticket) -> None:
+        if ticket.cancel.is_set():
+            raise Cancelled(ticket.cancel.reason)
+
+    def _leave(self, resident: _Resident, ticket: _Ticket, keep_alive: float | None, started: float) -> None:
+        if ticket in resident.queue:
+            resident.queue.remove(ticket)
+        if resident.holder is ticket:
+            resident.holder = None
+            resident.calls += 1
+            resident.last_used = time.monotonic()
+            resident.last_call_seconds = resident.last_used - started
+            resident.keep_alive = keep_alive  # each call sets its pair's anew
+        if ticket.cancel in self._held:
+            self._held.remove(ticket.cancel)
+        if resident.target is None and not resident.loading and not resident.queue and not resident.busy:
+            self._residents.pop(resident.spec.target_key, None)  # its load failed, or it was never tried
+        self._cond.notify_all()
+
+    def _forget_replaced(self, spec: PairSpec) -> None:
+        """Idle targets whose file at the same path is another file now can never be used again."""
+        for key, resident in list(self._residents.items()):
+            if key != spec.target_key and resident.idle and resident.spec.target.path == spec.target.path \
+                    and resident.target is not None and not resident.spec.target.is_current():
+                log.info("unloading %s: its file was replaced", resident.spec.target.path)
+                self._unload(resident)
+
+    # ------------------------------------------------------------ loading
+
+    def _ensure_target(self, resident: _Resident, spec: PairSpec, grammar: bool, max_loaded: int, ticket: _Ticket,
+                       notify: Notify) -> float:
+        """Load the target (its holder does, once); the seconds it took (0: it was loaded)."""
+        if resident.target is not None:
+            return 0.0
+        with self._cond:
+            self._make_room(resident, spec, max_loaded, ticket, notify)
+            resident.loading = True
+        t0 = time.perf_counter()
+        try:
+            target = self._load_target(spec, grammar)
+        finally:
+            with self._cond:
+                resident.loading = False
+        with self._cond:
+            resident.target = target
+            resident.bytes = _target_bytes(target)
+        return time.perf_counter() - t0
+
+    @staticmethod
+    def _load_target(spec: PairSpec, grammar: bool) -> Any:
+        from localspec.llama.model import Model
+
+        if grammar:
+            from localspec.decoding.tokenizer import prestart_tokenizer
+
+            prestart_tokenizer(spec.target.path)
+        target = Model(spec.target.path, spec.options.target)
+        if not spec.target.is_current():  # replaced while the call was on its way: its key is not this file
+            target.close()
+            raise ModelError(f"{spec.target.path} changed while it was being loaded; run the call again")
+        return target
+
+    def _make_room(self, resident: _Resident, spec: PairSpec, max_loaded: int, ticket: _Ticket,
+                   notify: Notify) -> None:
+        """Before a load: unload idle pairs, the least recently used first, while the new one would
+        not fit the memory available or max_loaded; wait (told why) while what is in the way is
+        busy; load anyway where nothing else is loaded (the load says if it cannot)."""
+        need = model_bytes(spec.target)
+        told = None
+        while True:
+            self._check(ticket)
+            others = [r for r in self._residents.values() if r is not resident and (r.target is not None or r.loading)]
+            available = self._memory()
+            fits = len(others) < max_loaded and (available is None or need <= available)
+            if fits or not others:
+                return
+            idle = sorted((r for r in others if r.idle and r.keep_alive is not None), key=lambda r: r.last_used)
+            if idle:
+                notify(f"localspec: unloaded {display_name(idle[0].spec.target_name)} to make room for "
+                       f"{display_name(spec.target_name)}")
+                self._unload(idle[0])
+                continue
+            why = (f"{len(others)} models are loaded (LOCALSPEC_MAX_LOADED={max_loaded})" if len(others) >= max_loaded
+                   else f"{need >> 20} MB are needed and {(available or 0) >> 20} MB are available")
+            if why != told:
+                busy = ", ".join(display_name(r.spec.target_name) for r in others)
+                notify(f"localspec: waiting for {busy} to finish: {why}")
+                told = why
+            self._cond.wait(POLL)
+
+    def _draft(self, resident: _Resident, spec: PairSpec, need: bool, lazy: bool) -> tuple[Any, float | None]:
+        """The call's draft: none, the LazyModel the planner loads when it pays, or loaded now."""
+        if not need or spec.draft is None:
+            return None, None
+        from localspec.llama.lazy import LazyModel
+
+        key = spec.draft_key
+        with self._cond:
+            for other, model in list(resident.drafts.items()):  # a replaced file is never used again
+                if other != key and model.path == Path(spec.draft.path) and not spec.draft.is_current():
+                    model.close()
+                    del resident.drafts[other]
+            draft = resident.drafts.get(key)
+        if draft is None:
+            draft = LazyModel(spec.draft.path, spec.options.draft, spec.paired)
+            with self._cond:
+                resident.drafts[key] = draft
+        if lazy:
+            return draft, None
+        if draft.loaded:
+            return draft.get(), 0.0
+        t0 = time.perf_counter()
+        model = draft.get()
+        with self._cond:
+            resident.bytes = _target_bytes(resident.target) + sum(_target_bytes(d.get()) for d in resident.draft_models())
+        return model, time.perf_counter() - t0
+
+    # ------------------------------------------------------------ unloading
+
+    def _unload(self, resident: _Resident) -> None:
+        self._residents.pop(resident.spec.target_key, None)
+        for model in (*resident.drafts.values(), resident.target):
+            if model is not None:
+                with contextlib.suppress(Exception):
+                    model.close()
+        resident.target = None
+        resident.drafts.clear()
+        self._cond.notify_all()
+
+    def expire(self) -> float | None:
+        """Unload the pairs idle for longer than their keep-alive; the seconds until the next one
+        is due (None: no pair will expire: none is loaded, or all are pinned or busy)."""
+        now = time.monotonic()
+        due: float | None = None
+        with self._cond:
+            for resident in list(self._residents.values()):
+                if not resident.idle or resident.keep_alive is None or resident.target is None:
+                    continue
+                left = resident.last_used + resident.keep_alive - now
+                if left <= 0:
+                    log.info("unloading %s: idle for %.0f s", resident.spec.target_name, resident.keep_alive)
+                    self._unload(resident)
+                else:
+                    due = left if due is None else min(due, left)
+        return due
+
+    def unload(self, chosen: Callable[[PairStatus], bool], reason: str) -> list[PairStatus]:
+        """Unload the pairs whose status `chosen` picks (a call using one stops between two steps,
+        calls waiting for it are cancelled); their statuses as they were."""
+        with self._cond:
+            picked = [(r, self._status_of(r)) for r in self._residents.values()]
+            picked = [(r, s) for r, s in picked if chosen(s)]
+            for resident, _ in picked:
+                for ticket in [resident.holder, *resident.queue]:
+                    if ticket is not None:
+                        ticket.cancel.set("ending")
+            deadline = time.monotonic() + 30
+            while any(r.busy or r.loading for r, _ in picked) and time.monotonic() < deadline:
+                self._cond.wait(POLL)
+            for resident, _ in picked:
+                if not resident.busy and not resident.loading:
+                    log.info("unloading %s: %s", resident.spec.target_name, reason)
+                    self._unload(resident)
+        return [s for _, s in picked]
+
+    def end(self, reason: str) -> None:
+        """Take no new call; every call holding or waiting for a pair stops (between two steps)."""
+        with self._cond:
+            self.ending = self.ending or reason
+            for cancel in self._held:
+                cancel.set("ending")
+            self._cond.notify_all()
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """end(), wait for the calls to stop, unload everything. True when no call was left running."""
+        self.end(self.ending or "closing")
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while any(r.busy or r.loading for r in self._residents.values()) and time.monotonic() < deadline:
+                self._cond.wait(POLL)
+            running = any(r.busy or r.loading for r in self._residents.values())
+            for resident in list(self._residents.values()):
+                if not resident.busy and not resident.loading:
+                    self._unload(resident)
+        for profiles in self._profiles.values():
+            with contextlib.suppress(Exception):
+                profiles.save()
+        return not running
+
+    def adopt(self, loaded: Loaded) -> PairSpec:
+        """Keep models loaded elsewhere (an app's own, a test's) as a pair for as long as the
+        residency lives; its spec, for leases."""
+        from localspec.config import PairOptions
+        from localspec.llama.lazy import LazyModel
+
+        target, draft = loaded.target, loaded.draft
+        spec = PairSpec(ModelFile.at(target.path), ModelFile.at(draft.path) if draft is not None else None,
+                        loaded.target_name, False,
+                        PairOptions(target.options, draft.options if draft is not None else target.options))
+        with self._cond:
+            resident = self._residents[spec.target_key] = _Resident(spec, target=target)
+            resident.bytes = _target_bytes(target)
+            if draft is not None:
+                resident.drafts[spec.draft_key] = draft if isinstance(draft, LazyModel) else LazyModel.of(draft)
+        return spec
+
+    def pin(self, spec: PairSpec, *, need_draft: bool, lazy_draft: bool, grammar: bool = False) -> Loaded:
+        """Load a pair now and keep it for as long as the residency lives (`serve`'s pair)."""
+        cancel = Cancel()
+        with self.lease(spec, cancel, need_draft=need_draft, lazy_draft=lazy_draft, grammar=grammar,
+                        keep_alive=None) as loaded:
+            return loaded
+
+    # ------------------------------------------------------------ what calls share
+
+    def profiles(self, directory: str | os.PathLike | None = None) -> Any:
+        """The cost profiles of `directory` (None: the default), one object per directory: calls
+        learn into the same one (each saves it after its generation)."""
+        from localspec.decoding.profiles import Profiles
+
+        path = Path(directory) if directory is not None else None
+        key = str(path) if path is not None else ""
+        with self._cond:
+            if key not in self._profiles:
+                self._profiles[key] = Profiles(path)
+            return self._profiles[key]
+
+    def prompt_cache(self, directory: str | os.PathLike | None, limit: int, namespace: str | None = None) -> Any:
+        """The prompt cache of `directory` (None: off), with up to prompt_memory bytes of states in
+        memory in front of the disk, one per directory (and namespace: a server's API key)."""
+        if directory is None:
+            return None
+        from localspec.llama.prompt_cache import PromptCache
+
+        key = (os.fsdecode(directory), namespace)
+        with self._cond:
+            cache = self._caches.get(key)
+            if cache is None:
+                cache = self._caches[key] = PromptCache(directory, limit, memory=self.prompt_memory,
+                                                        namespace=namespace)
+            cache.limit = limit
+            return cache
+
+    # ------------------------------------------------------------ status
+
+    def status(self) -> CoreStatus:
+        with self._cond:
+            pairs = tuple(self._status_of(r) for r in self._residents.values())
+        rss, peak = process_memory()
+        return CoreStatus(pid=os.getpid(), started=self.started, memory_bytes=rss, memory_peak_bytes=peak,
+                          pairs=pairs, ending=self.ending)
+
+    def _status_of(self, resident: _Resident) -> PairStatus:
+        now = time.monotonic()
+        spec = resident.spec
+        drafts = resident.draft_models()
+        state = "loading" if resident.loading else "busy" if resident.busy else "idle" if resident.target else "waiting"
+        idle = 0.0 if state != "idle" else now - resident.last_used
+        left = None if state != "idle" or resident.keep_alive is None else max(0.0, resident.keep_alive - idle)
+        return PairStatus(name=display_name(spec.target_name), target=spec.target.path,
+                          draft=drafts[0].path.as_posix() if drafts else (spec.draft.path if spec.draft else None),
+                          draft_loaded=bool(drafts), state=state, queued=len(resident.queue), calls=resident.calls,
+                          memory_bytes=resident.bytes, idle_seconds=round(idle, 3), left_seconds=left,
+                          keep_alive_seconds=resident.keep_alive, last_call_seconds=resident.last_call_seconds)
+
+
+def _target_bytes(model: Any) -> int:
+    """A loaded model's memory: its weights and its KV cache."""
+    try:
+        return int(model.size_bytes) + int(model.kv_bytes(model.n_ctx))
+    except Exception:  # noqa: BLE001 - an estimate for `ps`; a closed model counts nothing
+        return 0
