@@ -65,15 +65,15 @@ def no_resident_services() -> Iterator[Path]:
     os.environ["XDG_RUNTIME_DIR"] = str(runtime)
     yield runtime
     left = control.services()
-    for record, _ in left:
-        control.stop_service(record, reason="the test session ended")
+    for path, _ in left:
+        control.stop(path, None)
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
     shutil.rmtree(runtime, ignore_errors=True)
-    assert not left, f"resident services outlived the test session: {[r.data.get('target') for r, _ in left]}"
+    assert not left, f"resident services outlived the test session: {[[p.target for p in s.pairs] for _, s in left]}"
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,10 @@ class ModelFile:
     mtime_ns: int
     ctime_ns: int
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or "\0" in self.path or not os.path.isabs(self.path):
+            raise ValueError(f"a model file's path must be absolute, without NUL, got {self.path!r:.80}")
+
     @classmethod
     def at(cls, path: str | os.PathLike) -> ModelFile:
         """The file at `path` now (OSError when it cannot be read; a symbolic link is followed)."""

@@ -7,6 +7,7 @@ extra buffer types) are declared here once, with their C signatures.
 from __future__ import annotations
 
 import ctypes
+import os
 
 DEVICE_CPU = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
 
@@ -58,7 +59,7 @@ def tensors(path: str) -> list[tuple[str, str, int, int]] | None:
     g = lib()
     context = ctypes.c_void_p()
     params = GGUFInitParams(True, ctypes.pointer(context))
-    gguf = g.gguf_init_from_file(path.encode(), params)
+    gguf = g.gguf_init_from_file(os.fsencode(path), params)
     if not gguf:
         return None
     try:

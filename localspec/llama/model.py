@@ -151,10 +151,10 @@ class Model(Vocabulary):
         if devices is not None:
             params.devices = ctypes.addressof(devices)
         if vocab_only:  # no weights to report (and no waiting on a load of weights in another thread)
-            model, lines = lc.llama_model_load_from_file(str(self.path).encode(), params), []
+            model, lines = lc.llama_model_load_from_file(os.fsencode(self.path), params), []
         else:
             with backend.capture_log() as lines:
-                model = lc.llama_model_load_from_file(str(self.path).encode(), params)
+                model = lc.llama_model_load_from_file(os.fsencode(self.path), params)
         del keep_alive  # llama.cpp reads the overrides during the load only
         self.weight_buffers = buffer_types.weight_buffers(lines)
         if not model:

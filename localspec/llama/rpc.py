@@ -242,4 +242,4 @@ def serve(host: str, port: int, threads: int, cache_dir: str | None) -> None:
     cpu = ggml.lib().ggml_backend_dev_by_type(ggml.DEVICE_CPU)
     devs = (ctypes.c_void_p * 1)(cpu)
     endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    start(endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, 1, devs)
+    start(endpoint.encode(), os.fsencode(cache_dir) if cache_dir else None, threads, 1, devs)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -363,7 +364,7 @@ def quantize(source: str | Path, dest: str | Path, ftype: int) -> Path:
     params.ftype = ftype
     params.nthread = 1
     dest = Path(dest)
-    if lc.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params)) != 0:
+    if lc.llama_model_quantize(os.fsencode(source), os.fsencode(dest), ctypes.byref(params)) != 0:
         dest.unlink(missing_ok=True)
         raise RuntimeError(f"llama.cpp could not quantize {source} to ftype {ftype}")
     return dest
