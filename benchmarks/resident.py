@@ -14,7 +14,7 @@ Per prompt, alternated, medians over --repeat rounds, T = 0, the default pair an
 
 The ratios are of wall time per generated token (the tools do not all stop at the same token).
 A second table: where a later call's time goes (the client's own cost: its wall time minus the
-service's time for the call, which ``localspec ps --json`` reports), the client's imports
+service's time for the call, which its ``--json`` timings report), the client's imports
 (``python -X importtime``), and the memory of a resident pair against an in-process run's peak.
 
     python benchmarks/resident.py
@@ -125,7 +125,8 @@ class Localspec:
         if proc.returncode != 0:
             raise RuntimeError(f"localspec failed ({proc.returncode}):\n{err.decode()[-2000:]}")
         data = json.loads(out)
-        extra = {"resident": data.get("resident"), "stderr": err.decode()}
+        extra = {"resident": data.get("resident"), "stderr": err.decode(),
+                 "service": data.get("timings", {}).get("service")}
         return Sample(wall, data["usage"]["completion_tokens"], extra)
 
     def services(self) -> list[dict]:
@@ -276,9 +277,8 @@ def measure(args: argparse.Namespace, ls: Localspec, bindir: Path | None) -> dic
 
 
 def _client_cost(ls: Localspec, later: Sample) -> Sample:
-    """A later call's wall time minus the service's time for it."""
-    (service,) = ls.services()
-    return Sample(later.wall - float(service["last_call_seconds"]), 1)
+    """A later call's wall time minus the service's time for it (its --json timings.service)."""
+    return Sample(later.wall - float(later.extra["service"]), 1)
 
 
 def speed_table(results: dict[str, dict[str, list[Sample]]], with_llama: bool) -> list[str]:
@@ -314,7 +314,7 @@ def overhead_table(results: dict[str, dict[str, list[Sample]]], ls: Localspec, a
     imports = [line for line in traced.extra["stderr"].splitlines() if line.startswith("import time:")]
     total_us = sum(int(line.split("|")[0].split(":")[1]) for line in imports[1:])
     heavy = sorted({line.rsplit("|", 1)[-1].strip().split(".")[0] for line in imports}
-                   & {"numpy", "llama_cpp", "llguidance", "click", "pydantic", "jinja2"})
+                   & {"numpy", "llama_cpp", "llguidance", "pydantic", "jinja2"})
     (service,) = ls.services()
     peak = ls.peak_rss_in_process(probe)
     return ["| measure | value |", "| --- | ---: |",
@@ -322,7 +322,7 @@ def overhead_table(results: dict[str, dict[str, list[Sample]]], ls: Localspec, a
             f"{1000 * statistics.median(clients):.0f} ms |",
             f"| the client's imports (`python -X importtime`, self times summed) | {total_us / 1000:.0f} ms |",
             f"| heavy modules the client imports | {', '.join(heavy) or 'none'} |",
-            f"| resident pair's memory (`localspec ps`, after {service['requests']} calls) | "
+            f"| resident pair's memory (`localspec ps`, after {service['calls']} calls) | "
             f"{service['memory_bytes'] / 2**20:.0f} MB |",
             f"| an in-process call's peak memory (`--keep-alive 0`, {args.prompts[0]}) | {peak / 2**20:.0f} MB |"]
 

@@ -405,7 +405,7 @@ def test_hybrid_without_draft_model(tiny_target: Model) -> None:
 
 
 def test_combine_sums_generations() -> None:
-    from localspec.decoding.engine import GenerationStats, combine
+    from localspec.decoding.stats import GenerationStats, combine
 
     a = GenerationStats(5, 10, 4, 12, 6, 0.1, 1.0, 0.2, 0.6, 0.05, (1, 0, 3))
     b = GenerationStats(7, 6, 6, 0, 0, 0.2, 0.5, 0.0, 0.4, 0.01, ())

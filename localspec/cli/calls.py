@@ -74,10 +74,11 @@ def profile_dir() -> str:
 
 def tools_from_flags(options: dict) -> tuple[Tools | None, str | None]:
     """The tools --tools names (read here) with --tool-choice and --parallel-tool-calls (removed
-    from `options`), and the file they came from; they are checked where the call runs."""
+    from `options`), checked now (a bad file or tool is a usage error naming its flag before any
+    model is fetched), and the file they came from."""
     from localspec.cli.options import EMPTY_HINTS, empty_value
     from localspec.constraints import MAX_JSON_DEPTH
-    from localspec.tools import CHOICES
+    from localspec.tools import CHOICES, ToolSet
 
     path, choice = options.pop("tools", None), options.pop("tool_choice", None)
     parallel = options.pop("parallel_tool_calls", True)
@@ -100,7 +101,18 @@ def tools_from_flags(options: dict) -> tuple[Tools | None, str | None]:
         tools = [tools]
     if choice is not None and choice not in CHOICES:
         choice = {"type": "function", "function": {"name": choice}}
+    try:
+        ToolSet.parse(tools, choice, parallel)
+    except ConfigError as exc:
+        raise tools_error(exc.param, str(exc), path) from None
     return Tools(tools if isinstance(tools, list) else [tools], choice, parallel), path
+
+
+def tools_error(param: str | None, message: str, path: str) -> ConfigError:
+    """A tools error as the command line names it: --tool-choice, or --tools with the file."""
+    if (param or "").startswith("tool_choice"):
+        return ConfigError(message, "tool_choice")
+    return ConfigError(f"{path}: {message}", "tools")
 
 
 def request(kind: str, pair: PairSpec, config: GenerationConfig, prompt: Prompt, cache: tuple[str | None, int],
@@ -160,9 +172,7 @@ def error_of(event: Failed, tools_file: str | None = None, config: GenerationCon
     if param in CONSTRAINT_KEYS and config is not None and config.constraint is not None:
         param = config.constraint.param
     if tools_file is not None and param and param.startswith("tool"):
-        param = "tool_choice" if param.startswith("tool_choice") else "tools"
-        message = event.message if param == "tool_choice" else f"{tools_file}: {event.message}"
-        return ConfigError(message, param)
+        return tools_error(param, event.message, tools_file)
     if cls in (errors.ConfigError, errors.PromptError, errors.BenchError):
         return cls(event.message, param)
     if cls is errors.RequestError:

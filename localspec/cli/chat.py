@@ -294,7 +294,7 @@ def chat(model: str | None, draft: str | None, system: str | None, resume: str |
     with render.stop_signals():
         keep_alive = options.pop("keep_alive")
         cache = calls.prompt_cache(options.pop("prompt_cache", None))
-        config = generation_config(options, compile=False)
+        config = generation_config(options)  # a bad schema is a usage error before any model is fetched
         saved = load_chat(resume) if resume is not None else None
         if saved is not None and system is None:  # the system message is the saved one unless -s gives another
             system = saved["system"]

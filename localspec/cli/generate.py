@@ -180,7 +180,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
             keep_alive = options.pop("keep_alive")
             cache = calls.prompt_cache(options.pop("prompt_cache", None))
             tools, tools_file = calls.tools_from_flags(options)
-            config = generation_config(options, compile=False)
+            config = generation_config(options)  # a bad schema is a usage error before any model is fetched
             if system is not None and not chat_template:
                 raise ConfigError("a system message needs the chat template: drop --raw, or put the text in the "
                                   "prompt", "system")

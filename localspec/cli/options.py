@@ -290,14 +290,13 @@ def tool_options(f: Callable) -> Callable:
     ])
 
 
-def constraint_from_flags(options: dict, compile: bool = True) -> Constraint | None:
-    """The constraint the flags ask for (removed from `options`); `compile`: compiled and
-    validated now (a command that loads models in this process), else where the call runs,
-    before any model loads (generate, chat: localspec.core.run). Either way a bad schema or
-    grammar is a usage error naming its flag. Built as the API and the server build theirs
-    (localspec.constraints.constraint_from_options, from the same keywords): --json-object is
-    response_format {"type": "json_object"}; --json-schema and --grammar take the text the API
-    takes, or a file that holds it."""
+def constraint_from_flags(options: dict) -> Constraint | None:
+    """The constraint the flags ask for (removed from `options`), compiled and validated now, so a
+    bad schema or grammar is a usage error naming its flag before any model is fetched or loaded
+    (where the call runs, it is compiled again with the model's vocabulary). Built as the API
+    and the server build theirs (localspec.constraints.constraint_from_options, from the same
+    keywords): --json-object is response_format {"type": "json_object"}; --json-schema and
+    --grammar take the text the API takes, or a file that holds it."""
     given = [k for k in CONSTRAINT_FLAGS if options.get(k) not in (None, False)]  # "" too: refused, never ignored
     values = {k: options.pop(k, None) for k in CONSTRAINT_FLAGS}
     for flag in given:
@@ -308,10 +307,9 @@ def constraint_from_flags(options: dict, compile: bool = True) -> Constraint | N
     if len(given) > 1:
         raise ConfigError("give one of --json-schema, --json-object, --regex and --grammar", given[1])
     constraint = constraint_from_options(_constraint_keywords(given[0], values[given[0]]))
-    if compile:
-        from localspec.decoding.constraint import compile_constraint  # llguidance: only for a constrained run
+    from localspec.decoding.constraint import compile_constraint  # llguidance: only for a constrained run
 
-        compile_constraint(constraint)
+    compile_constraint(constraint)
     return constraint
 
 
@@ -356,11 +354,10 @@ def _schema_text(value: str) -> str:
 GENERATION_KEYS = SETTING_KEYS  # a command's options that are generation settings
 
 
-def generation_config(options: dict, compile: bool = True) -> GenerationConfig:
+def generation_config(options: dict) -> GenerationConfig:
     """The GenerationConfig of the command's options (the keys of GENERATION_KEYS it has, and
-    the constraint flags of constraint_options, which this removes from `options`; `compile`: see
-    constraint_from_flags)."""
-    constraint = constraint_from_flags(options, compile)
+    the constraint flags of constraint_options, which this removes from `options`)."""
+    constraint = constraint_from_flags(options)
     settings = {k: v for k, v in options.items() if k in GENERATION_KEYS and k not in CONSTRAINT_FLAGS}
     return GenerationConfig.from_options(**settings, constraint=constraint)
 
