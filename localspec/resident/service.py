@@ -72,13 +72,10 @@ class CallLogs(logging.Handler):
     def following(self, emit: Any, level: int) -> Any:
         ident = threading.get_ident()
         self._calls[ident] = (emit, level)
-        root = logging.getLogger()
-        root.setLevel(min([logging.INFO, *(lv for _, lv in self._calls.values())]))
         try:
             yield
         finally:
             self._calls.pop(ident, None)
-            root.setLevel(min([logging.INFO, *(lv for _, lv in self._calls.values())]))
 
     def emit(self, record: logging.LogRecord) -> None:
         call = self._calls.get(record.thread or 0)
@@ -111,7 +108,7 @@ class Service:
     def serve(self) -> None:
         signal.signal(signal.SIGTERM, lambda signum, frame: self.end("SIGTERM"))
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # its own session: a terminal's Ctrl-C is the clients'
-        logging.getLogger().addHandler(self.logs)
+        logging.getLogger("localspec").addHandler(self.logs)  # once: every call's lines reach it (its own filter)
         threading.Thread(target=self._accept_forever, name="acceptor", daemon=True).start()
         while self.ending is None:
             due = self.residency.expire()
@@ -300,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     handler.setLevel(logging.INFO)
     logging.getLogger().addHandler(handler)
     logging.getLogger().setLevel(logging.INFO)
+    logging.getLogger("localspec").setLevel(logging.DEBUG)  # a call at -vv gets its debug lines as notes
     os.chdir("/")  # never holds a directory of its clients' busy
     service = Service(socket.socket(fileno=args.fd), Path(args.log) if args.log else None)
     clean = False
