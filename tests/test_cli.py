@@ -341,3 +341,13 @@ def test_bad_grammar_file_is_a_usage_error(pair_args: list[str], tmp_path: Path)
     bad.write_text("root ::= missing")
     result = run(*pair_args, "--grammar", str(bad), PROMPT)
     assert result.exit_code == 2 and "Invalid value for --grammar" in result.output, result.output
+
+
+def test_a_system_message_for_a_model_without_chat_template(tmp_path: Path) -> None:
+    """Only the loaded model says it has no template: the error comes from where the call runs,
+    naming --system (a usage error), as the raw prompt goes through without one."""
+    bare = tiny.write_tiny_model(tmp_path / "bare.gguf", chat_template=False)
+    refused = run("-m", str(bare), "-d", "none", "-s", "be brief", "-n", "4", PROMPT)
+    assert refused.exit_code == 2 and "Invalid value for --system: bare.gguf has no chat template" in refused.output
+    assert "Traceback" not in refused.output
+    assert run("-m", str(bare), "-d", "none", "-n", "4", PROMPT).exit_code == 0  # the control

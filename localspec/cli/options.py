@@ -8,7 +8,6 @@ from here; this module imports no command.
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,7 +29,7 @@ from localspec.config import (
     GenerationConfig,
     PairOptions,
 )
-from localspec.constraints import LARK_MARKER, MAX_JSON_DEPTH, Constraint, constraint_from_options, grammar_from_file
+from localspec.constraints import LARK_MARKER, Constraint, constraint_from_options, grammar_from_file
 from localspec.errors import ConfigError, LocalspecError, exit_code
 from localspec.files import SPEC_LIMIT, read_user_text
 

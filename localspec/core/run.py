@@ -16,13 +16,12 @@ import os
 import queue
 import sys
 import threading
-import time
 from typing import Any, Callable, Iterator
 
 from localspec.config import GenerationConfig, describe_speculation
 from localspec.core.calls import VERSION, Done, Failed, Note, Ready, Request, Text
 from localspec.core.residency import STOPS, Cancel, Cancelled, Residency
-from localspec.errors import LocalspecError, ModelError, PromptError, RequestError
+from localspec.errors import ConfigError, LocalspecError, ModelError, RequestError
 from localspec.loading import Loaded, draft_loading
 
 log = logging.getLogger(__name__)

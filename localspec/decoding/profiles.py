@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +158,7 @@ class Profiles:
         self._loaded: dict[str, Profile] = {}
         self.io_seconds = 0.0  # spent reading and writing profiles (reported by `localspec --json`)
         self._refused = False  # the directory was refused (said once)
+        self._lock = threading.RLock()  # calls on several pairs share one (a resident service's)
 
     @classmethod
     def in_memory(cls) -> "Profiles":
@@ -165,11 +167,12 @@ class Profiles:
 
     def get(self, ident: dict[str, Any]) -> Profile:
         key = key_of(ident)
-        profile = self._loaded.get(key)
-        if profile is None:
-            profile = self._read(key) or Profile(key, ident)
-            self._loaded[key] = profile
-        return profile
+        with self._lock:
+            profile = self._loaded.get(key)
+            if profile is None:
+                profile = self._read(key) or Profile(key, ident)
+                self._loaded[key] = profile
+            return profile
 
     def _store(self, create: bool) -> StateDir | None:
         """The profile directory, opened (None: absent, or refused: said once)."""
@@ -218,7 +221,8 @@ class Profiles:
         if not self.persistent:
             return
         t0 = time.perf_counter()
-        self._write_changed()
+        with self._lock:
+            self._write_changed()
         self.io_seconds += time.perf_counter() - t0
 
     def _write_changed(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -62,6 +63,7 @@ class PromptCache(PromptStore):
         self.memory_limit = memory
         self._memory: OrderedDict[tuple[str, tuple[int, ...]], bytes] = OrderedDict()
         self._refused: set[str] = set()  # models whose state cannot be cached (warned once each)
+        self._lock = threading.RLock()  # calls on several pairs share one (a resident service's)
 
     @classmethod
     def from_setting(cls, value: str | os.PathLike | None = None, limit: str | int | None = None,
@@ -103,6 +105,10 @@ class PromptCache(PromptStore):
         or an entry already holds all but fewer than min_tokens of them (a question after a saved
         document: restoring that entry and prefilling the rest costs about what a save would, and
         the disk keeps one copy of the document). None: nothing written."""
+        with self._lock:
+            return self._save(model, tokens)
+
+    def _save(self, model: StatefulModel, tokens: Sequence[int]) -> Path | None:
         if len(tokens) < self.min_tokens or self._off(model):
             return None
         directory = self._dir(model)
@@ -160,6 +166,10 @@ class PromptCache(PromptStore):
         """Restore into the model's sequence the longest saved prefix of `prompt` (from memory,
         else from disk) when it is longer than what the cache already holds of it; returns the
         prompt tokens the cache holds after."""
+        with self._lock:
+            return self._restore(model, prompt)
+
+    def _restore(self, model: Any, prompt: Sequence[int]) -> int:
         sequence = model.sequence
         held = common_prefix(sequence.tokens[: sequence.n_cached], prompt[: len(prompt) - 1])
         if self._off(model):

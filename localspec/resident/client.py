@@ -70,7 +70,10 @@ class RemoteCall:
         call = request.to_json()
         why = "it refused the call"
         for _ in range(ATTEMPTS):
-            channel = runtime.connect(path) or _start_service(where, name, path)
+            try:
+                channel = runtime.connect(path) or _start_service(where, name, path)
+            except OSError as exc:  # the socket's name is taken by something else, the process cannot start
+                raise Unavailable(f"the resident service cannot be started: {exc.strerror or exc}") from None
             if channel is None:
                 why = "it did not start (its log is in " + str(where) + ")"
                 continue
