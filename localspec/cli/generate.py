@@ -218,7 +218,7 @@ def _follow(call: Any, config: GenerationConfig, model: str, *, as_json: bool, u
 
     parts: list[str] = []
     done: Done | None = None
-    unregister = _on_remote_failure(call, parts, as_json, config)
+    unregister = _on_remote_failure(call, parts, as_json, config, model)
     try:
         with render.stopping(call, lambda: bool(parts)):
             for event in call.events():
@@ -257,7 +257,7 @@ def _follow(call: Any, config: GenerationConfig, model: str, *, as_json: bool, u
     return render.exit_status(done.stopped) if done.stopped is not None else 0
 
 
-def _on_remote_failure(call: Any, parts: list[str], as_json: bool, config: GenerationConfig) -> Any:
+def _on_remote_failure(call: Any, parts: list[str], as_json: bool, config: GenerationConfig, model: str) -> Any:
     """In this process with RPC servers: a remote device that fails mid-generation ends the
     process (llama.cpp aborts); what was generated is printed first."""
     if call.resident:
@@ -266,7 +266,7 @@ def _on_remote_failure(call: Any, parts: list[str], as_json: bool, config: Gener
 
     def failed(error: str) -> None:
         if as_json:
-            click.echo(json.dumps({"model": "", "text": "".join(parts), "finish_reason": "error", "error": error,
+            click.echo(json.dumps({"model": model, "text": "".join(parts), "finish_reason": "error", "error": error,
                                    "settings": config.options()}))
         elif parts:
             click.echo("")
