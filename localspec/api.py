@@ -29,6 +29,7 @@ from typing import Any, Iterator, Sequence
 from localspec.config import GenerationConfig, PairOptions
 from localspec.decoding.drafters import make_drafters
 from localspec.decoding.engine import Engine
+from localspec.decoding.history import History
 from localspec.decoding.stats import GenerationStats
 from localspec.errors import ConfigError, PromptError
 from localspec.loading import load_model, load_pair
@@ -243,11 +244,13 @@ class Generation:
     `profiles` are the cost profiles the planner starts from and refines; given, their owner
     saves them (a chat session, a server); None: the user's, read here and saved when the
     generation ends. `prompt_cache` (see prompt_cache_of; default on): the longest saved prefix
-    of the prompt is restored before the prefill and the prompt's state saved after it."""
+    of the prompt is restored before the prefill and the prompt's state saved after it.
+    `history`: the target's earlier calls (localspec.decoding.history.History), drafted from
+    beside the context where that pays; this generation is added to it when it ends."""
 
     def __init__(self, target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig,
                  profiles: Profiles | None = None, prompt_cache: PromptCacheSetting = None,
-                 tools: ToolSet | None = None) -> None:
+                 tools: ToolSet | None = None, history: History | None = None) -> None:
         _check_arguments(target, draft, config, profiles)
         self.prompt_cache = prompt_cache_of(prompt_cache)
         self.target = target
@@ -262,7 +265,8 @@ class Generation:
         if len(self.prompt) >= target.n_ctx:
             raise PromptError(f"the prompt has {len(self.prompt)} tokens but the context holds {target.n_ctx}; "
                              "shorten the prompt or raise --ctx-size")
-        drafters = make_drafters(target, draft, self.config)
+        self.history = history
+        drafters = make_drafters(target, draft, self.config, history)
         self.engine = Engine(target, drafters, self.config, self.profiles)
         self._models = [m for m in (target, draft) if m is not None]
         parser = self._parser
@@ -328,6 +332,8 @@ class Generation:
             self.save_seconds += time.perf_counter() - t0
 
     def _finish(self) -> None:
+        if self.history is not None:  # later calls of this target may draft from it
+            self.history.add(self.engine.tokens)
         self._save_draft()
         self.engine.finish()
         if self._owns_profiles:
@@ -402,7 +408,8 @@ def _with_tools(config: GenerationConfig, tools: ToolSet) -> GenerationConfig:
 def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig | None = None,
                     *, profiles: Profiles | None = None, prompt_cache: PromptCacheSetting = None,
                     tools: Sequence[dict] | ToolSet | None = None, tool_choice: Any = None,
-                    parallel_tool_calls: bool | None = None, **options: Any) -> Iterator[Response]:
+                    parallel_tool_calls: bool | None = None, history: History | None = None,
+                    **options: Any) -> Iterator[Response]:
     """Yield one Response per generated token; the last one carries the finish reason.
 
     Settings come from `config` and/or the flat keywords of the CLI flags (max_tokens,
@@ -421,15 +428,18 @@ def stream_generate(target: Model, draft: Model | None, prompt: Prompt, config: 
     "none", "required" or {"type": "function", "function": {"name": ...}}) and
     `parallel_tool_calls`; the last Response has finish_reason "tool_calls" and the calls in
     `tool_calls` when the model called tools (finish_reason "length": the calls it completed
-    before the limit), and `content` is the text without the call markup."""
+    before the limit), and `content` is the text without the call markup. `history`: a
+    localspec.decoding.history.History of earlier calls of this target to draft from (an app
+    making many calls keeps one per target; see Generation)."""
     toolset = tools if isinstance(tools, ToolSet) else ToolSet.parse(tools, tool_choice, parallel_tool_calls)
     return iter(Generation(target, draft, prompt, GenerationConfig.from_options(config, **options), profiles,
-                           prompt_cache, toolset))
+                           prompt_cache, toolset, history))
 
 
 def generate(target: Model, draft: Model | None, prompt: Prompt, config: GenerationConfig | None = None,
-             *, profiles: Profiles | None = None, prompt_cache: PromptCacheSetting = None, **options: Any) -> str:
+             *, profiles: Profiles | None = None, prompt_cache: PromptCacheSetting = None,
+             history: History | None = None, **options: Any) -> str:
     """The whole completion as a string (see stream_generate for the settings; with tools, use
     stream_generate, whose last Response carries the calls)."""
     return "".join(r.text for r in stream_generate(target, draft, prompt, config, profiles=profiles,
-                                                   prompt_cache=prompt_cache, **options))
+                                                   prompt_cache=prompt_cache, history=history, **options))

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 
 from localspec.core.pairs import ModelFile, PairSpec
 from localspec.core.status import CoreStatus, PairStatus, display_name, process_memory
+from localspec.decoding.history import History
 from localspec.errors import ModelError, RequestError
 from localspec.loading import Loaded
 
@@ -97,6 +98,7 @@ class _Resident:
     keep_alive: float | None = None  # seconds idle before it is unloaded (None: never; `serve`)
     last_call_seconds: float | None = None
     bytes: int = 0  # estimated memory (weights, KV cache, buffers)
+    history: History = field(default_factory=History)  # its earlier calls, drafted from (decoding.history)
 
     @property
     def busy(self) -> bool:
@@ -398,6 +400,12 @@ class Residency:
             return loaded
 
     # ------------------------------------------------------------ what calls share
+
+    def history(self, spec: PairSpec) -> History:
+        """The earlier calls of the pair's target (a call drafts from them, and adds itself)."""
+        with self._cond:
+            resident = self._residents.get(spec.target_key)
+            return resident.history if resident is not None else History()
 
     def profiles(self, directory: str | os.PathLike | None = None) -> Any:
         """The cost profiles of `directory` (None: the default), one object per directory: calls

@@ -137,7 +137,8 @@ def _generate(residency: Residency, request: Request, cancel: Cancel, emit: Emit
         io_before = profiles.io_seconds
         cache = residency.prompt_cache(request.prompt_cache, request.prompt_cache_limit)
         generation = Generation(loaded.target, loaded.draft, _message(request, loaded.target, tools), config,
-                                profiles, prompt_cache=cache or False, tools=tools)
+                                profiles, prompt_cache=cache or False, tools=tools,
+                                history=residency.history(request.pair))
         last, error = _stream(generation, cancel, emit)
         profiles.save()
         speculative = not generation.config.is_target_alone(loaded.draft is not None)

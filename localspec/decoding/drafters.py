@@ -29,6 +29,7 @@ import numpy as np
 from localspec.verify import verifier
 from localspec.config import GenerationConfig, SamplingParams, Shape
 from localspec.errors import ConfigError
+from localspec.decoding.history import History, HistoryMatch, history_kind
 from localspec.decoding.lookup import ContextLookup, Proposal
 from localspec.llama.model import Model
 from localspec.decoding.pairing import check_lazy_pair, check_pair
@@ -257,6 +258,43 @@ class NGramDrafter:
                      offered=proposal.tokens)
 
 
+class HistoryDrafter:
+    """Proposals from earlier calls of the same target (localspec.decoding.history.History): the
+    continuation of the longest match with them, one-hot chains as the n-gram drafter's; its
+    planning kind the match-length bucket (history_kind)."""
+
+    kind = "history"
+    source = None
+    loaded = True
+
+    def __init__(self, history: History, n_vocab: int, max_nodes: int, ends: Callable[[int], bool] | None = None) -> None:
+        self.history = history
+        self.ends = ends
+        self.buf = RowBuffer(max_nodes + 1, n_vocab)
+        self.match: HistoryMatch | None = None
+        self.fed = 0
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.match, self.fed = self.history.matcher(), 0
+
+    def propose(self, context: Sequence[int], depth: int) -> DraftProposal | None:
+        if self.match is None:
+            self.start(context)
+        assert self.match is not None
+        for t in context[self.fed:]:
+            self.match.feed(int(t))
+        self.fed = len(context)
+        tokens = self.match.continuation(depth, self.ends)
+        if not tokens:
+            return None
+        return DraftProposal(self, history_kind(self.match.length), len(tokens), 0, tokens)
+
+    def draft(self, proposal: DraftProposal, state: PairState, shape: Shape, sampling: SamplingParams,
+              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> Draft:
+        return Draft(one_hot_chain(self.buf, proposal.tokens[: shape.depth]), proposal.kind, self,
+                     offered=proposal.tokens)
+
+
 def one_hot_chain(buf: RowBuffer, tokens: Sequence[int]) -> DraftTree:
     """A chain of fixed tokens with one-hot rows (a deterministic proposal)."""
     buf.clear_one_hot()
@@ -302,17 +340,21 @@ class ForcedDrafter:
         return Draft(one_hot_chain(self.buf, proposal.tokens[: shape.depth]), proposal.kind, self, certain=True)
 
 
-def make_drafters(target: Model, draft: Model | LazyModel | None, config: GenerationConfig) -> list[Drafter]:
+def make_drafters(target: Model, draft: Model | LazyModel | None, config: GenerationConfig,
+                  history: History | None = None) -> list[Drafter]:
     """The drafters the engine considers for the setting `drafter` (none where
-    GenerationConfig.is_target_alone: the target alone): auto: the n-gram lookup, and the draft
-    model when one is given (the planner loads and uses it only where it pays); ngram; model;
-    hybrid. A lazy draft's vocabulary is checked against the target's (once: pairing).
-    (A constrained generation's engine adds the grammar's forced tokens before these.)"""
+    GenerationConfig.is_target_alone: the target alone): auto: the n-gram lookup (and, given the
+    target's `history`, proposals from earlier calls), and the draft model when one is given (the
+    planner loads and uses it only where it pays); ngram; model; hybrid. A lazy draft's
+    vocabulary is checked against the target's (once: pairing). (A constrained generation's
+    engine adds the grammar's forced tokens before these.)"""
     if config.is_target_alone(draft is not None):
         return []
     drafter, shape = config.drafter, config.shape
     max_nodes = max(shape.n_nodes, 1)
     ngram: list[Drafter] = [NGramDrafter(target.n_vocab, max_nodes, target.is_eog)] if drafter != "model" else []
+    if ngram and history is not None:
+        ngram.append(HistoryDrafter(history, target.n_vocab, max_nodes, target.is_eog))
     if drafter == "ngram":
         return ngram
     if draft is None:

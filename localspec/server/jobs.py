@@ -84,7 +84,7 @@ class Pair:
     def _generate(self, job: Job, loaded: Any) -> None:
         profiles = self.residency.profiles()
         stream = iter(Generation(loaded.target, loaded.draft, job.prompt, job.config, profiles,
-                                 self.prompt_cache or False, job.tools))
+                                 self.prompt_cache or False, job.tools, self.residency.history(self.spec)))
         try:
             for r in stream:
                 job.emit("token", r)
