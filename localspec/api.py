@@ -321,7 +321,7 @@ class Generation:
         self.engine.start(self.prompt)
         t2 = time.perf_counter()
         if cache is not None:
-            cache.save(self.target, self.prompt[:-1])
+            cache.save(self.target, self.prompt)  # the prefill decoded all of it
         self.restore_seconds, self.save_seconds = t1 - t0, time.perf_counter() - t2
 
     def _save_draft(self) -> None:

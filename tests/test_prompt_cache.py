@@ -59,10 +59,12 @@ def test_restored_state_is_bit_identical_and_the_output_equal(model: Model, tmp_
     first, g = run(model, prompt, cache)
     assert g.restored == 0 and len(files(tmp_path)) == 1
     saved = cache.entries()[0]
-    assert list(saved.tokens) == prompt[:-1]
+    assert list(saved.tokens) == prompt  # the prefill decoded all of it (its last token's logits: the first step's)
+    model.clear()
+    assert cache.restore(model, prompt + prompt[-1:]) == len(prompt)  # a longer prompt keeps all of the entry
+    assert model.seq_state() == cache.load(saved)  # the restored cells are the saved ones, byte for byte
     model.clear()
     assert cache.restore(model, prompt) == len(prompt) - 1
-    assert model.seq_state() == cache.load(saved)  # the restored cells are the saved ones, byte for byte
     model.clear()
     again, g = run(model, prompt, cache)  # a full hit: only the last prompt token is decoded
     assert g.restored == len(prompt) - 1 and again == first

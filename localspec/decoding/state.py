@@ -90,10 +90,11 @@ class PairState:
 
     def start(self, prompt: Sequence[int], prefill: Callable[[KVSequence, int], None]) -> int:
         """The prompt into the target's cache (reusing the prefix an earlier context left there;
-        `prefill` decodes the rest but the last token), the grammar following it from now on;
-        returns the prompt tokens the cache held already."""
+        `prefill` decodes the rest, its last token too, whose logits the first step uses as
+        llama.cpp's own tools do), the grammar following it from now on; returns the prompt tokens
+        the cache held already."""
         cached = self.target.start(prompt)
-        prefill(self.target, len(prompt) - 1)
+        prefill(self.target, len(prompt))
         if self.grammar is not None:
             self.grammar.attach(prompt)
         draft = self.draft_sequence()  # a loaded draft keeps the prefix its cache shares with the prompt
@@ -131,8 +132,14 @@ class PairState:
 
     def target_pass(self, draft: Draft) -> None:
         """ONE target decode over the root and every draft node, each root-to-leaf path a KV
-        sequence sharing the prefix; a certain draft keeps only the last node's logits."""
+        sequence sharing the prefix; a certain draft keeps only the last node's logits. Right
+        after the prompt's prefill the root's logits are there: a step that drafts nothing uses
+        them, one that drafts decodes the root again with its draft."""
         tree, tokens = draft.tree, self.tokens
+        if self.target.n_cached == len(tokens):
+            if not tree.n and self.target.root_logits:
+                return
+            self.target.redecode_last()
         root = len(tokens) - 1
         branches = max((s[-1] for s in tree.seqs), default=0) + 1
         self.target.fork(branches)

@@ -3,7 +3,9 @@
 A :class:`KVSequence` belongs to one model (``Model.sequence``). It holds the committed tokens
 of the context (``tokens``) and how many of them the cache holds as llama.cpp sequence 0
 (``n_cached``); between steps of a generation the target's cache holds every committed token but
-the last (the root of the next step), a draft model's whatever it has caught up on. Only its
+the last (the root of the next step), a draft model's whatever it has caught up on. A prompt's
+prefill decodes its last token too, as llama.cpp's own tools do, and keeps its logits
+(:attr:`root_logits`): a first step that drafts nothing needs no pass of its own. Only its
 methods decode into sequence 0 or trim it, so what it says is what the cache holds:
 
 * :meth:`start` keeps the cached prefix a new context shares with the last one (prefix reuse),
@@ -71,6 +73,9 @@ class KVSequence:
         self.followers: list[Follower] = []
         self._branches = 1  # KV sequences the current step uses
         self._trusted = True  # False: an operation failed half-way; the cache's content is unknown
+        # the index of the token whose logits are the last decode's output row 0, when that decode
+        # was a fill ending with it (a prompt's prefill: the first step's root); None otherwise
+        self.logits_at: int | None = None
 
     @property
     def pending(self) -> int:
@@ -87,7 +92,7 @@ class KVSequence:
             self.clear()
         keep = common_prefix(self.tokens[: self.n_cached], prompt[: len(prompt) - 1])
         self.model.seq_rm(-1, keep, -1)
-        self.tokens, self.n_cached, self._branches = list(prompt), keep, 1
+        self.tokens, self.n_cached, self._branches, self.logits_at = list(prompt), keep, 1, None
         for f in self.followers:
             f.reset(self.tokens)
         return keep
@@ -98,6 +103,7 @@ class KVSequence:
         cache is left empty."""
         self.clear()
         self._trusted = False
+        self.logits_at = None
         if not load():
             self.clear()
             return False
@@ -111,7 +117,7 @@ class KVSequence:
     def clear(self) -> None:
         """Empty the cache and the context."""
         self.model.clear_memory()
-        self.tokens, self.n_cached, self._branches, self._trusted = [], 0, 1, True
+        self.tokens, self.n_cached, self._branches, self._trusted, self.logits_at = [], 0, 1, True, None
         for f in self.followers:
             f.reset(self.tokens)
 
@@ -125,19 +131,21 @@ class KVSequence:
         if upto <= self.n_cached:
             return
         chunk = self.tokens[self.n_cached: upto]
-        self._trusted = False
+        self._trusted, self.logits_at = False, None
         if outputs == "all":
             self.model.decode(chunk, range(self.n_cached, upto), outputs="all")
         else:
             self.model.prefill(chunk, self.n_cached)
         self.n_cached, self._trusted = upto, True
+        self.logits_at = upto - 1 if outputs == "last" else None
 
     def redecode_last(self) -> None:
-        """Drop the last cached token so the next :meth:`fill` decodes it again (its logits are
-        needed and the cache already holds it)."""
+        """Drop the last cached token so that it is decoded again (its logits are needed with
+        others, or are gone, and the cache already holds it)."""
         if self.n_cached and self.n_cached == len(self.tokens):
             self.model.seq_rm(0, self.n_cached - 1, -1)
             self.n_cached -= 1
+            self.logits_at = None
 
     # ------------------------------------------------------------------ a step's branches
 
@@ -151,7 +159,7 @@ class KVSequence:
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
                outputs: str = "all") -> int:
         """Decode a step's batch on the forked sequences (logits rows: see Model.decode)."""
-        self._trusted = False
+        self._trusted, self.logits_at = False, None
         return self.model.decode(tokens, positions, seq_ids, outputs=outputs)
 
     def keep_branch(self, branch: int, n_cached: int) -> None:
@@ -167,6 +175,12 @@ class KVSequence:
                 model.seq_rm(branch, -1, -1)
         self.n_cached, self._branches, self._trusted = n_cached, 1, True
 
+    @property
+    def root_logits(self) -> bool:
+        """Whether the cache holds every committed token and the last decode's row 0 is the last
+        token's logits (a prompt's prefill: the first step needs no pass of its own)."""
+        return self.n_cached == len(self.tokens) and self.logits_at == len(self.tokens) - 1
+
     # ------------------------------------------------------------------ committed tokens
 
     def commit(self, tokens: Sequence[int]) -> None:
@@ -181,6 +195,7 @@ class KVSequence:
             return
         n = min(n, len(self.tokens))
         del self.tokens[len(self.tokens) - n:]
+        self.logits_at = None
         if self.n_cached > len(self.tokens):
             self.model.seq_rm(0, len(self.tokens), -1)
             self.n_cached = len(self.tokens)
