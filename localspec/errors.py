@@ -37,6 +37,11 @@ class PromptError(ModelError):
         self.param = param
 
 
+class ContextFull(ModelError):
+    """The KV cache has no room for a batch (llama.cpp left it as it was): a larger --ctx-size,
+    or a shorter prompt or answer, is needed."""
+
+
 class ConstraintError(ModelError):
     """The grammar matcher of a constrained generation and the tokens committed disagree (a
     token the grammar forbids was committed, a rollback past the grammar's start) or llguidance

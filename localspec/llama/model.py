@@ -23,7 +23,7 @@ import llama_cpp as lc
 import numpy as np
 
 from localspec.config import ModelOptions
-from localspec.errors import ModelError, RemoteError
+from localspec.errors import ContextFull, ModelError, RemoteError
 from localspec.llama import backend, buffer_types, host, kernels, rpc
 from localspec.llama.logits import LogitsPointer
 from localspec.llama.sequence import KVSequence
@@ -337,7 +337,7 @@ class Model(Vocabulary):
         else:
             rc = lc.llama_decode(self._ctx, self._batch)
         if rc == 1:
-            raise ModelError(f"the context is full: no KV slot for {n} more tokens "
+            raise ContextFull(f"the context is full: no KV slot for {n} more tokens "
                              f"(ctx_size={self.n_ctx}); use a larger --ctx-size")
         if rc != 0 and self.options.rpc:
             raise RemoteError(f"llama_decode failed with code {rc} on the RPC server(s) {', '.join(self.options.rpc)}")
@@ -377,10 +377,6 @@ class Model(Vocabulary):
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         self._live()
         lc.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
-
-    def seq_keep(self, seq: int) -> None:
-        self._live()
-        lc.llama_memory_seq_keep(self._mem, seq)
 
     def clear_memory(self) -> None:
         """Empty the KV cache (KVSequence.clear keeps its record true; use Model.clear)."""

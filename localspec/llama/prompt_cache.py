@@ -171,7 +171,7 @@ class PromptCache(PromptStore):
 
     def _restore(self, model: Any, prompt: Sequence[int]) -> int:
         sequence = model.sequence
-        held = common_prefix(sequence.tokens[: sequence.n_cached], prompt[: len(prompt) - 1])
+        held = sequence.reusable(prompt)  # the current context's or a held one's (KVSequence.start takes it)
         if self._off(model):
             return held
         in_memory = self._memory_best(model, prompt) if self._memory else None
