@@ -267,3 +267,35 @@ def test_a_failed_load_reports_and_forgets(tmp_path: Path) -> None:
     assert isinstance(events[-1], Failed) and "junk.gguf" in events[-1].message
     assert not residency.status().pairs and not any(isinstance(e, Note) for e in events)
     assert residency.close()
+
+
+def spec_threads(path: Path, ctx: int, threads: int) -> PairSpec:
+    return PairSpec(ModelFile.at(path), None, str(path), False,
+                    PairOptions.from_flags({"ctx_size": ctx, "threads": threads, "cache_type": "f32"}))
+
+
+@pytest.mark.parametrize("threads, waits", [(2, True), (1, False)])
+def test_generations_share_the_cores(tiny_paths: tuple[Path, Path], threads: int, waits: bool) -> None:
+    """On two cores, a generation of two threads waits (told why) while another pair's generation
+    uses them, since threads that outnumber the cores spin against each other; with one thread
+    each (the control) both run at once."""
+    residency = Residency()
+    residency.cores = 2
+    a, b = spec_threads(tiny_paths[0], 256, threads), spec_threads(tiny_paths[0], 512, threads)
+    release, thread, _ = hold(residency, a)
+    notes: list[str] = []
+    got: list[bool] = []
+    other = threading.Thread(target=lambda: got.append(_lease_b(residency, b, notes)))
+    other.start()
+    other.join(2)
+    assert (not got) == waits and any("waiting for the CPU" in n for n in notes) == waits, notes
+    release.set()
+    thread.join(10)
+    other.join(10)
+    assert got == [True]
+    assert residency.close()
+
+
+def _lease_b(residency: Residency, spec: PairSpec, notes: list[str]) -> bool:
+    with residency.lease(spec, Cancel(), notify=notes.append):
+        return True

@@ -3,10 +3,11 @@ caches, a queue per pair and what each call's cancellation stops.
 
 Both front ends keep pairs through it: the resident service (:mod:`localspec.resident.service`,
 many pairs, each idle for its keep-alive at most) and ``localspec serve`` (one pair, pinned).
-A call *leases* its pair (:meth:`Residency.lease`): it waits in the pair's queue (and only
-there: calls on other pairs run meanwhile), the pair is loaded if it is not (once, whoever asks
-first; the idle pairs used least recently are unloaded first when the new one would not fit the
-memory available or LOCALSPEC_MAX_LOADED), and the call has it to itself until it gives it back.
+A call *leases* its pair (:meth:`Residency.lease`): it waits in the pair's queue (calls on other
+pairs run meanwhile), the pair is loaded if it is not (once, whoever asks first; the idle pairs
+used least recently are unloaded first when the new one would not fit the memory available or
+LOCALSPEC_MAX_LOADED), its generation waits for the cores its threads need where other pairs'
+generations use them, and the call has the pair to itself until it gives it back.
 A call's :class:`Cancel` (Ctrl-C, SIGTERM, its client gone, the service ending) ends its wait at
 once and its generation between two steps. :meth:`Residency.status` is the one status type
 (:mod:`localspec.core.status`) that ``localspec ps``, ``localspec info`` and ``/health`` show.
@@ -133,6 +134,9 @@ class Residency:
         self.started = time.time()
         self.ending: str | None = None  # why no new call is taken
         self._held: list[Cancel] = []  # the cancellation of every call holding or waiting for a pair
+        self.cores = _usable_cores()
+        self._computing: dict[_Ticket, int] = {}  # calls generating -> the threads they use
+        self._waiting_cores: list[_Ticket] = []  # calls waiting for cores, in arrival order
 
     # ------------------------------------------------------------ leasing a pair
 
@@ -151,6 +155,8 @@ class Residency:
                 self._wait_turn(resident, ticket, notify)
             seconds = self._ensure_target(resident, spec, grammar, max_loaded, ticket, notify)
             draft, draft_seconds = self._draft(resident, spec, need_draft, lazy_draft)
+            with self._cond:
+                self._wait_cores(ticket, spec, notify)
             yield Loaded(resident.target, draft, spec.target_name, (seconds, draft_seconds))
         finally:
             with self._cond:
@@ -190,7 +196,32 @@ class Residency:
         if ticket.cancel.is_set():
             raise Cancelled(ticket.cancel.reason)
 
+    def _wait_cores(self, ticket: _Ticket, spec: PairSpec, notify: Notify) -> None:
+        """Until the cores the call's generation uses are free (the first waiting call first): two
+        generations whose threads together outnumber the cores spin against each other in
+        llama.cpp's thread pools (measured on 2 cores: 8× slower each, not 2×); one whose threads
+        fit runs beside the others."""
+        need = min(spec.options.target.threads or self.cores, self.cores)
+        self._waiting_cores.append(ticket)
+        told = False
+        try:
+            while self._computing and (self._waiting_cores[0] is not ticket
+                                       or sum(self._computing.values()) + need > self.cores):
+                self._check(ticket)
+                if not told:
+                    others = ", ".join(sorted({display_name(r.spec.target_name) for r in self._residents.values()
+                                               if r.holder in self._computing}))
+                    notify(f"localspec: waiting for the CPU: {others} is generating with the cores this call needs "
+                           f"({need} of {self.cores}; --threads sets how many a call uses)")
+                    told = True
+                self._cond.wait(POLL)
+            self._check(ticket)
+            self._computing[ticket] = need
+        finally:
+            self._waiting_cores.remove(ticket)
+
     def _leave(self, resident: _Resident, ticket: _Ticket, keep_alive: float | None, started: float) -> None:
+        self._computing.pop(ticket, None)
         if ticket in resident.queue:
             resident.queue.remove(ticket)
         if resident.holder is ticket:
@@ -456,6 +487,13 @@ class Residency:
                           draft_loaded=bool(drafts), state=state, queued=len(resident.queue), calls=resident.calls,
                           memory_bytes=resident.bytes, idle_seconds=round(idle, 3), left_seconds=left,
                           keep_alive_seconds=resident.keep_alive, last_call_seconds=resident.last_call_seconds)
+
+
+def _usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def _target_bytes(model: Any) -> int:
