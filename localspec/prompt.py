@@ -26,7 +26,6 @@ from typing import Any, Iterable, Iterator, Sequence, Union
 from localspec.constraints import MAX_JSON_DEPTH, json_depth
 from localspec.errors import ModelError, PromptError
 from localspec.llama.model import Model
-from localspec.llama.vocab import apply_builtin_template
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
 # OpenAI message fields that would change the prompt but that localspec's templates do not render:
@@ -174,16 +173,11 @@ def template_of(model: Model) -> str:
 def render_messages(model: Model, template: str, messages: list[dict], add_generation_prompt: bool,
                     tools: Sequence[dict] | None) -> str:
     """Checked messages (:func:`check_messages`) and the tools the model may call as text, through
-    the model's chat template: llama.cpp's built-in renderer when it knows the template and there
-    are no tools, else the template's Jinja as Hugging Face renders it."""
-    if tools or has_tool_messages(messages):
-        if not supports_tools(template):
-            raise PromptError(f"the chat template of {model.path.name} has no support for tools (tool "
-                              "definitions, tool calls or tool results); send the conversation without them")
-    else:
-        rendered = _render_builtin(template, messages, add_generation_prompt)
-        if rendered is not None:
-            return rendered
+    the model's own chat template (its Jinja, as Hugging Face and llama-server render it: with the
+    model's default system message where the template has one)."""
+    if (tools or has_tool_messages(messages)) and not supports_tools(template):
+        raise PromptError(f"the chat template of {model.path.name} has no support for tools (tool "
+                          "definitions, tool calls or tool results); send the conversation without them")
     return _render_jinja(template, messages, add_generation_prompt, model, tools)
 
 
@@ -320,30 +314,6 @@ def _continuation(model: Model, text: str) -> list[int]:
     if joined[: len(sep)] == sep:
         return joined[len(sep):]
     return text_tokens(model, text)
-
-
-def _nul_stand_in(template: str, messages: Sequence[dict]) -> str | None:
-    """What stands for NUL (U+0000) in the messages given to llama.cpp's built-in renderer, which
-    takes C strings (a NUL would end the message there, and the rest of it would be lost): a
-    placeholder found in no message and not in the template; None when no message holds a NUL."""
-    if not any("\0" in m["content"] for m in messages):
-        return None
-    texts = [template, *(m["content"] for m in messages)]
-    n = 0
-    while any(f"{_OPEN}nul{n}{_CLOSE}" in text for text in texts):
-        n += 1
-    return f"{_OPEN}nul{n}{_CLOSE}"
-
-
-def _render_builtin(template: str, messages: Sequence[dict], add_assistant: bool) -> str | None:
-    """llama.cpp's built-in template engine; None when it does not know this template. Message
-    text keeps its NUL characters (see _nul_stand_in)."""
-    nul = _nul_stand_in(template, messages)
-    pairs = [(m["role"], m["content"].replace("\0", nul) if nul else m["content"]) for m in messages]
-    text = apply_builtin_template(template, pairs, add_assistant)
-    if text is None:
-        return None
-    return text.replace(nul, "\0") if nul else text
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,

@@ -57,13 +57,15 @@ def test_a_chat_message_keeps_its_nul(tiny_target: Model, role: str, monkeypatch
     assert keeps(tiny_target, tokens)
     assert len(tokens) > len(chat_tokens(tiny_target, [*messages[:at], {"role": role, "content": HEAD},
                                                        *messages[at + 1:]]))
-    # negative control: llama.cpp's renderer given the NUL itself (as before) loses the rest of the message
-    monkeypatch.setattr(prompt_module, "_nul_stand_in", lambda template, messages: None)
+    # negative control: a renderer that takes C strings (llama.cpp's built-in one) loses the rest of the message
+    render = prompt_module._render_jinja
+    monkeypatch.setattr(prompt_module, "_render_jinja", lambda template, messages, *rest: render(
+        template, [{**m, "content": m["content"].split("\0")[0]} for m in messages], *rest))
     assert not keeps(tiny_target, chat_tokens(tiny_target, messages))
 
 
 def test_a_placeholder_like_text_in_a_message_stays_as_written(tiny_target: Model) -> None:
-    """The stand-in for NUL is never text the caller wrote (nor turned into a NUL)."""
+    """Text like the placeholders that keep markers as text is never turned into anything else."""
     written = "\ue000nul0\ue001 and \ue000o\ue001"
     tokens = chat_tokens(tiny_target, [{"role": "user", "content": f"{written}\0{written}"}])
     assert f"{written}\0{written}".encode() in text_of(tiny_target, tokens)

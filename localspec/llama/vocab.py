@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import llama_cpp as lc
 
@@ -154,23 +154,3 @@ class Vocabulary:
         tmpl = lc.llama_model_chat_template(self._model, None)
         return tmpl.decode("utf-8", "replace") if tmpl else None
 
-
-def apply_builtin_template(template: str, messages: Sequence[tuple[str, str]], add_assistant: bool) -> str | None:
-    """`messages` ((role, content) pairs) rendered by llama.cpp's built-in template engine; None
-    when it does not know this template. It takes C strings: a NUL ends a message there."""
-    msgs = (lc.llama_chat_message * len(messages))()
-    keep = []
-    for i, (role, content) in enumerate(messages):
-        role_bytes, content_bytes = role.encode(), content.encode()
-        keep += [role_bytes, content_bytes]
-        msgs[i].role = role_bytes
-        msgs[i].content = content_bytes
-    size = 4096 + sum(len(k) for k in keep) * 2
-    buf = ctypes.create_string_buffer(size)
-    n = lc.llama_chat_apply_template(template.encode(), msgs, len(messages), add_assistant, buf, size)
-    if n > size:
-        buf = ctypes.create_string_buffer(n + 1)
-        n = lc.llama_chat_apply_template(template.encode(), msgs, len(messages), add_assistant, buf, n + 1)
-    if n < 0:
-        return None
-    return buf.raw[:n].decode("utf-8", "replace")
