@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from whole_process import PROMPTS  # noqa: E402
 
 from localspec.llama import registry  # noqa: E402
-from localspec.decoding.planner import Acceptance, CostTable  # noqa: E402
+from localspec.decoding.acceptance import Acceptance  # noqa: E402
+from localspec.decoding.costs import CostTable  # noqa: E402
 from localspec.decoding.profiles import Profiles  # noqa: E402
 
 DELAYS = (0.0, 1.0, 5.0, 20.0)  # ms, each way

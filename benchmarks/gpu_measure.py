@@ -21,7 +21,8 @@ from typing import Any
 
 from localspec.api import stream_generate
 from localspec.config import GenerationConfig, ModelOptions
-from localspec.decoding.planner import LEVELS, Planner
+from localspec.decoding.acceptance import LEVELS
+from localspec.decoding.planner import Planner
 from localspec.decoding.profiles import Profiles
 from localspec.llama.model import Model
 

@@ -166,7 +166,7 @@ class Costs:
 
     def __init__(self, target: dict[int, float], draft: dict[int, float], overhead: float = 0.0,
                  verify: dict[str, float] | None = None, prefill: float | None = None, source: str = "") -> None:
-        from localspec.decoding.planner import CostTable
+        from localspec.decoding.costs import CostTable
 
         if 1 not in target or 1 not in draft:
             raise ValueError("a cost curve needs c(1) of the target and of the draft")

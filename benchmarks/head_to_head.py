@@ -44,7 +44,7 @@ from localspec.llama import registry
 from localspec.api import load_model, stream_generate
 from localspec.prompt import check_messages, prompt_tokens, render_messages, template_of
 from localspec.decoding.lookup import ContextLookup
-from localspec.decoding.planner import CostTable
+from localspec.decoding.costs import CostTable
 
 from efficiency import default_groups, paired_ratio, paired_scores, target_contexts  # benchmarks/
 

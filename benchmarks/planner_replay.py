@@ -60,7 +60,9 @@ from whole_process import GROUNDED_PROMPTS, PROMPTS  # noqa: E402
 from localspec.config import GenerationConfig  # noqa: E402
 from localspec.decoding.drafters import NGramDrafter, ngram_kind  # noqa: E402
 from localspec.decoding.lookup import ContextLookup  # noqa: E402
-from localspec.decoding.planner import NO_LIMIT, Acceptance, CostTable, Planner  # noqa: E402
+from localspec.decoding.acceptance import NO_LIMIT, Acceptance  # noqa: E402
+from localspec.decoding.costs import CostTable  # noqa: E402
+from localspec.decoding.planner import Planner  # noqa: E402
 from localspec.decoding.profiles import Profile, Profiles  # noqa: E402
 
 _CODE = ('def parse_config(path):\n    result = {}\n    with open(path) as handle:\n        for line in handle:\n'

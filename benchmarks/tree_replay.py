@@ -34,7 +34,7 @@ from planner_replay import (DEPTH, HELD_BACK, NOMINAL_C1, REPLAY_GROUNDED, REPLA
                             answer_lookup, coordinate_descent, parse_curve, recorded)
 
 from localspec.decoding.drafters import ngram_kind  # noqa: E402
-from localspec.decoding.planner import CostTable  # noqa: E402
+from localspec.decoding.costs import CostTable  # noqa: E402
 
 Policy = Mapping[str, tuple[int, int]]  # kind of proposal: (depth, branches)
 

@@ -164,7 +164,7 @@ def ceiling_table(args: argparse.Namespace, alone_runs: dict[str, list[Run]]) ->
 
     from localspec.llama import registry
     from localspec.api import load_model
-    from localspec.decoding.planner import CostTable
+    from localspec.decoding.costs import CostTable
 
     progress("n-gram ceiling: cost curve and target-alone outputs")
     reg = registry.load_registry()

@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.decoding.planner import FIRST_TRY, CostTable, Planner
+from localspec.decoding.acceptance import FIRST_TRY
+from localspec.decoding.costs import CostTable
+from localspec.decoding.planner import Planner
 
 import planner_replay as pr  # benchmarks/ (pyproject's pytest pythonpath)
 from head_to_head import ngram_runs, oracle_seconds

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tree_replay as tr  # benchmarks/ (pyproject's pytest pythonpath)
-from localspec.decoding.planner import CostTable
+from localspec.decoding.costs import CostTable
 
 CURVE = CostTable({1: 0.03, 2: 0.036, 4: 0.042, 8: 0.06, 16: 0.09, 32: 0.15})  # a flat (GPU-like) curve
 
