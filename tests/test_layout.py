@@ -97,7 +97,7 @@ def test_cli_modules_do_not_import_the_cli_package() -> None:
 def test_every_cli_module_adds_its_command() -> None:
     """localspec/cli/__init__ lists the command modules by hand (imported when they run): none is
     forgotten (a module that defines a click command adds one to the root; the others, e.g.
-    bench_runs, support them)."""
+    report, support them)."""
     from localspec.cli import cli
 
     ctx = click.Context(cli)
