@@ -1,4 +1,6 @@
-"""Built-in prompt sets for benchmarks, and prompt files (one prompt per line, or a JSON list)."""
+"""The one prompt registry: named prompts (the texts the documented benchmark tables were measured
+with, which `localspec bench`'s built-in sets and the repository's benchmarks/ both draw on), the
+sets `localspec bench --prompts` offers, and prompt files (one prompt per line, or a JSON list)."""
 
 from __future__ import annotations
 
@@ -8,43 +10,42 @@ from pathlib import Path
 from localspec.errors import ConfigError
 from localspec.files import TEXT_LIMIT, read_user_text
 
-PROMPT_SETS: dict[str, tuple[str, ...]] = {
-    # fresh code: the draft must guess what comes next
-    "code": (
-        "Write a Python function that returns the n-th Fibonacci number iteratively.",
-        "Write a Python class for a stack with push, pop and peek methods.",
-        "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.",
-        "Write a Python function that merges two sorted lists into one sorted list.",
-    ),
-    # free text: lower agreement between draft and target
-    "prose": (
-        "Explain in a short paragraph why the sky is blue.",
-        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-        "Describe the water cycle to a ten-year-old.",
-        "Give three tips for writing clear technical documentation.",
-    ),
-    # input-grounded: the answer largely repeats the prompt (n-gram drafting shines here)
-    "code-edit": (
-        "Add type hints to this function and return it unchanged otherwise:\n\n"
-        "def scale(values, factor, offset=0):\n"
-        "    result = []\n"
-        "    for value in values:\n"
-        "        result.append(value * factor + offset)\n"
-        "    return result\n",
-        "Rename the variable `tmp` to `total` in this code and show the whole code:\n\n"
-        "def mean(numbers):\n"
-        "    tmp = 0\n"
-        "    for n in numbers:\n"
-        "        tmp += n\n"
-        "    return tmp / len(numbers) if numbers else 0.0\n",
-        "Summarise this paragraph in two sentences, reusing its wording:\n\n"
-        "Speculative decoding speeds up text generation by letting a small draft model propose "
-        "several tokens, which the large target model then checks in a single forward pass. "
-        "Tokens the target agrees with are kept; the first disagreement is replaced by a token "
-        "drawn from a corrected distribution, so the output is distributed exactly as if the "
-        "target had generated it alone.",
-    ),
+PROMPTS: dict[str, str] = {
+    # the texts the documented benchmark tables were measured with (docs/head-to-head.md,
+    # docs/whole-process.md: benchmarks/decode/head_to_head.py, benchmarks/process/whole_process.py)
+    "code": "Write a Python function that checks whether a number is prime, with a docstring.",
+    "prose": "Write a short story (about 150 words) about a lighthouse keeper who finds a message in a bottle.",
+    "code-edit": ("Add type hints to this function and return the whole function, unchanged otherwise:\n\n"
+                  "def mean(numbers):\n    total = 0\n    for n in numbers:\n        total += n\n"
+                  "    if not numbers:\n        return 0.0\n    return total / len(numbers)\n\n"
+                  "def median(numbers):\n    ordered = sorted(numbers)\n    mid = len(ordered) // 2\n"
+                  "    if len(ordered) % 2:\n        return ordered[mid]\n"
+                  "    return (ordered[mid - 1] + ordered[mid]) / 2\n"),
+    "summarise": ("Repeat the key sentences of this paragraph as a bulleted list, keeping their wording:\n\n"
+                  "Speculative decoding speeds up text generation by letting a small draft model propose "
+                  "several tokens, which the large target model then checks in a single forward pass. "
+                  "Tokens the target agrees with are kept; the first disagreement is replaced by a token "
+                  "drawn from a corrected distribution, so the output is distributed exactly as if the "
+                  "target had generated it alone. The speedup depends on how often the draft is right "
+                  "and on how much cheaper the draft is than the target."),
+    "rename": ("Rename the variable `tmp` to `total` in this code and show the whole code:\n\n"
+               "def mean(numbers):\n    tmp = 0\n    for n in numbers:\n        tmp += n\n"
+               "    return tmp / len(numbers) if numbers else 0.0\n"),
+    # more fresh code and free text for `localspec bench`'s sets
+    "fibonacci": "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "stack": "Write a Python class for a stack with push, pop and peek methods.",
+    "merge": "Write a Python function that merges two sorted lists into one sorted list.",
+    "sky": "Explain in a short paragraph why the sky is blue.",
+    "water-cycle": "Describe the water cycle to a ten-year-old.",
+    "documentation": "Give three tips for writing clear technical documentation.",
 }
+GROUNDED = ("code-edit", "summarise", "rename")  # input-grounded: the answer largely repeats the prompt
+SETS: dict[str, tuple[str, ...]] = {  # `localspec bench --prompts`: names of PROMPTS
+    "code": ("fibonacci", "stack", "code", "merge"),  # fresh code: the draft must guess what comes next
+    "prose": ("sky", "prose", "water-cycle", "documentation"),  # free text: lower agreement of draft and target
+    "code-edit": ("code-edit", "rename", "summarise"),  # input-grounded: n-gram drafting shines here
+}
+PROMPT_SETS: dict[str, tuple[str, ...]] = {name: tuple(PROMPTS[n] for n in names) for name, names in SETS.items()}
 ALL = "all"
 
 
