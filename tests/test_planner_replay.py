@@ -57,12 +57,12 @@ def test_text_with_no_repeats_is_never_drafted() -> None:
 
 
 def test_settle_decides_a_proposal_only_once_the_output_shows_its_outcome() -> None:
-    p = planner()
+    p = planner(shadow=True)
     pending = [(0, (5, 6, 7), "ngram:m4-7")]
-    assert planners.settle(p, pending, [5, 6]) == pending  # right so far, undecided
+    assert p.settle(pending, [5, 6]) == pending  # right so far, undecided
     acc = p.acceptance("ngram:m4-7")
     assert sum(acc.at_risk) == 0
-    assert planners.settle(p, pending, [5, 6, 9]) == []  # wrong at its third token
+    assert p.settle(pending, [5, 6, 9]) == []  # wrong at its third token
     assert acc.at_risk[:4] == [1.0, 1.0, 1.0, 0.0] and acc.rejected[:3] == [0.0, 0.0, 1.0]
 
 

@@ -52,22 +52,9 @@ class UncappedPlanner(Planner):
     acceptance_type = UnexploredAcceptance
 
 
-def settle(planner: Planner, pending: Pending, known: Sequence[int]) -> Pending:
-    """Learn from the proposals whose outcome the known output decides (a mismatch, or every
-    token matched), as if each had been drafted whole; returns those still undecided."""
-    undecided = []
-    for start, tokens, kind in pending:
-        n = matched_run(tokens, known[start:])
-        if n == len(tokens) or start + n < len(known):
-            planner.acceptance(kind).observe(n, len(tokens))
-        else:
-            undecided.append((start, tokens, kind))
-    return undecided
-
-
 class ShadowPlanner(Planner):
     """The planner that learns acceptance from every proposal it is offered, each counted as if
-    drafted whole once the output decides it (:func:`settle`), and not from its drafts."""
+    drafted whole once the output decides it (:meth:`settle`), and not from its drafts."""
 
     def __init__(self, target: Profiled, shape: Shape, sampled: bool = False, *, profiles: Profiles,
                  profile: Profile | None = None) -> None:
@@ -83,11 +70,23 @@ class ShadowPlanner(Planner):
     def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float, new: Sequence[int]) -> None:
         super().observe_step(replace(draft, kind=None), n_accepted, target_seconds, new)  # costs, not acceptance
         self._output += new
-        self._pending = settle(self, self._pending, self._output)
+        self._pending = self.settle(self._pending, self._output)
 
     def finish(self) -> None:
         self._pending, self._output = [], []
         super().finish()
+
+    def settle(self, pending: Pending, known: Sequence[int]) -> Pending:
+        """Learn from the proposals whose outcome the known output decides (a mismatch, or every
+        token matched), as if each had been drafted whole; returns those still undecided."""
+        undecided = []
+        for start, tokens, kind in pending:
+            n = matched_run(tokens, known[start:])
+            if n == len(tokens) or start + n < len(known):
+                self.acceptance(kind).observe(n, len(tokens))
+            else:
+                undecided.append((start, tokens, kind))
+        return undecided
 
 
 def fresh_profile(curve: dict[int, float], prefill: float, warm_costs: bool) -> Profile:
