@@ -155,7 +155,6 @@ def measure_all(args: argparse.Namespace, target: Any, draft: Any, target_path: 
     return merge_repeats(rows), outputs
 
 
-
 def verifier_efficiency(args: argparse.Namespace, target: Any, draft: Any) -> tuple[dict[str, np.ndarray], int]:
     """Paired block efficiencies at T = 1, γ = 8 (efficiency.py): every verifier on the same
     drafts at the same contexts (prefixes of text the target sampled alone from each prompt)."""
@@ -206,7 +205,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     return args
-
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,7 +39,6 @@ class Row:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-
 def _mean(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
@@ -56,13 +55,11 @@ def merge_repeats(rows: Sequence[Row]) -> list[Row]:
                 _mean([r.verifier_share for r in rs])) for key, rs in groups.items()]
 
 
-
 def expected_tokens(alpha: float, depth: int) -> float:
     """E[tokens per step] for a chain of `depth` drafts with per-level acceptance α."""
     if alpha >= 1.0:
         return depth + 1.0
     return (1.0 - alpha ** (depth + 1)) / (1.0 - alpha)
-
 
 
 RATIO_TARGETS = [  # (numerator, denominator, issue target)
@@ -86,7 +83,6 @@ def efficiency_report(scores: dict[str, np.ndarray], n_contexts: int, args: Any)
               f"(token and block verify path 0 of the 3 i.i.d. paths GBV verifies), {args.efficiency_draws} "
               "verifier draws per draft; T = 1 without truncation, as in the papers."]
     return lines
-
 
 
 def cost_curve_report(curve: dict[int, float]) -> list[str]:
@@ -131,7 +127,6 @@ def ngram_ceiling_report(outputs: dict[tuple[str, float], tuple[list[int], list[
                      f"{plain / oracle_seconds(runs, cost, K):.2f}× | "
                      f"{plain / oracle_seconds(runs, cost, NGRAM_HORIZON):.2f}× | {best} |")
     return lines
-
 
 
 def _f(x: float | None, fmt: str) -> str:
@@ -205,7 +200,6 @@ def what_if(rows: Sequence[Row]) -> str:
             cells.append(f"{best[0]:.2f}× (γ={best[1]})")
         lines.append(f"| {c:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
 
 
 def throughput_report(rows: Sequence[Row]) -> list[str]:

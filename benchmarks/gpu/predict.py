@@ -160,8 +160,6 @@ def ngram_auto(traces: dict, costs: Costs) -> list[dict]:
     return out
 
 
-
-
 def planner_decisions(curve_t: dict[int, float], curve_d: dict[int, float], *, target_bytes: int, draft_bytes: int,
                       draft_load: float, prefill_t: float | None, prefill_d: float | None, prompt_tokens: int = 200,
                       remaining: int = 256, alphas: tuple[float, ...] = ALPHAS) -> dict:

@@ -40,7 +40,6 @@ TRACE_CONFIGS: tuple[tuple[str, str, str, dict, tuple[float, ...]], ...] = (
 )
 
 
-
 def _kind(draft: Any) -> str:
     """"model", "ngram", "forced": a draft's acceptance kind without its detail."""
     kind = getattr(draft, "kind", None) or ""

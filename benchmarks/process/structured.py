@@ -104,8 +104,6 @@ def _parses(text: str) -> bool:
         return False
 
 
-
-
 def run_task(name: str, task: Task, args: argparse.Namespace, root: Path, bindir: Path | None) -> list[str]:
     """One task's row: the default (warm), the target alone and llama-completion, alternated."""
     schema = json.dumps(task.schema)

@@ -6,16 +6,17 @@
     python benchmarks/planner_replay.py --population     # plus the best fixed policies for the whole set
 
 The target alone writes each prompt's greedy answer once (the output any lossless speculation at
-T = 0 reproduces); the cost curve is measured in the same process. The real planner and context
-lookup then decide every step as the engine does with the n-gram drafter (`--drafter auto`
-without a draft model), but a step's cost is read from the curve and its accepted tokens from
-the recorded answer, so a replay takes milliseconds and two planners can be compared on the
-same answers with no timing noise. A pass larger than the curve's largest size costs that
+T = 0 reproduces); the cost curve is measured in the same process. The real planner then
+decides every step through the engine's own interface to it (Policy.pick, observe_step, finish;
+benchmarks.replay.steps) with the engine's n-gram drafter (`--drafter auto` without a draft
+model), but a step's cost is read from the curve and its accepted tokens from the recorded
+answer, so a replay takes milliseconds and two planners can be compared on the same answers with
+no timing noise. A pass larger than the curve's largest size costs that
 size's cost plus the prefill rate per further token. "cold" starts from an empty profile (c(1),
 c(16) and the prefill rate known, as after a first run's prefill and first step); "warm" from the profile
 that replaying every prompt `--warm-rounds` times in order leaves (acceptance counts capped
-between generations as the profile store caps them). The ceiling is head_to_head's oracle:
-every step drafts exactly the tokens the lookup gets right.
+between generations as the profile store caps them). The ceiling is the n-gram oracle
+(benchmarks.replay.ceiling): every step drafts exactly the tokens the lookup gets right.
 
 Two more columns say where the gap between the planner and the ceiling comes from. "best depth
 per kind, in hindsight": the fastest fixed policy of one draft depth per kind of proposal (what
@@ -30,9 +31,10 @@ the other prompts" (leave one out: a planner's best case on a prompt it has not 
 perfect knowledge of those it has). The hindsight column is an answer's own best policy; the
 gap between it and these is what knowing the answer is worth, which no planner has.
 
-Prompts: whole_process's; HELD_OUT, six grounded prompts that no planner setting was tuned on;
-MORE, twelve grounded prompts added later (other code, another language, other prose work), on
-which, with HELD_OUT, candidate rules are compared (the savings rule in docs/whole-process.md).
+Prompts (benchmarks.common.prompts): whole_process's; HELD_OUT, six grounded prompts that no
+planner setting was tuned on; MORE, twelve grounded prompts added later (other code, another
+language, other prose work), on which, with HELD_OUT, candidate rules are compared (the savings
+rule in docs/whole-process.md); HELD_BACK, issue 36's held-back set.
 
 `--shadow` replays a variant planner that, besides the drafts it makes, learns from every
 proposal it did not draft (or drafted only in part), comparing it with the tokens that
@@ -62,6 +64,9 @@ from localspec.decoding.profiles import Profile
 
 def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens: int, rounds: int,
           variants: Sequence[bool], population: bool = False) -> list[str]:
+    """The replay's markdown table: per answer, the ceiling, the hindsight and self-taught columns,
+    (with `population`) the fitted policies, and each variant (False: the planner, True: the
+    shadow planner) from a cold and a warm profile; then geometric means and worst cases."""
     cost = CostTable(dict(curve), lambda: prefill)  # passes beyond the curve: a prefill's cost per further token
     names = {False: "baseline", True: "shadow"}
     header = ("| prompt | output tokens | ceiling | best depth per kind, in hindsight | uncapped, taught on this answer |"
@@ -97,7 +102,6 @@ def summary(label: str, cells: list[list[float]]) -> list[str]:
             f"| {label}, worst | | " + " | ".join(f"{min(column):.2f}×" for column in zip(*cells)) + " |"]
 
 
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_prompts_option(p, REPLAY_PROMPTS)
@@ -125,7 +129,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     prompts = {n: REPLAY_PROMPTS[n] for n in args.prompts}
@@ -142,7 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nn-gram decode speedup over the target alone; cost curve c(n)/c(1): "
           + ", ".join(f"{n}: {curve[n] / c1:.2f}" for n in sorted(curve)) + f"; prefill {prefill / c1:.2f} c(1)/token")
     return 0
-
 
 
 def measure(args: argparse.Namespace, prompts: dict[str, str]) -> tuple[Answers, dict[int, float], float]:
