@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,10 +25,11 @@ from localspec.api import stream_generate
 from localspec.config import ModelOptions
 from localspec.llama.model import Model
 from localspec.prompt import prompt_tokens
-from localspec.verify.stats import chi2_sf
-
 from localspec.llama.tiny_model import QUANTIZABLE, quantize
 from localspec.llama.tiny_pairs import QUANTIZATIONS, TOOLS_VOCAB, make_pair, write_tiny_model
+from localspec.verify.stats import chi2_sf
+
+from benchmarks.common.runs import run_localspec
 
 NEAR_TIE = {"f32": 1e-3, "q4_k_m": 0.02}  # logits: batch-shape noise (tests/greedy.py, tests/test_quantized.py)
 EXACT = dict(cache_type="f32", flash_attn="off")  # tests/conftest.py's exact settings (threads: all)
@@ -78,7 +77,7 @@ class Scale:
     decode_tokens: int
     share_tokens: int
     planner_tokens: int
-    shapes: str  # gpu_models.SHAPES key
+    shapes: str  # benchmarks.gpu.models.SHAPES key
 
 
 SCALES = {
@@ -170,11 +169,11 @@ def step_tiny_models(ctx: Context) -> tuple[str, dict]:
 def step_info(ctx: Context) -> tuple[str, dict]:
     """`localspec info --json` with a model loaded fully offloaded: the devices and where its weights went."""
     model = ctx.path("q4_k_m_target")
-    cmd = [sys.executable, "-m", "localspec", "info", "--json", "-m", str(model), "--n-gpu-layers", "-1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-                         env={**os.environ, "LOCALSPEC_KEEP_ALIVE": "0"})
-    if out.returncode != 0:
-        raise StepFailed(f"localspec info exited {out.returncode}: {out.stderr.strip()[-500:]}")
+    try:
+        out = run_localspec(["info", "--json", "-m", str(model), "--n-gpu-layers", "-1"],
+                            env={**os.environ, "LOCALSPEC_KEEP_ALIVE": "0"}, timeout=300)
+    except RuntimeError as exc:
+        raise StepFailed(f"localspec info: {str(exc).strip()[-500:]}") from None
     info = json.loads(out.stdout)
     lc = info["llama_cpp"]
     devices = lc.get("devices") if isinstance(lc.get("devices"), list) else []

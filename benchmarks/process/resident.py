@@ -41,7 +41,7 @@ from benchmarks.common.host import host_header
 from benchmarks.common.llama_tools import LLAMA_NGRAM_TYPES, Server, llama_completion, native_llama_tools
 from benchmarks.common.options import progress
 from benchmarks.common.prompts import PROMPTS as H2H_PROMPTS, QUESTIONS, document
-from benchmarks.common.runs import Run, localspec_json
+from benchmarks.common.runs import Run, localspec_json, run_localspec
 from benchmarks.common.schemas import TASKS, gbnf
 from benchmarks.common.target import chat_text
 
@@ -108,16 +108,14 @@ class Localspec:
                               python_flags=["-X", "importtime"] if importtime else [], timeout=1800)
 
     def services(self) -> list[dict]:
-        out = subprocess.run([sys.executable, "-m", "localspec", "ps", "--json"], capture_output=True, text=True,
-                             env=self.env, timeout=60, check=True)
-        return json.loads(out.stdout)
+        return json.loads(run_localspec(["ps", "--json"], env=self.env, timeout=60).stdout)
 
     def stop_all(self) -> None:
-        subprocess.run([sys.executable, "-m", "localspec", "stop", "--all"], capture_output=True, env=self.env,
-                       timeout=120, check=True)
+        run_localspec(["stop", "--all"], env=self.env, timeout=120)
 
     def peak_rss_in_process(self, prompt: Prompt) -> int:
-        """The peak resident memory of a --keep-alive 0 call (bytes)."""
+        """The peak resident memory of a --keep-alive 0 call (bytes): its own process, waited for with
+        wait4 for its resource usage (not a timed run)."""
         cmd = [sys.executable, "-m", "localspec", *self.args(prompt)]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                 env=dict(self.env, LOCALSPEC_KEEP_ALIVE="0"))

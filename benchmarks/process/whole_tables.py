@@ -24,7 +24,7 @@ TREE_ALTERNATIVES = 3  # first-token alternatives of the ceiling's tree of candi
 
 
 def ceiling_table(args: argparse.Namespace, alone_runs: dict[str, list[Run]]) -> list[str]:
-    """Per prompt at T = 0: the n-gram drafter's ceiling on the target alone's output (head_to_head's
+    """Per prompt at T = 0: the n-gram drafter's ceiling on the target alone's output (the replays'
     oracle: every step drafts exactly the tokens the context lookup gets right, all accepted, costs
     from a cost curve measured now), and the whole-process ratio that decode ceiling would give
     (the target alone's other components unchanged); beside it, the same oracle for a tree of the
