@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from localspec.cli import bench_runs as bench, check_runs as check, prompt_sets
+from localspec.bench import prompts as prompt_sets, runs as bench
+from localspec.verify import checks as check
 from localspec.verify import stats
 from localspec.cli import cli
 from localspec.config import SamplingParams, Shape

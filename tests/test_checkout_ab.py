@@ -1,4 +1,4 @@
-"""benchmarks/checkout_ab.py: two checkouts side by side, without the real pair (this checkout on
+"""benchmarks/process/checkout_ab.py: two checkouts side by side, without the real pair (this checkout on
 both sides, the tiny models): it refuses what is not a checkout, and its table says whether the
 texts agree."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import checkout_ab  # benchmarks/ (pyproject's pytest pythonpath)
+from benchmarks.process import checkout_ab
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Paired verifier comparison (benchmarks/efficiency.py) on the tiny models."""
+"""Paired verifier comparison (benchmarks/decode/efficiency.py) on the tiny models."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from localspec.errors import ConfigError
 from localspec.llama.model import Model
 from localspec.decoding.tree import DraftTree
 
+from benchmarks.decode.efficiency import (Group, Method, chain_nodes, default_groups, paired_ratio, paired_scores,
+                                          score, target_contexts)
 from conftest import load
-from efficiency import (Group, Method, chain_nodes, default_groups, paired_ratio, paired_scores,  # benchmarks/
-                        score, target_contexts)
 from greedy import assert_greedy_equal
 
 PROMPT = "def add(a, b): return a"

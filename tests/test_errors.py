@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localspec import errors
-from localspec.cli import bench_runs as bench
+from localspec.bench import runs as bench
 from localspec.llama import rpc
 from localspec.errors import (BenchError, CheckFailed, ConfigError, LocalspecError, ModelError, PromptError,
                               RemoteError, exit_code)

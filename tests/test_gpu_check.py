@@ -27,20 +27,16 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-import gpu_bundle as bundle  # benchmarks/ (pyproject's pytest pythonpath)
-import gpu_check
-import gpu_models
-import gpu_predict
-import gpu_report
+from benchmarks.gpu import (bundle, check as gpu_check, models as gpu_models, predict as gpu_predict,
+                            report as gpu_report, traces as gpu_traces)
 
 from localspec.config import VERIFIERS
 from localspec.llama.model import Model
 
 from conftest import load
 
-BENCH = Path(gpu_check.__file__).resolve().parent
-
-ROOT = BENCH.parent
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"  # the commands the docs show (python benchmarks/gpu_check.py ...), and its data
 GPU = bool(llama_cpp.llama_supports_gpu_offload())
 gpu_only = pytest.mark.skipif(not GPU, reason="llama.cpp has no GPU backend in this build (llama_supports_gpu_offload() "
                                               "is false): build llama-cpp-python with CMAKE_ARGS=-DGGML_CUDA=on "
@@ -158,7 +154,7 @@ def test_cublas_from_the_toolkit_else_from_the_pip_package(tmp_path: Path, monke
     import importlib.util
     from types import SimpleNamespace
 
-    import gpu_build
+    from benchmarks.gpu import build as gpu_build
 
     toolkit, nvidia = tmp_path / "cuda", tmp_path / "site" / "nvidia"
     (toolkit / "lib64").mkdir(parents=True)
@@ -279,12 +275,12 @@ def test_prediction_arithmetic_by_hand() -> None:
 
 
 def test_prediction_from_traces_and_a_curve_measured_here(tiny_target: Model, tiny_draft: Model) -> None:
-    from head_to_head import cost_curve
+    from benchmarks.common.target import cost_curve
 
     prompts = {"rep": tiny_target.tokenize("def add(a, b): return a + b. def add(a, b): return")}
-    configs = [c for c in gpu_predict.TRACE_CONFIGS if c[0] in ("greedy k4", "block k4", "traversal t3x2x1x1",
+    configs = [c for c in gpu_traces.TRACE_CONFIGS if c[0] in ("greedy k4", "block k4", "traversal t3x2x1x1",
                                                                   "ngram block k4")]
-    recorded = traces(gpu_predict.record_traces(tiny_target, tiny_draft, prompts, 16, 1, configs, progress=False))
+    recorded = traces(gpu_traces.record_traces(tiny_target, tiny_draft, prompts, 16, 1, configs, progress=False))
     costs = gpu_predict.Costs(cost_curve(tiny_target, sizes=(1, 2, 4, 8, 16), rounds=2),
                               cost_curve(tiny_draft, sizes=(1, 2, 4, 8), rounds=2), source="this CPU")
     rows = gpu_predict.predict(recorded, costs)

@@ -97,7 +97,7 @@ def test_cli_modules_do_not_import_the_cli_package() -> None:
 def test_every_cli_module_adds_its_command() -> None:
     """localspec/cli/__init__ lists the command modules by hand (imported when they run): none is
     forgotten (a module that defines a click command adds one to the root; the others, e.g.
-    bench_runs, support them)."""
+    report, support them)."""
     from localspec.cli import cli
 
     ctx = click.Context(cli)
@@ -136,3 +136,57 @@ def test_checker_finds_a_cycle(tmp_path: Path) -> None:
 
     write(pkg / "sub" / "c.py", "def g():\n    import os\n")
     assert find_cycle(import_graph({"pkg": pkg})) is None
+
+
+# ---------------------------------------------------------------- the benchmarks package
+
+BENCHMARKS = {"benchmarks": ROOT / "benchmarks"}
+MAX_LINES = 450
+
+
+def test_benchmarks_import_no_cycle_and_no_private_names_across_modules() -> None:
+    """benchmarks/ is one package: its modules import each other by absolute name, never in a cycle,
+    and none takes another's private (underscored) names."""
+    graph = import_graph(BENCHMARKS)
+    assert "benchmarks.common.runs" in graph["benchmarks.process.whole_process"]  # the checker sees the package
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+    modules = find_modules(BENCHMARKS)
+    borrowed = []
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "") in modules:
+                borrowed += [f"{module}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert not borrowed, borrowed
+
+
+def test_benchmarks_keep_to_their_package() -> None:
+    """No module puts a directory on sys.path or imports the test suite's helpers (tests import the
+    benchmarks, not the other way round), and none is longer than MAX_LINES."""
+    test_helpers = {p.stem for p in (ROOT / "tests").glob("*.py")}
+    for module, path in find_modules(BENCHMARKS).items():
+        text = path.read_text(encoding="utf-8")
+        assert "sys.path" not in text, f"{module} changes sys.path"
+        assert len(text.splitlines()) <= MAX_LINES, f"{module}: {len(text.splitlines())} lines"
+        for node in ast.walk(ast.parse(text, str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not {n.split(".")[0] for n in names} & test_helpers, f"{module} imports tests/: {names}"
+
+
+def test_the_commands_the_docs_show_run_their_modules(tmp_path: Path) -> None:
+    """`python benchmarks/NAME.py` runs its module of the package (from the repository root, as the
+    docs give it, and from elsewhere); every such script names a module that exists."""
+    import subprocess
+    import sys
+
+    scripts = sorted(p for p in (ROOT / "benchmarks").glob("*.py") if p.stem not in ("__init__", "launch"))
+    assert len(scripts) >= 14
+    modules = find_modules(BENCHMARKS)
+    for script in scripts:
+        named = [n for n in modules if f'run_module("{n}")' in script.read_text(encoding="utf-8")]
+        assert len(named) == 1, f"{script.name} names no module of the package"
+    for cwd in (ROOT, tmp_path):
+        out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tree_replay.py"), "--help"], cwd=cwd,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "--answers" in out.stdout, out.stderr

@@ -13,7 +13,9 @@ import pytest
 
 from localspec.config import Shape
 from localspec.llama.model import Model
-from localspec.decoding.planner import FIRST_TRY, LOSS_ALLOWANCE, SAMPLED, Acceptance, CostTable, Planner
+from localspec.decoding.acceptance import FIRST_TRY, Acceptance
+from localspec.decoding.costs import CostTable
+from localspec.decoding.planner import LOSS_ALLOWANCE, SAMPLED, Planner
 from localspec.decoding.profiles import Profile, Profiles
 from localspec.llama.host import identity, key_of
 

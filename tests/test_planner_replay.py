@@ -1,24 +1,30 @@
-"""The planner replay (benchmarks/planner_replay.py) on made-up token sequences, without a model:
-it never beats the ceiling, it drafts a long copy and nothing on text with no repeats, and its
-shadow variant learns from proposals it did not draft; the hindsight policy and the uncapped
-planner that locate the gap to the ceiling stay within it."""
+"""The planner replay (benchmarks/replay) on made-up token sequences, without a model: it never
+beats the ceiling, it drafts a long copy and nothing on text with no repeats, and its shadow
+variant learns from proposals it did not draft; the hindsight policy and the uncapped planner
+that locate the gap to the ceiling stay within it. The planner is driven as the engine drives
+it (Policy.pick, observe_step, finish)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from localspec.decoding.planner import FIRST_TRY, CostTable, Planner
+from localspec.config import GenerationConfig
+from localspec.decoding.acceptance import FIRST_TRY
+from localspec.decoding.costs import CostTable
+from localspec.decoding.planner import Planner
+from localspec.decoding.profiles import Profiles
 
-import planner_replay as pr  # benchmarks/ (pyproject's pytest pythonpath)
-from head_to_head import ngram_runs, oracle_seconds
+from benchmarks.replay import planner as cli, planners, policies
+from benchmarks.replay.ceiling import ngram_runs, oracle_seconds
+from benchmarks.replay.steps import answer_lookup, replay
 
 CURVE = {1: 0.036, 2: 0.070, 4: 0.100, 8: 0.200, 16: 0.300, 32: 0.560}  # a CPU-like curve, increasing
 COST = CostTable(dict(CURVE))
 
 
-def planner(warm_costs: bool = True) -> Planner:
-    return pr.planner_for(pr.fresh_profile(CURVE, 0.011, warm_costs))
+def planner(warm_costs: bool = True, shadow: bool = False) -> Planner:
+    return planners.planner_for(planners.fresh_profile(CURVE, 0.011, warm_costs), shadow=shadow)
 
 
 def words(rng: np.random.Generator, n: int) -> list[int]:
@@ -37,7 +43,7 @@ def test_a_long_copy_is_drafted_and_the_replay_never_beats_the_ceiling() -> None
     alone = len(output) * COST(1)
     ceiling = oracle_seconds(ngram_runs(prompt, output), COST, 31)
     for shadow in (False, True):
-        got = pr.replay(planner(), prompt, output, COST, max_tokens=len(output), shadow=shadow)
+        got = replay(planner(shadow=shadow), prompt, output, COST, max_tokens=len(output))
         assert got.accepted > 60 and got.steps < len(output) - 60  # most of the copy went through in drafts
         assert ceiling <= got.seconds < alone / 1.2
 
@@ -45,18 +51,18 @@ def test_a_long_copy_is_drafted_and_the_replay_never_beats_the_ceiling() -> None
 def test_text_with_no_repeats_is_never_drafted() -> None:
     rng = np.random.default_rng(1)
     prompt, output = words(rng, 50), words(rng, 60)
-    got = pr.replay(planner(), prompt, output, COST, max_tokens=len(output))
+    got = replay(planner(), prompt, output, COST, max_tokens=len(output))
     assert (got.drafted, got.steps) == (0, len(output))
     assert abs(got.seconds - len(output) * COST(1)) < 1e-9
 
 
 def test_settle_decides_a_proposal_only_once_the_output_shows_its_outcome() -> None:
-    p = planner()
+    p = planner(shadow=True)
     pending = [(0, (5, 6, 7), "ngram:m4-7")]
-    assert pr.settle(p, pending, [5, 6]) == pending  # right so far, undecided
+    assert p.settle(pending, [5, 6]) == pending  # right so far, undecided
     acc = p.acceptance("ngram:m4-7")
     assert sum(acc.at_risk) == 0
-    assert pr.settle(p, pending, [5, 6, 9]) == []  # wrong at its third token
+    assert p.settle(pending, [5, 6, 9]) == []  # wrong at its third token
     assert acc.at_risk[:4] == [1.0, 1.0, 1.0, 0.0] and acc.rejected[:3] == [0.0, 0.0, 1.0]
 
 
@@ -69,19 +75,19 @@ def test_the_shadow_variant_learns_from_proposals_it_did_not_draft() -> None:
     output = [vocab[int(i)] for i in rng.integers(0, 40, size=60)]
     seen = {}
     for shadow in (False, True):
-        p = planner()
-        got = pr.replay(p, prompt, output, COST, max_tokens=len(output), shadow=shadow)
+        p = planner(shadow=shadow)
+        got = replay(p, prompt, output, COST, max_tokens=len(output))
         assert got.drafted == 0  # chance matches are not worth drafting either way
         seen[shadow] = sum(p.acceptance("ngram:m1").at_risk)
     assert seen[False] == 0 and seen[True] > 5
 
 
 def test_a_given_cost_curve_is_parsed_and_checked(capsys) -> None:
-    args = pr.parse_args(["--curve", "2:1.76, 16:8.43,32:14.02", "--prefill-rate", "0.3"])
+    args = cli.parse_args(["--curve", "2:1.76, 16:8.43,32:14.02", "--prefill-rate", "0.3"])
     assert args.curve == {1: 1.0, 2: 1.76, 16: 8.43, 32: 14.02} and args.prefill_rate == 0.3
     for bad in (["--curve", "2:x"], ["--curve", "4:5"], ["--curve", "0:1"], ["--prefill-rate", "0.3"]):
         with pytest.raises(SystemExit):
-            pr.parse_args(bad)
+            cli.parse_args(bad)
         assert "--curve" in capsys.readouterr().err
 
 
@@ -92,28 +98,28 @@ def test_hindsight_lies_between_the_target_alone_and_the_ceiling() -> None:
     prompt, output = copy_case()
     alone = len(output) * COST(1)
     ceiling = alone / oracle_seconds(ngram_runs(prompt, output), COST, 31)
-    best = pr.hindsight(prompt, output, COST, max_tokens=len(output))
+    best = policies.hindsight(prompt, output, COST, max_tokens=len(output))
     assert 1.5 < best <= ceiling + 1e-9
     rng = np.random.default_rng(1)
-    assert pr.hindsight(words(rng, 50), words(rng, 60), COST, max_tokens=60) == pytest.approx(1.0)
+    assert policies.hindsight(words(rng, 50), words(rng, 60), COST, max_tokens=60) == pytest.approx(1.0)
 
 
 def test_a_fixed_policy_drafts_the_kinds_it_names_and_nothing_without_them() -> None:
     prompt, output = copy_case()
     kinds: set[str] = set()
-    none = pr.replay({}, prompt, output, COST, max_tokens=len(output), kinds=kinds)
+    none = replay({}, prompt, output, COST, max_tokens=len(output), kinds=kinds)
     assert none.drafted == 0 and kinds  # proposals were seen, none drafted
-    deep = pr.replay({k: 15 for k in kinds if k.endswith("/copying")}, prompt, output, COST, max_tokens=len(output))
+    deep = replay({k: 15 for k in kinds if k.endswith("/copying")}, prompt, output, COST, max_tokens=len(output))
     assert deep.drafted > 0 and deep.seconds < none.seconds
 
 
 def test_the_uncapped_planner_differs_from_the_planner_only_in_its_exploration_cap() -> None:
-    capped, uncapped = planner(), pr.planner_for(pr.fresh_profile(CURVE, 0.011, True), uncapped=True)
+    capped, uncapped = planner(), planners.planner_for(planners.fresh_profile(CURVE, 0.011, True), uncapped=True)
     assert capped.acceptance("ngram:m16+/copying").explored_depth() == FIRST_TRY  # a first try
     assert uncapped.acceptance("ngram:m16+/copying").explored_depth() > 31
     assert uncapped.acceptance("ngram:m1").prior == capped.acceptance("ngram:m1").prior
     prompt, output = copy_case()
-    taught = pr.self_taught(prompt, output, CURVE, 0.011, COST, len(output), rounds=2)
+    taught = planners.self_taught(prompt, output, CURVE, 0.011, COST, len(output), rounds=2)
     ceiling = len(output) * COST(1) / oracle_seconds(ngram_runs(prompt, output), COST, 31)
     assert 1.2 < taught <= ceiling + 1e-9
 
@@ -144,9 +150,9 @@ def copy_then_break(seed: int = 3) -> tuple[list[int], list[int], int]:
 
 
 def decisions(p: Planner, prompt: list[int], output: list[int]) -> list[tuple[int, str | None, int, int]]:
-    steps: list[tuple[int, str | None, int, int]] = []
-    pr.replay(p, prompt, output, AMD_COST, max_tokens=len(output), trace=steps)
-    return steps
+    trace: list[tuple[int, str | None, int, int]] = []
+    replay(p, prompt, output, AMD_COST, max_tokens=len(output), trace=trace)
+    return trace
 
 
 def test_a_running_copy_is_drafted_deep() -> None:
@@ -187,14 +193,14 @@ def test_a_break_is_retreated_from() -> None:
     assert sum(AMD_COST(d + 1) for d, _ in after) <= alone, after
     assert sum(1 for d, n in after if d > FIRST_TRY and n < d) <= 3, after  # deep misses: a few, then none
     fixed: list[tuple[int, str | None, int, int]] = []
-    pr.replay(Always(15), prompt, output, AMD_COST, max_tokens=len(output), trace=fixed)
+    replay(Always(15), prompt, output, AMD_COST, max_tokens=len(output), trace=fixed)
     assert sum(AMD_COST(d + 1) for i, _, d, _ in fixed if i >= cut) > 1.5 * alone
 
 
 def planner_with_curve(curve: dict[int, float], kind: type[Planner] = Planner) -> Planner:
     """A cold planner (no acceptance learned) that knows the whole cost curve."""
-    return kind(pr._Target(), pr.GenerationConfig().shape, profiles=pr.Profiles.in_memory(),
-                profile=pr.fresh_profile(curve, 0.3 * curve[1], True))
+    return kind(planners.ReplayTarget(), GenerationConfig().shape, profiles=Profiles.in_memory(),
+                profile=planners.fresh_profile(curve, 0.3 * curve[1], True))
 
 
 def test_a_population_policy_knows_only_the_prompts_it_was_fitted_on() -> None:
@@ -204,13 +210,13 @@ def test_a_population_policy_knows_only_the_prompts_it_was_fitted_on() -> None:
     answer's own best policy by more than coordinate descent's slack."""
     rng = np.random.default_rng(2)
     copy, other_copy, plain = copy_case(0), copy_case(1), (words(rng, 50), words(rng, 60))
-    taught = pr.population_speedups({"copy": copy, "other": other_copy}, COST, 200, leave_one_out=True)
+    taught = policies.population_speedups({"copy": copy, "other": other_copy}, COST, 200, leave_one_out=True)
     assert taught["copy"] > 1.5 and taught["other"] > 1.5
-    untaught = pr.population_speedups({"copy": copy, "plain": plain}, COST, 200, leave_one_out=True)
+    untaught = policies.population_speedups({"copy": copy, "plain": plain}, COST, 200, leave_one_out=True)
     assert untaught["copy"] == pytest.approx(1.0) and untaught["plain"] == pytest.approx(1.0)
-    fitted = pr.population_speedups({"copy": copy, "plain": plain}, COST, 200, leave_one_out=False)
+    fitted = policies.population_speedups({"copy": copy, "plain": plain}, COST, 200, leave_one_out=False)
     assert fitted["copy"] > 1.5 and fitted["plain"] == pytest.approx(1.0)
-    assert fitted["copy"] <= pr.hindsight(*copy, COST, 200) + 1e-9
+    assert fitted["copy"] <= policies.hindsight(*copy, COST, 200) + 1e-9
 
 
 def test_a_replayed_proposal_ends_where_the_answer_ended() -> None:
@@ -219,5 +225,5 @@ def test_a_replayed_proposal_ends_where_the_answer_ended() -> None:
     end token, so nothing is cut."""
     prompt = [10, 11, 12, 13, 14, 2, 3, 4]
     output = [10, 11, 12, 13, 14, 2]
-    assert pr.answer_lookup(output, 128).propose(prompt + output[:3], 6).tokens == (13, 14, 2)
-    assert pr.answer_lookup(output, len(output)).propose(prompt + output[:3], 6).tokens[:5] == (13, 14, 2, 3, 4)
+    assert answer_lookup(output, 128).propose(prompt + output[:3], 6).tokens == (13, 14, 2)
+    assert answer_lookup(output, len(output)).propose(prompt + output[:3], 6).tokens[:5] == (13, 14, 2, 3, 4)

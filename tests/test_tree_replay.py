@@ -1,4 +1,4 @@
-"""benchmarks/tree_replay.py on made-up token sequences, without a model: a tree of the lookup's
+"""The tree replay (benchmarks/replay/tree.py) on made-up token sequences, without a model: a tree of the lookup's
 alternatives is priced by all its tokens, pays where the context's continuations differ and the
 answer takes either, and never falls below the chain its search starts from."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tree_replay as tr  # benchmarks/ (pyproject's pytest pythonpath)
-from localspec.decoding.planner import CostTable
+from benchmarks.replay import tree as tr
+from localspec.decoding.costs import CostTable
 
 CURVE = CostTable({1: 0.03, 2: 0.036, 4: 0.042, 8: 0.06, 16: 0.09, 32: 0.15})  # a flat (GPU-like) curve
 

@@ -62,7 +62,7 @@ def _temperatures(ctx: click.Context, _: click.Parameter, value: str) -> tuple[f
 
 
 def _prompts(ctx: click.Context, _: click.Parameter, value: str) -> dict:
-    from localspec.cli.prompt_sets import load_prompts
+    from localspec.bench.prompts import load_prompts
 
     try:
         return load_prompts(value)
@@ -124,7 +124,7 @@ def bench(model: str | None, draft: str | None, verifiers: tuple[str, ...], shap
     localspec bench --drafters ngram -d none --prompts code-edit
     localspec bench -m target.gguf -d draft.gguf --prompts my-prompts.txt -n 128 --repeat 3
     """
-    from localspec.cli.bench_runs import BenchSettings, limits, run_matrix, plot, run_bench, to_json, to_markdown
+    from localspec.bench.runs import BenchSettings, limits, run_matrix, plot, run_bench, to_json, to_markdown
 
     settings = BenchSettings(verifiers=verifiers, shapes=shapes, drafters=drafters, temperatures=temperatures,
                              plan=plan, max_tokens=max_tokens, repeat=repeat, seed=seed,

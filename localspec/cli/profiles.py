@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 def describe(profile: Any) -> list[str]:
     """A profile in a few lines: what it is for and what it measured."""
-    from localspec.decoding.planner import Acceptance
+    from localspec.decoding.acceptance import Acceptance
 
     ident = profile.identity
     costs = ", ".join(f"c({n})={s * 1e3:.1f}" for n, s in sorted(profile.costs.items())) or "none yet"

@@ -9,21 +9,19 @@ beats the target alone by a margin.
 
 * Costs come from the models' profiles (localspec.decoding.profiles, passed in by whoever set the
   generation up): measured on earlier runs, refined by every step, never by dummy batches; the
-  planner works on its own copies and writes them back with :meth:`Planner.record`. A size never measured is first estimated optimistically
-  (from c(1) and the prompt prefill's rate), so it gets tried once and measured.
-* Acceptance is tracked per kind of draft (the n-gram drafter's proposals by the length of the
-  context match behind them, the draft model's per pair) and per draft level: E(d) comes from
-  the measured chance of getting past each level, not from one per-token rate (copies are
-  accepted in runs that end at an edit), kept apart for a sampling target (temperature > 0).
-  Counts decay toward an optimistic prior within a run and persist in the target's profile
-  between runs; decisions use an upper confidence bound, so a kind with little evidence gets
-  tried and one measured to lose does not, but never deeper than twice the levels that kind has
-  been seen to reach (a first try is FIRST_TRY deep).
+  planner works on its own copies (localspec.decoding.costs.CostTable) and writes them back with
+  :meth:`Planner.record`. A size never measured is first estimated optimistically (from c(1) and
+  the prompt prefill's rate), so it gets tried once and measured.
+* Acceptance is tracked per kind of draft and per draft level (localspec.decoding.acceptance):
+  E(d) comes from the measured chance of getting past each level, kept apart for a sampling
+  target (temperature > 0); decisions use an upper confidence bound, but never deeper than twice
+  the levels that kind has been seen to reach (a first try is FIRST_TRY deep).
 * A draft accepted whole says nothing about the levels it did not draft, so a planner that
   learned only from its drafts would never learn that a copy drafted 3 tokens at a time runs on
   for 20 (on a curve where 4 to 7 tokens cost more per token than 3, it never tried deeper). The
   rest of such a draft's proposal (a deterministic one: the n-gram drafter's) is compared with
-  the tokens that follow, and the draft counts as drafted that deep (:class:`Censored`).
+  the tokens that follow, and the draft counts as drafted that deep
+  (localspec.decoding.acceptance.Censored).
 * Deep drafts are paid for: a draft deeper than FIRST_TRY levels is made only when its worst case
   (every token rejected: its cost less c(1)) fits in what this generation has saved so far plus
   a small allowance (LOSS_ALLOWANCE of the generation's length at c(1)), so a warm profile whose
@@ -33,17 +31,23 @@ beats the target alone by a margin.
 
 Choosing the draft length from past observations keeps verification lossless: each step is
 verified exactly, whatever length the history chose.
+
+The planner's interface is the policy's (localspec.decoding.policy.Policy): :meth:`Planner.pick`,
+:meth:`Planner.prefill`, :meth:`Planner.observe_step` and :meth:`Planner.finish`, which the engine
+calls and the benchmarks' replays call the same way. :meth:`Planner.choose` and
+:meth:`Planner.worth_loading` answer what it would decide without changing anything (reports ask
+them); the other methods are the steps those are built from (the unit tests take them one by one).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from localspec.config import Shape
+from localspec.decoding.acceptance import DEFAULT_PRIOR_HAZARD, FIRST_TRY, LEVELS, PRIOR_HAZARD, Acceptance, Censored
+from localspec.decoding.costs import EMA, CostTable, plausible_costs
 from localspec.decoding.profiles import Profile, Profiled, Profiles
 
 if TYPE_CHECKING:
@@ -53,227 +57,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EMA = 0.2  # weight of a new cost observation
-DECAY = 0.995  # per step: acceptance counts fade so an estimate can recover (half-life ~140 steps)
 MARGIN = 1.1  # speculate only when it is predicted to be at least 10 % faster (estimates are noisy)
-OPTIMISM = 0.5  # decide with the rejection rate OPTIMISM·sd low (explores a kind of draft until it is known)
-UNMEASURED_SLOPE = 0.5  # an unmeasured pass of n tokens is first taken to cost c(1)·(1 + 0.5 (n - 1))
 CURVE_SIZES = (16,)  # pass sizes the prompt prefill measures, once (others: by drafts; a measured pass of
 # n tokens costs ~n·(c(n)/n - prefill rate) more than prefilling them, ~0.1 s for 16 on the reference CPU)
 PREFILL_WARM_UP = 4  # prompt tokens decoded before a measured chunk, unmeasured (a cold first decode is slow)
-
-
-@dataclass
-class CostTable:
-    """Seconds per decode call, by number of tokens in the batch (EMA of measurements).
-
-    Unmeasured sizes are interpolated linearly between their measured neighbours (CPU costs are
-    not a line: on the 2-core reference machine a batch of 16 costs about what 9 cost). Beyond the
-    largest measured size each further token costs the prefill rate (the least a token of a long
-    batch costs), else UNMEASURED_SLOPE·c(1) (else, without c(1), the line through the two largest
-    sizes, never below the largest's cost); with c(1) alone, the same from c(1). Optimistic on
-    purpose: a draft that deep is then tried and the first real pass replaces the estimate.
-    (Extending a steep start, c(2..4), along its line priced 16 tokens at twice their cost, and no
-    draft deeper than 3 was ever tried where the prompt cache left no prefill to measure c(16).)"""
-
-    seconds: dict[int, float] = field(default_factory=dict)
-    prefill: Callable[[], float | None] = lambda: None  # seconds per token of a long prefill, as recorded
-    prefill_scale: float = 1.0  # how c(1) moved since the prefill rate was recorded (it moves with it)
-    _prefill_measured: bool = field(default=False, repr=False)  # a prefill was measured since the table was made
-    _sizes: list[int] = field(default_factory=list, repr=False)  # sorted keys of `seconds`
-    _measured: set[int] = field(default_factory=set, repr=False)  # sizes observed since the table was made
-
-    def observe(self, n: int, secs: float) -> None:
-        """A pass of n tokens took `secs`. A new c(1) moves the sizes not measured since this
-        table was made (recorded by earlier runs) with it: they are measured only when drafts that
-        size are made, so a curve recorded while the machine was busier would otherwise keep them
-        dear while c(1) recovers, and no draft would pay again. The shape of the curve is the
-        machine's; its level is now's. The prefill rate moves with it too until a prefill is
-        measured (:meth:`prefill_rate`)."""
-        old = self.seconds.get(n)
-        self.seconds[n] = secs if old is None else (1 - EMA) * old + EMA * secs
-        self._measured.add(n)
-        if n == 1 and old:
-            scale = self.seconds[1] / old
-            if not self._prefill_measured:
-                self.prefill_scale *= scale
-            for m in self.seconds:
-                if m not in self._measured:
-                    self.seconds[m] *= scale
-
-    def prefill_observed(self) -> None:
-        """The recorded prefill rate now holds a measurement taken at today's c(1)."""
-        self.prefill_scale, self._prefill_measured = 1.0, True
-
-    def prefill_rate(self) -> float | None:
-        """Seconds per token of a long prefill at today's c(1); None where unknown or implausible:
-        a token of a long batch never costs what a pass of one token costs (a rate recorded under
-        load, and kept since because prompts came from the prompt cache, would price every pass
-        beyond the measured ones as dear as that many single steps)."""
-        rate = self.prefill()
-        if rate is None:
-            return None
-        rate *= self.prefill_scale
-        c1 = self.seconds.get(1)
-        return None if c1 and rate >= c1 else rate
-
-    def __call__(self, n: int) -> float:
-        if n in self.seconds:
-            return self.seconds[n]
-        if not self.seconds:
-            return 0.0
-        if len(self._sizes) != len(self.seconds):
-            self._sizes = sorted(self.seconds)
-        sizes = self._sizes
-        if len(sizes) == 1:
-            c, size = self.seconds[sizes[0]], sizes[0]
-            per_token = self.prefill_rate() or UNMEASURED_SLOPE * c / size
-            return max(c, c + (n - size) * per_token) if n > size else c * n / size
-        i = min(max(bisect.bisect_left(sizes, n), 1), len(sizes) - 1)  # sizes[i-1] < n < sizes[i] inside
-        lo, hi = sizes[i - 1], sizes[i]
-        c_lo, c_hi = self.seconds[lo], self.seconds[hi]
-        line = c_lo + (c_hi - c_lo) * (n - lo) / (hi - lo)
-        if n > hi:  # beyond the largest measured size: each further token costs a prefill's token, the
-            # least a token of a long batch costs (optimistic, so a deeper draft is tried and measured:
-            # neither a flat last segment, c(16) ~ c(9), nor a steep first one, c(2..4), is a trend)
-            per_token = self.prefill_rate() or UNMEASURED_SLOPE * self.seconds.get(1, 0.0)
-            return c_hi + (n - hi) * per_token if per_token else max(line, c_hi)
-        if n < lo:  # below the smallest: never cheaper per token than it
-            return max(line, c_lo * n / lo)
-        return line
-
-
-IMPLAUSIBLE = 1.5  # a pass of n tokens recorded as costing more than this many times n·c(1) is forgotten
-
-
-def plausible_costs(costs: dict[int, float]) -> dict[int, float]:
-    """A profile's costs without the pass sizes recorded as costing more than IMPLAUSIBLE·n·c(1):
-    one pass of n tokens never costs more than n passes of one, but a run under heavy load (a
-    compiler on every core) records c(n) seconds-long, and c(1) recovers at the next run's first
-    steps while c(n) is only measured again by a draft that those costs forbid. Forgotten, the size
-    is measured again (the prompt prefill measures CURVE_SIZES; others, by drafts)."""
-    c1 = costs.get(1)
-    if not c1:
-        return dict(costs)
-    return {n: c for n, c in costs.items() if c <= IMPLAUSIBLE * n * c1}
-
-
-LEVELS = 24  # acceptance is tracked per draft level up to here; deeper levels share the last one
-PRIOR_WEIGHT = 2.0  # the prior rejection rate is worth two observations
-PRIOR_HAZARD = {  # per kind of draft, the rejection rate per level before any evidence: the longer the
-    # context match behind a proposal, and the more the output has been copying, the likelier it goes on
-    "ngram:m1": 0.8, "ngram:realign": 0.85, "ngram:m2-3": 0.7, "ngram:m4-7": 0.5, "ngram:m8-15": 0.3,
-    "ngram:m16+": 0.15, "ngram:m1/copying": 0.4, "ngram:realign/copying": 0.6, "ngram:m2-3/copying": 0.3,
-    "ngram:m4-7/copying": 0.15, "ngram:m8-15/copying": 0.08, "ngram:m16+/copying": 0.04,
-    "forced": 0.0,  # tokens the grammar forces: the mask allows only them, so each is accepted
-}
-DEFAULT_PRIOR_HAZARD = 0.25  # a draft model's tokens (a pair of one family agrees on ~3 tokens in 4)
-SHRINK = 2.0  # a level's rejection rate leans on the kind's pooled rate with this weight
-FIRST_TRY = 3  # draft levels of a first try of a kind of draft (explored_depth)
-EXPLORED = 0.5  # decayed count of drafts that reached a level for it to count as explored
-NO_LIMIT = 1 << 16  # explored_depth once drafts reached the last tracked level
 SAMPLED = "@sampled"  # suffix of a kind's profile entry when the target samples (temperature > 0)
 LOSS_ALLOWANCE = 0.01  # of a generation's tokens at c(1): what deep drafts may lose before they have saved anything
 MAX_CENSORED = 64  # drafts whose outcome past their depth is still open (each settles within its proposal's length)
-
-
-@dataclass
-class Censored:
-    """A deterministic draft accepted whole and shorter than its proposal: the rest of the proposal
-    is compared with the tokens that follow, each level counted as it is decided (reached, then
-    accepted or rejected), as if it had been drafted that deep. At T = 0 a one-hot draft is
-    accepted exactly where it equals the output; at T > 0, token by token with the probability
-    that the output takes that token: either way, the draft's outcome."""
-
-    acceptance: "Acceptance"
-    proposal: tuple[int, ...]
-    matched: int  # tokens of the proposal the output has equalled so far
-
-    def follow(self, tokens: Sequence[int]) -> bool:
-        """Compare the next committed tokens; True once settled (a wrong token, or the proposal's end)."""
-        for t in tokens:
-            if self.matched == len(self.proposal):
-                return True
-            right = t == self.proposal[self.matched]
-            self.acceptance.observe_level(self.matched, right)
-            if not right:
-                return True
-            self.matched += 1
-        return self.matched == len(self.proposal)
-
-
-@dataclass
-class Acceptance:
-    """How far drafts of one kind get accepted: per draft level k, decaying counts of drafts that
-    reached level k (`at_risk`) and of those rejected there (`rejected`), a Kaplan-Meier estimate
-    of P(accepted >= k). Copies of the context are accepted in runs that end at an edit, which a
-    single per-token rate (a geometric length) misjudges; per-level counts do not."""
-
-    at_risk: list[float] = field(default_factory=lambda: [0.0] * LEVELS)
-    rejected: list[float] = field(default_factory=lambda: [0.0] * LEVELS)
-    prior: float = DEFAULT_PRIOR_HAZARD
-
-    def decay(self) -> None:
-        for k in range(LEVELS):
-            self.at_risk[k] *= DECAY
-            self.rejected[k] *= DECAY
-
-    def observe(self, n_accepted: int, depth: int) -> None:
-        """A draft of `depth` tokens of which the first `n_accepted` were accepted."""
-        for k in range(min(n_accepted + 1, depth)):
-            self.at_risk[min(k, LEVELS - 1)] += 1.0
-        if n_accepted < depth:
-            self.rejected[min(n_accepted, LEVELS - 1)] += 1.0
-
-    def observe_level(self, k: int, accepted: bool) -> None:
-        """One more draft reached level k and was accepted there or not (a draft counted level by
-        level: Censored)."""
-        self.at_risk[min(k, LEVELS - 1)] += 1.0
-        if not accepted:
-            self.rejected[min(k, LEVELS - 1)] += 1.0
-
-    def pooled(self, optimism: float = 0.0) -> float:
-        """The rejection rate over all levels (with the prior), minus `optimism` standard deviations."""
-        e = sum(self.rejected) + PRIOR_WEIGHT * self.prior
-        n = sum(self.at_risk) + PRIOR_WEIGHT
-        h = e / n
-        return max(0.0, h - optimism * (h * (1 - h) / (n + 1)) ** 0.5)
-
-    def hazard(self, k: int, pooled: float | None = None) -> float:
-        """P(rejected at level k | reached it): the level's own counts shrunk toward the pooled
-        rate (levels seldom reached follow the kind's overall rate; default: its mean)."""
-        k = min(k, LEVELS - 1)
-        base = self.pooled() if pooled is None else pooled
-        return (self.rejected[k] + SHRINK * base) / (self.at_risk[k] + SHRINK)
-
-    def explored_depth(self) -> int:
-        """The deepest draft worth trying on this evidence: FIRST_TRY levels, then twice as deep
-        as drafts of this kind have been seen to reach (accepted up to level k: 2(k + 1)), so an
-        unknown kind is not first tried 32 tokens deep, where a miss costs ~15 target steps."""
-        if self.prior == 0.0 and not any(self.rejected):
-            return NO_LIMIT  # a certain kind (forced tokens): nothing to explore
-        reached = max((k for k in range(LEVELS) if self.at_risk[k] >= EXPLORED), default=-1)
-        return NO_LIMIT if reached == LEVELS - 1 else max(FIRST_TRY, 2 * (reached + 1))
-
-    def expectations(self, depth: int, optimism: float = OPTIMISM) -> list[float]:
-        """E[tokens per step] of drafts of 0, 1, ..., `depth` tokens (accepted ones + the extra
-        token), each level's rejection rate taken `optimism` standard deviations low (an upper
-        bound, so a kind of draft with little evidence gets tried, and one measured to lose does
-        not): 1 + the sum over levels k < d of P(accepted > k)."""
-        pooled = self.pooled(optimism)
-        out, survive = [1.0], 1.0
-        for k in range(depth):
-            survive *= 1.0 - self.hazard(k, pooled=pooled)
-            out.append(out[-1] + survive)
-        return out
-
-    def expected(self, depth: int, optimism: float = OPTIMISM) -> float:
-        return self.expectations(depth, optimism)[depth]
-
-    @property
-    def alpha(self) -> float:
-        """The first level's acceptance rate (a summary for reports)."""
-        return 1.0 - self.hazard(0)
 
 
 class Planner:

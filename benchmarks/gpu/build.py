@@ -1,4 +1,4 @@
-"""The GPU check's build (benchmarks/gpu_check.py): from the bundle, offline, into WORK.
+"""The GPU check's build (benchmarks/gpu/check.py): from the bundle, offline, into WORK.
 
 1. bundle     the manifest and checksums; the trimmed llama-cpp-python source extracted (once)
 2. toolchain  cmake, ninja, a C compiler; with CUDA: nvcc, the card's compute capability, cuBLAS
@@ -13,7 +13,7 @@
 
 Each step is recorded in the state like a check step; a step that is already done (same inputs)
 says so and takes no time. While llama.cpp compiles, the shaped models' F16 files are written in
-the background (benchmarks/gpu_models.py), so only their quantization is left for the check.
+the background (benchmarks/gpu/models.py), so only their quantization is left for the check.
 """
 
 from __future__ import annotations
@@ -34,10 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import gpu_bundle
-import gpu_report as report
+from benchmarks.gpu import bundle as gpu_bundle, report
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 STEPS = ("build:bundle", "build:toolchain", "build:venv", "build:wheels", "build:localspec", "build:llama_cpp",
          "build:imports")
 IMPORTS = ("llama_cpp", "localspec", "localspec._verifier", "llguidance", "gguf", "pydantic", "starlette",
@@ -275,7 +274,7 @@ def step_localspec(b: Build) -> tuple[str, dict]:
 def start_prewrite(b: Build, shapes: str) -> None:
     """Write the shaped models' F16 files in the background while llama.cpp compiles."""
     log = (b.work / "prewrite.log").open("w")
-    b.prewrite = subprocess.Popen([b.python, str(ROOT / "benchmarks" / "gpu_models.py"), "--f16",
+    b.prewrite = subprocess.Popen([b.python, "-m", "benchmarks.gpu.models", "--f16",
                                    str(b.work / "models"), shapes], stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, cwd=ROOT)
 

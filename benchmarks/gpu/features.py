@@ -1,6 +1,6 @@
 """The GPU check's feature steps (benchmarks/gpu_check.py): constrained output, a tool call, the
 server round trip and the prompt cache's save and restore of device-resident KV, on tiny models
-with every layer offloaded (see gpu_steps.py for the framework)."""
+with every layer offloaded (see steps.py for the framework)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from localspec.api import stream_generate
 from localspec.llama.model import Model
 
-from gpu_steps import EXACT, NEAR_TIE, Context, StepFailed, greedy_difference, tokens_of
+from benchmarks.gpu.steps import EXACT, NEAR_TIE, Context, StepFailed, greedy_difference, tokens_of
 
 # ---------------------------------------------------------------- constrained output and a tool call
 

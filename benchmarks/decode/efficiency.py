@@ -12,7 +12,7 @@ The estimand is the mean over target-distributed contexts of E[accepted + 1 | co
 papers' block efficiency E[τ + 1] (GBV paper, Sec. 3; traversal paper, Sec. 4) averaged over
 contexts instead of weighted by where a speculative run happens to stop.
 
-Benchmark code (benchmarks/head_to_head.py uses it): it drives the engine's pieces directly
+Benchmark code (benchmarks/decode/head_to_head.py uses it): it drives the engine's pieces directly
 (:func:`score`), which no user-facing path needs.
 """
 

@@ -1,6 +1,6 @@
-"""The GPU check's measurements and its loading check (benchmarks/gpu_check.py runs them).
+"""The GPU check's measurements and its loading check (benchmarks/gpu/check.py runs them).
 
-On a pair shaped like the default one (benchmarks/gpu_models.py: Qwen 2.5 1.5B and 0.5B
+On a pair shaped like the default one (benchmarks/gpu/models.py: Qwen 2.5 1.5B and 0.5B
 dimensions, random weights, Q4_K_M), fully offloaded: the target's pass-cost curve c(n)/c(1) for
 n = 1…16 and the draft's, the draft/target step-cost ratio, each verifier's share of a step at the
 default sampling settings, the target alone's in-process decode speed, and what the planner
@@ -11,22 +11,23 @@ llama_model_load_from_file from a Python process on a CUDA build).
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 from localspec.api import stream_generate
-from localspec.config import GenerationConfig, ModelOptions
-from localspec.decoding.planner import LEVELS, Planner
+from localspec.config import ModelOptions
 from localspec.decoding.profiles import Profiles
 from localspec.llama.model import Model
 
-import gpu_models
-from gpu_steps import Context, StepFailed, StepSkipped
+from benchmarks.common.prompts import PROMPTS
+from benchmarks.common.target import cost_curve, prefill_rate
+from benchmarks.gpu import models, predict
+from benchmarks.gpu.steps import Context, StepFailed, StepSkipped
+from benchmarks.gpu.traces import TRACES, traced_run
 
 CURVE = tuple(range(1, 17)) + (24, 32)  # the issue's 1…16, and two larger passes the planner extrapolates to
 DEFAULT = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # localspec's default sampling
@@ -35,15 +36,14 @@ SHARE_CONFIGS = (  # (verifier, shape) at the default sampling; greedy at T = 0,
     ("block", dict(num_draft_tokens=4)), ("gbv", dict(num_draft_tokens=4, paths=3)),
     ("batch", dict(num_draft_tokens=4, paths=3)), ("rrs", dict(tree=(3, 2, 1, 1))), ("rrsw", dict(tree=(3, 2, 1, 1))),
     ("traversal", dict(tree=(3, 2, 1, 1))))
-PROMPT = "Write a Python function that checks whether a number is prime, with a docstring."
-ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
+PROMPT = PROMPTS["code"]
 SHAPED = dict(ctx_size=4096)
 
 
 def step_shaped_models(ctx: Context) -> tuple[str, dict]:
     """The default pair's shapes, random weights, Q4_K_M (written and quantized here)."""
     t0 = time.perf_counter()
-    target, draft = gpu_models.shaped_pair(ctx.work / "models", ctx.scale.shapes)
+    target, draft = models.shaped_pair(ctx.work / "models", ctx.scale.shapes)
     secs = time.perf_counter() - t0
     ctx.paths.update({"shaped_target": str(target), "shaped_draft": str(draft)})
     sizes = {p.name: p.stat().st_size for p in (target, draft)}
@@ -51,23 +51,20 @@ def step_shaped_models(ctx: Context) -> tuple[str, dict]:
             + ", ".join(f"{n} {s / 2**20:.0f} MiB" for n, s in sizes.items()) + ")"), {"seconds": secs, "bytes": sizes}
 
 
-def _curve(model: Model, rounds: int) -> dict[int, float]:
-    from head_to_head import cost_curve  # benchmarks/
-
+def shaped_curve(model: Model, rounds: int) -> dict[int, float]:
+    """The model's cost curve at the pass sizes of CURVE it can decode."""
     return cost_curve(model, sizes=tuple(n for n in CURVE if n <= model.n_batch), rounds=rounds)
 
 
 def step_cost_curve(ctx: Context) -> tuple[str, dict]:
     """c(n) of one target pass with every row's logits (a verification pass), n = 1…16, for the
     target and the draft; where their weights went; the long-prefill rate."""
-    from planner_replay import prefill_rate  # benchmarks/
-
     t0 = time.perf_counter()
     target = ctx.model("shaped_target", **SHAPED)
     t1 = time.perf_counter()
     draft = ctx.model("shaped_draft", **SHAPED)
     t2 = time.perf_counter()
-    ct, cd = _curve(target, ctx.scale.curve_rounds), _curve(draft, ctx.scale.curve_rounds)
+    ct, cd = shaped_curve(target, ctx.scale.curve_rounds), shaped_curve(draft, ctx.scale.curve_rounds)
     prefill = (prefill_rate(target), prefill_rate(draft))
     ratio = cd[1] / ct[1]
     ctx.facts.update(curve_target=ct, curve_draft=cd, prefill_target=prefill[0], prefill_draft=prefill[1],
@@ -133,46 +130,18 @@ def step_decode_speed(ctx: Context) -> tuple[str, dict]:
     return line, data
 
 
-def planner_decisions(curve_t: dict[int, float], curve_d: dict[int, float], *, target_bytes: int, draft_bytes: int,
-                      draft_load: float, prefill_t: float | None, prefill_d: float | None, prompt_tokens: int = 200,
-                      remaining: int = 256, alphas: tuple[float, ...] = ALPHAS) -> dict:
-    """What localspec's planner decides on this cost profile: whether `--drafter auto` loads the
-    draft model (its best case, everything accepted, repays the load and the prompt's prefill over
-    `remaining` tokens), and the draft depth it picks once per-level acceptance α is well known,
-    with the predicted speedup of that depth over the target alone."""
-    profiles = Profiles.in_memory()
-    t_id, d_id = {"model": "target"}, {"model": "draft"}
-    tp, dp = profiles.get(t_id), profiles.get(d_id)
-    tp.costs, tp.prefill = dict(curve_t), prefill_t
-    dp.costs, dp.prefill, dp.load = {1: curve_d[1]}, prefill_d, draft_load
-    target = SimpleNamespace(identity=t_id, file_bytes=target_bytes)
-    drafter = SimpleNamespace(source=SimpleNamespace(identity=d_id, file_bytes=draft_bytes, load_seconds=None))
-    shape = GenerationConfig().shape
-    planner = Planner(target, shape, profiles=profiles)
-    out: dict[str, Any] = {"loads_draft": planner.worth_loading(drafter, prompt_tokens, remaining),
-                           "prompt_tokens": prompt_tokens, "remaining": remaining, "max_depth": shape.depth}
-    for alpha in alphas:
-        acc = planner.acceptance(f"model:a{alpha}")
-        acc.at_risk[:] = [1e4] * LEVELS
-        acc.rejected[:] = [1e4 * (1 - alpha)] * LEVELS
-        depth, rate = planner.choose(drafter, f"model:a{alpha}", shape.depth)
-        out[f"alpha {alpha:g}"] = {"depth": depth, "predicted_speedup": rate * curve_t[1] if depth else 1.0}
-    return out
-
-
 def step_planner(ctx: Context) -> tuple[str, dict]:
     """The planner on the measured GPU profile: its decisions for a grid of acceptance rates, and a
     real `--drafter auto` run with the draft given but not loaded (does the engine load it? what
     depths does it draft?). The shaped models' weights are random, so the real run's draft is
     rejected: it shows the loading decision and the planner backing off, not a speedup."""
-    from gpu_predict import traced_run
     from localspec.llama.lazy import LazyModel
 
     f = ctx.facts
     if "curve_target" not in f:
         raise StepSkipped("needs the cost curve (step cost_curve)")
     tpath, dpath = ctx.path("shaped_target"), ctx.path("shaped_draft")
-    data = planner_decisions(f["curve_target"], f["curve_draft"], target_bytes=tpath.stat().st_size,
+    data = predict.planner_decisions(f["curve_target"], f["curve_draft"], target_bytes=tpath.stat().st_size,
                              draft_bytes=dpath.stat().st_size, draft_load=f["load_draft"],
                              prefill_t=f["prefill_target"], prefill_d=f["prefill_draft"])
     target = ctx.model("shaped_target", **SHAPED)
@@ -250,27 +219,22 @@ def step_loading(ctx: Context) -> tuple[str, dict]:
 
 def step_prediction(ctx: Context) -> tuple[str, dict]:
     """The default pair's GPU speedups predicted from this run's costs and the acceptance traces
-    recorded on a CPU (benchmarks/gpu_predict.py), as markdown in the report."""
-    import json
-
-    import gpu_predict
-
+    recorded on a CPU (benchmarks/gpu/predict.py), as markdown in the report."""
     f = ctx.facts
     if "curve_target" not in f:
         raise StepSkipped("needs the cost curve (step cost_curve)")
-    path = Path(__file__).resolve().parent / "data" / "acceptance_traces.json"
-    if not path.exists():
-        raise StepSkipped(f"no acceptance traces in {path} (gpu_predict.py --record-traces makes them)")
-    traces = json.loads(path.read_text())
+    if not TRACES.exists():
+        raise StepSkipped(f"no acceptance traces in {TRACES} (gpu_predict.py --record-traces makes them)")
+    traces = json.loads(TRACES.read_text())
     where = "this GPU" if ctx.gpu else "this CPU (a dry run)"
-    costs = gpu_predict.Costs(f["curve_target"], f["curve_draft"], max(0.0, f.get("overhead_ms", 0.0)) / 1e3,
+    costs = predict.Costs(f["curve_target"], f["curve_draft"], max(0.0, f.get("overhead_ms", 0.0)) / 1e3,
                               {v: ms / 1e3 for v, ms in f.get("verify_ms", {}).items()}, f.get("prefill_target"),
                               source=f"measured by benchmarks/gpu_check.py on {where} (shaped models)")
-    rows = gpu_predict.predict(traces, costs)
-    ngram = gpu_predict.ngram_auto(traces, costs)
-    planner = gpu_predict.planner_rows(traces, costs, ctx.path("shaped_target").stat().st_size,
-                                       ctx.path("shaped_draft").stat().st_size, f.get("load_draft", 1.0))
-    text = gpu_predict.markdown(traces, costs, rows, ngram, planner)
+    rows = predict.predict(traces, costs)
+    ngram = predict.ngram_auto(traces, costs)
+    planner = predict.planner_rows(traces, costs, ctx.path("shaped_target").stat().st_size,
+                                   ctx.path("shaped_draft").stat().st_size, f.get("load_draft", 1.0))
+    text = predict.markdown(traces, costs, rows, ngram, planner)
     best = max(rows, key=lambda r: r["speedup"])
     return (f"{len(rows)} configurations predicted; best {best['config']} T={best['temperature']:g} "
             f"{best['speedup']:.2f}×"), {"markdown": text, "rows": rows, "ngram_auto": ngram, "planner": planner}

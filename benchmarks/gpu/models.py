@@ -183,7 +183,7 @@ def shaped_pair(directory: str | Path, which: str = "default") -> tuple[Path, Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python benchmarks/gpu_models.py --f16 DIR [default|small]``: write the F16 files (no
+    """``python -m benchmarks.gpu.models --f16 DIR [default|small]``: write the F16 files (no
     llama.cpp needed: the GPU check runs this while llama.cpp compiles)."""
     import argparse
     import time

@@ -4,16 +4,16 @@ Every row is measured in the same process, on the same prompts and seeds, side b
 target-only baseline row of the same prompt set and temperature, so the speedup column compares
 like with like (see docs/design.md, "Metrics")::
 
-    from localspec.cli.bench_runs import BenchSettings, run_bench, to_markdown
+    from localspec.bench.runs import BenchSettings, run_bench, to_markdown
     from localspec.config import Shape
-    from localspec.cli.prompt_sets import builtin_prompts
+    from localspec.bench.prompts import builtin_prompts
 
     settings = BenchSettings(verifiers=("block",), shapes=(Shape.parse("k4"),), temperatures=(0.0,))
     results = run_bench(target, draft, builtin_prompts("code"), settings)
     print(to_markdown(results))
 
 No click here: the ``bench`` command (localspec/cli/bench.py) turns errors into messages.
-Prompt sets live in :mod:`localspec.cli.prompt_sets`.
+Prompt sets live in :mod:`localspec.bench.prompts`.
 """
 
 from __future__ import annotations

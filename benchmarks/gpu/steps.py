@@ -1,20 +1,18 @@
-"""The GPU check's framework and first correctness steps (benchmarks/gpu_check.py runs them;
-gpu_features.py has the feature steps, gpu_measure.py the measurements).
+"""The GPU check's framework and first correctness steps (benchmarks/gpu/check.py runs them;
+features.py has the feature steps, measure.py the measurements).
 
 Each step is a function of a :class:`Context` that returns ``(summary line, data)``, raises
 :class:`StepFailed` (the check found a fault: the message says which) or :class:`StepSkipped`
 (it could not run here: why). Every model is loaded with all layers offloaded
 (``n_gpu_layers=-1``, target and draft); on a CPU build (the ``--cpu`` dry run) that is a no-op
-and the same code runs. Models are tiny (the test suite's, tests/tiny_models.py) and written by
-the first step.
+and the same code runs. Models are tiny (the test suite's: localspec.llama.tiny_pairs) and written
+by the first step.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,10 +25,11 @@ from localspec.api import stream_generate
 from localspec.config import ModelOptions
 from localspec.llama.model import Model
 from localspec.prompt import prompt_tokens
+from localspec.llama.tiny_model import QUANTIZABLE, quantize
+from localspec.llama.tiny_pairs import QUANTIZATIONS, TOOLS_VOCAB, make_pair, write_tiny_model
 from localspec.verify.stats import chi2_sf
 
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # the test suite's tiny models
-import tiny_models as tiny  # noqa: E402  (tests/tiny_models.py)
+from benchmarks.common.runs import run_localspec
 
 NEAR_TIE = {"f32": 1e-3, "q4_k_m": 0.02}  # logits: batch-shape noise (tests/greedy.py, tests/test_quantized.py)
 EXACT = dict(cache_type="f32", flash_attn="off")  # tests/conftest.py's exact settings (threads: all)
@@ -78,7 +77,7 @@ class Scale:
     decode_tokens: int
     share_tokens: int
     planner_tokens: int
-    shapes: str  # gpu_models.SHAPES key
+    shapes: str  # benchmarks.gpu.models.SHAPES key
 
 
 SCALES = {
@@ -149,14 +148,14 @@ def step_tiny_models(ctx: Context) -> tuple[str, dict]:
     backend.init()  # the quantizer's log goes to logging, not to stderr
     d = ctx.work / "models"
     t0 = time.perf_counter()
-    target, draft = tiny.make_pair(d, seed=0, noise=0.05)
-    far = tiny.write_tiny_model(d / "tiny-draft-far.gguf", seed=0, noise=0.5)
-    qt = tiny.write_tiny_model(d / "q-target-f32.gguf", seed=1, **tiny.QUANTIZABLE)
-    qd = tiny.write_tiny_model(d / "q-draft-f32.gguf", seed=1, noise=0.05, **tiny.QUANTIZABLE)
-    ftype = tiny.QUANTIZATIONS["q4_k_m"]
-    q = (tiny.quantize(qt, d / "q-target-q4_k_m.gguf", ftype), tiny.quantize(qd, d / "q-draft-q4_k_m.gguf", ftype))
-    tools = (tiny.write_tiny_model(d / "tools-target.gguf", seed=2, vocab=tiny.TOOLS_VOCAB),
-             tiny.write_tiny_model(d / "tools-draft.gguf", seed=2, noise=0.05, vocab=tiny.TOOLS_VOCAB))
+    target, draft = make_pair(d, seed=0, noise=0.05)
+    far = write_tiny_model(d / "tiny-draft-far.gguf", seed=0, noise=0.5)
+    qt = write_tiny_model(d / "q-target-f32.gguf", seed=1, **QUANTIZABLE)
+    qd = write_tiny_model(d / "q-draft-f32.gguf", seed=1, noise=0.05, **QUANTIZABLE)
+    ftype = QUANTIZATIONS["q4_k_m"]
+    q = (quantize(qt, d / "q-target-q4_k_m.gguf", ftype), quantize(qd, d / "q-draft-q4_k_m.gguf", ftype))
+    tools = (write_tiny_model(d / "tools-target.gguf", seed=2, vocab=TOOLS_VOCAB),
+             write_tiny_model(d / "tools-draft.gguf", seed=2, noise=0.05, vocab=TOOLS_VOCAB))
     ctx.paths.update({"f32_target": str(target), "f32_draft": str(draft), "far_draft": str(far),
                       "q4_k_m_target": str(q[0]), "q4_k_m_draft": str(q[1]),
                       "tools_target": str(tools[0]), "tools_draft": str(tools[1])})
@@ -170,11 +169,11 @@ def step_tiny_models(ctx: Context) -> tuple[str, dict]:
 def step_info(ctx: Context) -> tuple[str, dict]:
     """`localspec info --json` with a model loaded fully offloaded: the devices and where its weights went."""
     model = ctx.path("q4_k_m_target")
-    cmd = [sys.executable, "-m", "localspec", "info", "--json", "-m", str(model), "--n-gpu-layers", "-1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-                         env={**os.environ, "LOCALSPEC_KEEP_ALIVE": "0"})
-    if out.returncode != 0:
-        raise StepFailed(f"localspec info exited {out.returncode}: {out.stderr.strip()[-500:]}")
+    try:
+        out = run_localspec(["info", "--json", "-m", str(model), "--n-gpu-layers", "-1"],
+                            env={**os.environ, "LOCALSPEC_KEEP_ALIVE": "0"}, timeout=300)
+    except RuntimeError as exc:
+        raise StepFailed(f"localspec info: {str(exc).strip()[-500:]}") from None
     info = json.loads(out.stdout)
     lc = info["llama_cpp"]
     devices = lc.get("devices") if isinstance(lc.get("devices"), list) else []

@@ -1,0 +1,300 @@
+"""Resident-models benchmark: `localspec` calls from a script, each a fresh client process.
+
+Per prompt, alternated, medians over --repeat rounds, T = 0, the default pair and settings:
+
+* first call: no service running (``localspec stop --all`` before it): the call starts one;
+* later call: served by the service the earlier calls left (nothing loaded);
+* --keep-alive 0: the call in its own process, as every call was before resident models;
+* llama.cpp's ``llama-completion`` on the same rendered prompt (``--prompt-cache FILE`` for the
+  document question, an equivalent GBNF grammar for the extraction), built natively from the
+  llama.cpp that llama-cpp-python vendors (as benchmarks/whole_process.py does);
+* ``llama-server`` (same build, started once, the target alone) with a fresh ``curl`` process per
+  request on /completion (``cache_prompt``: the server keeps the last prompt's KV, as localspec's
+  service does), and the same with its best n-gram speculative mode (``--spec-type``) per prompt.
+
+The ratios are of wall time per generated token (the tools do not all stop at the same token).
+A second table: where a later call's time goes (the client's own cost: its wall time minus the
+service's time for the call, which its ``--json`` timings report), the client's imports
+(``python -X importtime``), and the memory of a resident pair against an in-process run's peak.
+
+    python benchmarks/resident.py
+    python benchmarks/resident.py --prompts code,extract --repeat 2 --no-llama
+
+Progress goes to stderr, the markdown tables to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from benchmarks.common.host import host_header
+from benchmarks.common.llama_tools import LLAMA_NGRAM_TYPES, Server, llama_completion, native_llama_tools
+from benchmarks.common.options import progress
+from benchmarks.common.prompts import PROMPTS as H2H_PROMPTS, QUESTIONS, document
+from benchmarks.common.runs import Run, localspec_json, run_localspec
+from benchmarks.common.schemas import TASKS, gbnf
+from benchmarks.common.target import chat_text
+
+DOC_CHARS = 7000  # ~1,650 tokens of localspec's engine source
+DOC_QUESTION = QUESTIONS[0]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str  # what the user asks (after the document, for the document question)
+    schema: dict | None = None  # a JSON schema (the extraction)
+    document: bool = False  # asked about the benchmark's document (--context)
+
+
+PROMPTS: dict[str, Prompt] = {
+    "code": Prompt(H2H_PROMPTS["code"]),
+    "prose": Prompt(H2H_PROMPTS["prose"]),
+    "edit": Prompt(H2H_PROMPTS["code-edit"]),
+    "summary": Prompt(H2H_PROMPTS["summarise"]),
+    "extract": Prompt(TASKS["invoice"].prompt, schema=TASKS["invoice"].schema),
+    "document": Prompt(DOC_QUESTION, document=True),
+}
+GROUNDED = ("edit", "summary", "extract", "document")
+_CALLS = [0]
+
+
+def tagged(text: str) -> str:
+    """The question with a number of its own: every call asks something no earlier call asked (as
+    a script's calls do), so no saved prompt of an earlier call is restored; the document of the
+    document question stays a shared prefix."""
+    _CALLS[0] += 1
+    return f"(#{_CALLS[0]}) {text}"
+
+
+# ---------------------------------------------------------------- localspec
+
+
+class Localspec:
+    """`localspec` calls as a script makes them, in the benchmark's own directories."""
+
+    def __init__(self, root: Path, tokens: int, threads: int | None) -> None:
+        self.root = root
+        self.tokens = tokens
+        self.threads = threads
+        self.doc = root / "document.txt"
+        self.doc.write_text(document(DOC_CHARS), encoding="utf-8")
+        runtime = Path(tempfile.mkdtemp(prefix="lsb-", dir="/tmp"))
+        self.env = dict(os.environ, LOCALSPEC_PROFILE_DIR=str(root / "profiles"),
+                        LOCALSPEC_PROMPT_CACHE=str(root / "prompts"), XDG_RUNTIME_DIR=str(runtime))
+        self.runtime = runtime
+
+    def args(self, prompt: Prompt, extra: Sequence[str] = ()) -> list[str]:
+        out = ["--json", "-n", str(self.tokens), "-t", "0", "--seed", "1", *extra,
+               *(["--threads", str(self.threads)] if self.threads else [])]
+        if prompt.schema is not None:
+            out += ["--json-schema", json.dumps(prompt.schema)]
+        if prompt.document:
+            out += ["--context", str(self.doc)]
+        return [*out, tagged(prompt.text)]
+
+    def call(self, prompt: Prompt, keep_alive: str = "5m", importtime: bool = False, extra: Sequence[str] = ()) -> Run:
+        """One call from a fresh client process (benchmarks.common.runs), its JSON answer read."""
+        return localspec_json(self.args(prompt, extra), env=dict(self.env, LOCALSPEC_KEEP_ALIVE=keep_alive),
+                              python_flags=["-X", "importtime"] if importtime else [], timeout=1800)
+
+    def services(self) -> list[dict]:
+        return json.loads(run_localspec(["ps", "--json"], env=self.env, timeout=60).stdout)
+
+    def stop_all(self) -> None:
+        run_localspec(["stop", "--all"], env=self.env, timeout=120)
+
+    def peak_rss_in_process(self, prompt: Prompt) -> int:
+        """The peak resident memory of a --keep-alive 0 call (bytes): its own process, waited for with
+        wait4 for its resource usage (not a timed run)."""
+        cmd = [sys.executable, "-m", "localspec", *self.args(prompt)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                env=dict(self.env, LOCALSPEC_KEEP_ALIVE="0"))
+        _, status, usage = os.wait4(proc.pid, 0)
+        return usage.ru_maxrss * 1024
+
+    def close(self) -> None:
+        self.stop_all()
+        shutil.rmtree(self.runtime, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- llama.cpp
+
+
+def rendered(prompt: Prompt, doc: Path) -> str:
+    """The text llama.cpp's tools decode: the user's message as localspec sends it (the document
+    first), in the target's chat template."""
+    text = tagged(prompt.text)
+    if prompt.document:
+        text = f"{doc.read_text(encoding='utf-8').rstrip()}\n\n{text}"
+    return chat_text(text)
+
+
+def completion(bindir: Path, prompt: Prompt, text: str, tokens: int, threads: int | None, root: Path) -> Run:
+    """One llama-completion run (benchmarks.common.llama_tools) with the prompt's grammar or cache."""
+    extra: list[str] = []
+    if prompt.schema is not None:
+        grammar = root / "extract.gbnf"
+        grammar.write_text(gbnf(prompt.schema), encoding="utf-8")
+        extra += ["--grammar-file", str(grammar)]
+    if prompt.document:
+        extra += ["--prompt-cache", str(root / "llama-completion.cache")]
+    return llama_completion(bindir, text, tokens, threads, extra)
+
+
+def served(server: Server, prompt: Prompt, doc: Path, tokens: int) -> Run:
+    """One request of the prompt to llama-server (its grammar, for the extraction)."""
+    return server.request(rendered(prompt, doc), tokens, gbnf(prompt.schema) if prompt.schema is not None else None)
+
+
+# ---------------------------------------------------------------- the tables
+
+
+def med(samples: Sequence[Run]) -> float:
+    return statistics.median(s.wall for s in samples)
+
+
+def per_token(samples: Sequence[Run]) -> float:
+    return statistics.median(s.per_token for s in samples)
+
+
+def measure(args: argparse.Namespace, ls: Localspec, bindir: Path | None) -> dict[str, dict[str, list[Run]]]:
+    """Every system's samples per prompt. Each round: the first call and the --keep-alive 0 call
+    of each prompt, each from a state with no service (their order alternates between rounds),
+    and llama-completion; then every prompt once more as a later call, in turn, so that the call
+    before a later call asked something else (as a script's calls do: nobody asks the same
+    question twice). llama-server runs after, restarted each round (its n-gram modes remember
+    earlier answers across requests, which a repeated prompt would turn into perfect drafts)."""
+    results: dict[str, dict[str, list[Run]]] = {name: {} for name in args.prompts}
+    for name in args.prompts:  # the profile and the document's prompt cache one earlier run leaves
+        progress(f"warm-up: {name}")
+        ls.call(PROMPTS[name], keep_alive="0")
+        if bindir is not None and PROMPTS[name].document:
+            completion(bindir, PROMPTS[name], rendered(PROMPTS[name], ls.doc), args.tokens, args.threads, ls.root)
+    for r in range(args.repeat):
+        for name in args.prompts:
+            prompt, got = PROMPTS[name], results[name]
+            progress(f"round {r + 1}/{args.repeat}: {name}, first call and --keep-alive 0")
+            for kind in (("first", "keep-alive 0") if r % 2 == 0 else ("keep-alive 0", "first")):
+                ls.stop_all()
+                got.setdefault(kind, []).append(ls.call(prompt, keep_alive="5m" if kind == "first" else "0"))
+            if bindir is not None:
+                got.setdefault("llama-completion", []).append(
+                    completion(bindir, prompt, rendered(prompt, ls.doc), args.tokens, args.threads, ls.root))
+        ls.call(PROMPTS[args.prompts[-1]])  # a service up (untimed), its last call another question
+        for name in args.prompts:
+            progress(f"round {r + 1}/{args.repeat}: {name}, a later call")
+            got = results[name]
+            got.setdefault("later", []).append(ls.call(PROMPTS[name]))
+            got.setdefault("client", []).append(_client_cost(ls, got["later"][-1]))
+    if bindir is not None:
+        for spec_type in (None, *LLAMA_NGRAM_TYPES):
+            for r in range(args.repeat):
+                progress(f"llama-server {spec_type or 'target alone'}, round {r + 1}/{args.repeat}")
+                server = Server(bindir, args.threads, spec_type)
+                try:
+                    if "document" in args.prompts:  # its prompt cache holds the document, as localspec's does
+                        served(server, PROMPTS["document"], ls.doc, args.tokens)
+                    for name in args.prompts:
+                        results[name].setdefault(f"server {spec_type or 'alone'}", []).append(
+                            served(server, PROMPTS[name], ls.doc, args.tokens))
+                finally:
+                    server.close()
+    return results
+
+
+def _client_cost(ls: Localspec, later: Run) -> Run:
+    """A later call's wall time minus the service's time for it (its --json timings.service)."""
+    return Run(later.wall - float(later.data.get("timings", {}).get("service")), 1)
+
+
+def speed_table(results: dict[str, dict[str, list[Run]]], with_llama: bool) -> list[str]:
+    head = "| prompt | tokens | first call s | later calls s | --keep-alive 0 s | first vs keep-alive 0 |"
+    rule = "| --- | ---: | ---: | ---: | ---: | ---: |"
+    if with_llama:
+        head += (" llama-completion s | llama-server s | llama-server n-gram s (mode) | later vs llama-completion |"
+                 " later vs llama-server | later vs llama-server n-gram |")
+        rule += " ---: | ---: | ---: | ---: | ---: | ---: |"
+    lines = [head, rule]
+    for name, got in results.items():
+        later = got["later"]
+        row = (f"| {name} | {statistics.median(s.tokens for s in later):.0f} | {med(got['first']):.2f} | "
+               f"{med(later):.2f} | {med(got['keep-alive 0']):.2f} | "
+               f"{med(got['first']) / med(got['keep-alive 0']):.2f}× |")
+        if with_llama:
+            ngram = {k: v for k, v in got.items() if k.startswith("server ngram")}
+            best = min(ngram, key=lambda k: per_token(ngram[k]))
+            row += (f" {med(got['llama-completion']):.2f} | {med(got['server alone']):.2f} | "
+                    f"{med(ngram[best]):.2f} ({best.removeprefix('server ')}) | "
+                    f"**{per_token(got['llama-completion']) / per_token(later):.2f}×** | "
+                    f"**{per_token(got['server alone']) / per_token(later):.2f}×** | "
+                    f"{per_token(ngram[best]) / per_token(later):.2f}× |")
+        lines.append(row)
+    return lines
+
+
+def overhead_table(results: dict[str, dict[str, list[Run]]], ls: Localspec, args: argparse.Namespace) -> list[str]:
+    clients = [s.wall for got in results.values() for s in got["client"]]
+    probe = PROMPTS[args.prompts[0]]
+    ls.call(probe)  # a service for the import trace
+    traced = ls.call(probe, importtime=True)
+    imports = [line for line in traced.stderr.splitlines() if line.startswith("import time:")]
+    total_us = sum(int(line.split("|")[0].split(":")[1]) for line in imports[1:])
+    heavy = sorted({line.rsplit("|", 1)[-1].strip().split(".")[0] for line in imports}
+                   & {"numpy", "llama_cpp", "llguidance", "pydantic", "jinja2"})
+    (service,) = ls.services()
+    peak = ls.peak_rss_in_process(probe)
+    return ["| measure | value |", "| --- | ---: |",
+            f"| a later call's client cost (wall minus the service's time), median of {len(clients)} | "
+            f"{1000 * statistics.median(clients):.0f} ms |",
+            f"| the client's imports (`python -X importtime`, self times summed) | {total_us / 1000:.0f} ms |",
+            f"| heavy modules the client imports | {', '.join(heavy) or 'none'} |",
+            f"| resident pair's memory (`localspec ps`, after {service['calls']} calls) | "
+            f"{service['memory_bytes'] / 2**20:.0f} MB |",
+            f"| an in-process call's peak memory (`--keep-alive 0`, {args.prompts[0]}) | {peak / 2**20:.0f} MB |"]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--prompts", default=",".join(PROMPTS), help=f"comma-separated, of {', '.join(PROMPTS)}")
+    p.add_argument("--repeat", type=int, default=3, help="alternated rounds (medians)")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-llama", action="store_true", help="skip llama-completion and llama-server")
+    args = p.parse_args(argv)
+    args.prompts = [n.strip() for n in args.prompts.split(",") if n.strip()]
+    unknown = [n for n in args.prompts if n not in PROMPTS]
+    if unknown or not args.prompts:
+        p.error(f"unknown prompts {unknown}; use {', '.join(PROMPTS)}")
+    if args.repeat < 1 or args.tokens < 1:
+        p.error("--repeat and --tokens must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    bindir = None if args.no_llama else native_llama_tools()
+    with tempfile.TemporaryDirectory(prefix="resident-bench-") as tmp:
+        ls = Localspec(Path(tmp), args.tokens, args.threads)
+        try:
+            results = measure(args, ls, bindir)
+            lines = [*host_header(), f"{args.tokens} tokens, T = 0, medians of {args.repeat} alternated rounds; "
+                     "ratios of wall time per generated token (higher: localspec faster).", "",
+                     *speed_table(results, bindir is not None), "", *overhead_table(results, ls, args)]
+        finally:
+            ls.close()
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

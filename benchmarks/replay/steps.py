@@ -1,0 +1,143 @@
+"""A recorded answer decoded again as the engine decodes it with the n-gram drafter, through the
+engine's own interface to a policy (localspec.decoding.policy.Policy), with costs from a cost curve.
+
+Each step, the engine's n-gram drafter (localspec.decoding.drafters.NGramDrafter) proposes a
+continuation of the prompt and the answer so far; the policy picks it and a depth
+(:meth:`Policy.pick`), the drafter drafts that many tokens; the recorded answer says how many of
+them the target accepts (at T = 0 a one-hot draft is accepted exactly where it equals the output);
+the step costs c(drafted + 1) from the curve, and the policy observes it
+(:meth:`Policy.observe_step`); at the end, :meth:`Policy.finish`. The policy is the real planner
+(benchmarks.replay.planners makes one), a variant of it, or a fixed depth per kind of proposal
+(:class:`FixedDepths`): a replay takes milliseconds, and two policies compare on the same answers
+with no timing noise. The prompt's prefill is not replayed (there is no model): the profile a
+replay starts from holds what a prefill measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+from localspec.config import GenerationConfig, SamplingParams
+from localspec.decoding.drafters import DraftProposal, NGramDrafter
+from localspec.decoding.lookup import ContextLookup
+from localspec.decoding.policy import Policy
+from localspec.decoding.state import NO_DRAFT, Draft
+
+from benchmarks.replay.ceiling import matched_run
+
+if TYPE_CHECKING:
+    from localspec.llama.sequence import KVSequence
+
+SHAPE = GenerationConfig().shape  # the engine's default draft shape (a chain)
+DEPTH = SHAPE.depth  # the engine's default draft depth
+TRUNCATED = [SHAPE.truncated(d) for d in range(DEPTH + 1)]  # the shape of a draft of d levels (made once)
+GREEDY = SamplingParams(0.0)  # the answers are greedy (the n-gram drafter's one-hot rows do not read it)
+
+Trace = list[tuple[int, "str | None", int, int]]  # per step: output position, kind or None, drafted, accepted
+
+
+@dataclass(frozen=True)
+class Replay:
+    seconds: float  # target time of the replayed decode
+    steps: int
+    drafted: int
+    accepted: int
+
+
+class FixedDepths:
+    """A fixed policy: that many tokens of every proposal of a kind (a kind it does not name: none).
+    It learns nothing."""
+
+    def __init__(self, depths: Mapping[str, int]) -> None:
+        self.depths = depths  # kept as given (a mapping may answer .get for every kind)
+
+    def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
+             remaining: int) -> tuple[DraftProposal, int] | None:
+        for proposal in proposals:
+            levels = min(self.depths.get(proposal.kind, 0), proposal.levels)
+            return (proposal, levels) if levels > 0 else None
+        return None
+
+    def prefill(self, sequence: KVSequence, upto: int) -> None:
+        sequence.fill(upto)
+
+    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float, new: Sequence[int]) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def answer_ends(output: Sequence[int], max_tokens: int) -> Callable[[int], bool] | None:
+    """Where the engine's proposals end: at the model's end-of-generation tokens. A replay knows
+    those only from an answer that stopped before `max_tokens` (greedy answers stop at one, its
+    last token). An answer cut at `max_tokens` never reached one, so a proposal running past one is
+    rejected there in any case (it costs the few tokens past it, which the engine does not draft)."""
+    if output and len(output) < max_tokens:
+        end = output[-1]
+        return lambda t: t == end
+    return None
+
+
+def answer_lookup(output: Sequence[int], max_tokens: int) -> ContextLookup:
+    """The context lookup as the engine makes it for this answer (its proposals end where the answer ended)."""
+    return ContextLookup(answer_ends(output, max_tokens))
+
+
+def renumbered(prompt: Sequence[int], output: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The prompt and the answer with their tokens numbered 0, 1, ... in order of first appearance.
+    A replay compares tokens only with each other, so the numbers change nothing but the size of
+    the drafter's rows (a row per draft level over the vocabulary: a few hundred tokens, not 150,000)."""
+    ids: dict[int, int] = {}
+    return [ids.setdefault(t, len(ids)) for t in prompt], [ids.setdefault(t, len(ids)) for t in output]
+
+
+def answer_drafter(prompt: Sequence[int], output: Sequence[int], max_tokens: int, depth: int = DEPTH) -> NGramDrafter:
+    """The engine's n-gram drafter for this answer, started on its prompt (its rows sized for
+    drafts of `depth` tokens of those the prompt and answer hold)."""
+    n_vocab = max(max(prompt, default=0), max(output, default=0)) + 1
+    drafter = NGramDrafter(n_vocab, depth, answer_ends(output, max_tokens))
+    drafter.start(prompt)
+    return drafter
+
+
+def drafted(drafter: NGramDrafter, picked: tuple[DraftProposal, int] | None) -> Draft:
+    """The draft the engine would make of the policy's pick (none: nothing drafted). The n-gram
+    drafter reads neither the pair's state nor a random generator: a replay has neither."""
+    if picked is None:
+        return NO_DRAFT
+    proposal, levels = picked
+    shape = TRUNCATED[levels] if levels < len(TRUNCATED) else SHAPE.truncated(levels)
+    return drafter.draft(proposal, None, shape, GREEDY, None, False)  # type: ignore[arg-type]
+
+
+def replay(policy: Policy | Mapping[str, int], prompt: Sequence[int], output: Sequence[int],
+           cost: Callable[[int], float], max_tokens: int, depth: int = DEPTH, kinds: set[str] | None = None,
+           trace: Trace | None = None) -> Replay:
+    """Decode `output` again as the engine would with the n-gram drafter and `policy` (a mapping:
+    :class:`FixedDepths`), each step costing cost(drafted + 1). `kinds` collects the kinds of the
+    proposals seen; `trace`, every step's decision: (output position, kind of the proposal or
+    None, depth drafted, tokens accepted)."""
+    if isinstance(policy, Mapping):
+        policy = FixedDepths(policy)
+    prompt, output = renumbered(prompt, output)
+    drafter = answer_drafter(prompt, output, max_tokens, depth)
+    i = seconds = steps = n_drafted = accepted = 0
+    while i < len(output):
+        available = min(depth, max_tokens - i - 1)
+        proposal, draft = None, NO_DRAFT
+        if available > 0:  # as the engine's step: the drafters propose, the policy picks (or not)
+            proposal = drafter.propose([*prompt, *output[:i]], available)
+            offered = [proposal] if proposal is not None else []
+            draft = drafted(drafter, policy.pick(offered, available, len(prompt), max_tokens - i))
+        if proposal is not None and kinds is not None:
+            kinds.add(proposal.kind)
+        n = matched_run(draft.tree.tokens, output[i:]) if draft.n else 0
+        secs = cost(draft.n + 1)
+        if trace is not None:
+            trace.append((i, proposal.kind if proposal is not None else None, draft.n, n))
+        policy.observe_step(draft, n, secs, output[i:i + n + 1])
+        seconds, steps, n_drafted, accepted, i = seconds + secs, steps + 1, n_drafted + draft.n, accepted + n, i + n + 1
+    policy.finish()  # as the engine does: what a planner learned goes into its profile
+    return Replay(seconds, steps, n_drafted, accepted)
