@@ -424,14 +424,21 @@ def test_a_stop_while_reading_stdin_ends_the_call(pair: list[str], keep_alive: s
 
 
 def test_a_stop_while_the_service_starts_and_loads(pair: list[str], services: None) -> None:
-    """The first call's Ctrl-C while the service it started is still starting and loading the pair:
-    exit 130 at once."""
+    """The first call's Ctrl-C as soon as the service it started listens (it is importing, then
+    loading the pair): exit 130 at once, nothing on stdout. Negative control: unstopped, the same
+    call runs to its end."""
+    directory = runtime.directory()
+    path = runtime.socket_path(directory, runtime.service_name())
     proc = start(*pair, "-n", "4", "hi")
-    time.sleep(0.3)
+    wait_for(path.exists, timeout=30)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=10)
-    assert proc.returncode == 130 and time.monotonic() - t0 < 3 and b"Traceback" not in err, err
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130 and time.monotonic() - t0 < 3 and out == b"", err
+    assert b"interrupted" in err and b"Traceback" not in err
+    for _, state in live():  # the service it started stops it, or ends
+        wait_for(lambda: all(p.state == "idle" for p in state.pairs) or not live(), timeout=30)
+    assert localspec(*pair, "-n", "4", "hi").returncode == 0
 
 
 def test_a_service_killed_mid_answer_or_while_a_call_waits(pair: list[str], services: None) -> None:

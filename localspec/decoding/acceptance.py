@@ -25,6 +25,9 @@ PRIOR_HAZARD = {  # per kind of draft, the rejection rate per level before any e
     "ngram:m16+": 0.15, "ngram:m1/copying": 0.4, "ngram:realign/copying": 0.6, "ngram:m2-3/copying": 0.3,
     "ngram:m4-7/copying": 0.15, "ngram:m8-15/copying": 0.08, "ngram:m16+/copying": 0.04,
     "forced": 0.0,  # tokens the grammar forces: the mask allows only them, so each is accepted
+    # earlier calls (decoding.history): a match of 4+ tokens with another call's text; the longer,
+    # the likelier this call says the same (a question asked again matches all of the earlier one)
+    "history:m4-7": 0.5, "history:m8-15": 0.3, "history:m16-31": 0.15, "history:m32+": 0.08,
 }
 DEFAULT_PRIOR_HAZARD = 0.25  # a draft model's tokens (a pair of one family agrees on ~3 tokens in 4)
 SHRINK = 2.0  # a level's rejection rate leans on the kind's pooled rate with this weight
