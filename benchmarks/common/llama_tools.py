@@ -164,7 +164,9 @@ class Server:
             wall = time.perf_counter() - t0
         if out.returncode != 0:
             raise RuntimeError(f"llama-server request failed: {out.stderr}")
-        return Run(wall, int(json.loads(out.stdout)["tokens_predicted"]))
+        answer = json.loads(out.stdout)
+        return Run(wall, int(answer["tokens_predicted"]), data={"content": answer.get("content", ""),
+                                                                 "timings": answer.get("timings", {})})
 
     def close(self) -> None:
         self.proc.terminate()

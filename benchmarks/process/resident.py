@@ -35,7 +35,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from benchmarks.common.host import host_header
 from benchmarks.common.llama_tools import LLAMA_NGRAM_TYPES, Server, llama_completion, native_llama_tools
@@ -65,15 +65,12 @@ PROMPTS: dict[str, Prompt] = {
     "document": Prompt(DOC_QUESTION, document=True),
 }
 GROUNDED = ("edit", "summary", "extract", "document")
-_CALLS = [0]
-
-
-def tagged(text: str) -> str:
-    """The question with a number of its own: every call asks something no earlier call asked (as
-    a script's calls do), so no saved prompt of an earlier call is restored; the document of the
-    document question stays a shared prefix."""
-    _CALLS[0] += 1
-    return f"(#{_CALLS[0]}) {text}"
+def tagged(text: str, tag: str) -> str:
+    """The question with a tag of its own: no call asks what an earlier call of localspec asked
+    (as a script's calls do), so no saved prompt of an earlier call is restored (the document of
+    the document question stays a shared prefix); a round's later call and the servers' requests
+    share theirs, so their T = 0 texts are compared."""
+    return f"(#{tag}) {text}"
 
 
 # ---------------------------------------------------------------- localspec
@@ -93,19 +90,33 @@ class Localspec:
                         LOCALSPEC_PROMPT_CACHE=str(root / "prompts"), XDG_RUNTIME_DIR=str(runtime))
         self.runtime = runtime
 
-    def args(self, prompt: Prompt, extra: Sequence[str] = ()) -> list[str]:
+    def args(self, prompt: Prompt, tag: str, extra: Sequence[str] = ()) -> list[str]:
         out = ["--json", "-n", str(self.tokens), "-t", "0", "--seed", "1", *extra,
                *(["--threads", str(self.threads)] if self.threads else [])]
         if prompt.schema is not None:
             out += ["--json-schema", json.dumps(prompt.schema)]
         if prompt.document:
             out += ["--context", str(self.doc)]
-        return [*out, tagged(prompt.text)]
+        return [*out, tagged(prompt.text, tag)]
 
-    def call(self, prompt: Prompt, keep_alive: str = "5m", importtime: bool = False, extra: Sequence[str] = ()) -> Run:
+    def call(self, prompt: Prompt, tag: str, keep_alive: str = "5m", importtime: bool = False,
+             extra: Sequence[str] = ()) -> Run:
         """One call from a fresh client process (benchmarks.common.runs), its JSON answer read."""
-        return localspec_json(self.args(prompt, extra), env=dict(self.env, LOCALSPEC_KEEP_ALIVE=keep_alive),
+        return localspec_json(self.args(prompt, tag, extra), env=dict(self.env, LOCALSPEC_KEEP_ALIVE=keep_alive),
                               python_flags=["-X", "importtime"] if importtime else [], timeout=1800)
+
+    def ask(self, text: str, schema: dict | None = None) -> Run:
+        """A later call of exactly `text` (the repeated-work sets)."""
+        return localspec_json(["--json", "-n", str(self.tokens), "-t", "0", "--seed", "1",
+                               *(["--threads", str(self.threads)] if self.threads else []),
+                               *(["--json-schema", json.dumps(schema)] if schema is not None else []), text],
+                              env=dict(self.env, LOCALSPEC_KEEP_ALIVE="5m"), timeout=1800)
+
+    def chat(self, turns: Sequence[str]) -> Run:
+        """A `localspec chat` of these turns, piped (one client process; each reply a call)."""
+        return run_localspec(["chat", "-n", str(self.tokens), "-t", "0", "--seed", "1",
+                              *(["--threads", str(self.threads)] if self.threads else [])],
+                             stdin="\n".join(turns) + "\n", env=dict(self.env, LOCALSPEC_KEEP_ALIVE="5m"))
 
     def services(self) -> list[dict]:
         return json.loads(run_localspec(["ps", "--json"], env=self.env, timeout=60).stdout)
@@ -116,7 +127,7 @@ class Localspec:
     def peak_rss_in_process(self, prompt: Prompt) -> int:
         """The peak resident memory of a --keep-alive 0 call (bytes): its own process, waited for with
         wait4 for its resource usage (not a timed run)."""
-        cmd = [sys.executable, "-m", "localspec", *self.args(prompt)]
+        cmd = [sys.executable, "-m", "localspec", *self.args(prompt, "peak")]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                 env=dict(self.env, LOCALSPEC_KEEP_ALIVE="0"))
         _, status, usage = os.wait4(proc.pid, 0)
@@ -130,10 +141,10 @@ class Localspec:
 # ---------------------------------------------------------------- llama.cpp
 
 
-def rendered(prompt: Prompt, doc: Path) -> str:
+def rendered(prompt: Prompt, doc: Path, tag: str) -> str:
     """The text llama.cpp's tools decode: the user's message as localspec sends it (the document
-    first), in the target's chat template."""
-    text = tagged(prompt.text)
+    first), in the target's chat template (its default system message included, as localspec's)."""
+    text = tagged(prompt.text, tag)
     if prompt.document:
         text = f"{doc.read_text(encoding='utf-8').rstrip()}\n\n{text}"
     return chat_text(text)
@@ -151,9 +162,10 @@ def completion(bindir: Path, prompt: Prompt, text: str, tokens: int, threads: in
     return llama_completion(bindir, text, tokens, threads, extra)
 
 
-def served(server: Server, prompt: Prompt, doc: Path, tokens: int) -> Run:
+def served(server: Server, prompt: Prompt, doc: Path, tokens: int, tag: str) -> Run:
     """One request of the prompt to llama-server (its grammar, for the extraction)."""
-    return server.request(rendered(prompt, doc), tokens, gbnf(prompt.schema) if prompt.schema is not None else None)
+    return server.request(rendered(prompt, doc, tag), tokens,
+                          gbnf(prompt.schema) if prompt.schema is not None else None)
 
 
 # ---------------------------------------------------------------- the tables
@@ -177,24 +189,27 @@ def measure(args: argparse.Namespace, ls: Localspec, bindir: Path | None) -> dic
     results: dict[str, dict[str, list[Run]]] = {name: {} for name in args.prompts}
     for name in args.prompts:  # the profile and the document's prompt cache one earlier run leaves
         progress(f"warm-up: {name}")
-        ls.call(PROMPTS[name], keep_alive="0")
+        ls.call(PROMPTS[name], f"warm-{name}", keep_alive="0")
         if bindir is not None and PROMPTS[name].document:
-            completion(bindir, PROMPTS[name], rendered(PROMPTS[name], ls.doc), args.tokens, args.threads, ls.root)
+            completion(bindir, PROMPTS[name], rendered(PROMPTS[name], ls.doc, "warm-doc"), args.tokens, args.threads,
+                       ls.root)
     for r in range(args.repeat):
         for name in args.prompts:
             prompt, got = PROMPTS[name], results[name]
             progress(f"round {r + 1}/{args.repeat}: {name}, first call and --keep-alive 0")
             for kind in (("first", "keep-alive 0") if r % 2 == 0 else ("keep-alive 0", "first")):
                 ls.stop_all()
-                got.setdefault(kind, []).append(ls.call(prompt, keep_alive="5m" if kind == "first" else "0"))
+                got.setdefault(kind, []).append(ls.call(prompt, f"{r}.{kind}", keep_alive="5m" if kind == "first"
+                                                        else "0"))
             if bindir is not None:
                 got.setdefault("llama-completion", []).append(
-                    completion(bindir, prompt, rendered(prompt, ls.doc), args.tokens, args.threads, ls.root))
-        ls.call(PROMPTS[args.prompts[-1]])  # a service up (untimed), its last call another question
+                    completion(bindir, prompt, rendered(prompt, ls.doc, f"{r}.completion"), args.tokens, args.threads,
+                               ls.root))
+        ls.call(PROMPTS[args.prompts[-1]], f"{r}.between")  # a service up (untimed), its last call another question
         for name in args.prompts:
             progress(f"round {r + 1}/{args.repeat}: {name}, a later call")
             got = results[name]
-            got.setdefault("later", []).append(ls.call(PROMPTS[name]))
+            got.setdefault("later", []).append(ls.call(PROMPTS[name], f"{r}.later"))
             got.setdefault("client", []).append(_client_cost(ls, got["later"][-1]))
     if bindir is not None:
         for spec_type in (None, *LLAMA_NGRAM_TYPES):
@@ -203,13 +218,64 @@ def measure(args: argparse.Namespace, ls: Localspec, bindir: Path | None) -> dic
                 server = Server(bindir, args.threads, spec_type)
                 try:
                     if "document" in args.prompts:  # its prompt cache holds the document, as localspec's does
-                        served(server, PROMPTS["document"], ls.doc, args.tokens)
+                        served(server, PROMPTS["document"], ls.doc, args.tokens, f"{r}.between")
                     for name in args.prompts:
                         results[name].setdefault(f"server {spec_type or 'alone'}", []).append(
-                            served(server, PROMPTS[name], ls.doc, args.tokens))
+                            served(server, PROMPTS[name], ls.doc, args.tokens, f"{r}.later"))
                 finally:
                     server.close()
     return results
+
+
+def same_text(results: dict[str, dict[str, list[Run]]]) -> dict[str, tuple[int, int]]:
+    """Per prompt, of the rounds: how many later calls wrote llama-server alone's T = 0 text (the
+    same prompt, the same question)."""
+    out = {}
+    for name, got in results.items():
+        pairs = list(zip(got.get("later", []), got.get("server alone", [])))
+        out[name] = (sum(a.data.get("text") == b.data.get("content") for a, b in pairs), len(pairs))
+    return out
+
+
+def measure_repeated(args: argparse.Namespace, ls: Localspec, bindir: Path | None) -> dict:
+    """The repeated-work sets (benchmarks.process.repeated) on each side, alternated by round; the
+    service is restarted each round (and warmed with another question), as llama-server is, so no
+    round drafts from an earlier round's answers."""
+    from benchmarks.process import repeated
+
+    results: dict[str, dict[str, list]] = {name: {} for name in repeated.SETS}
+    render = _renderer()
+    for r in range(args.repeat):
+        tag = f"set{r}"
+        ls.stop_all()
+        ls.call(PROMPTS["code"], f"{r}.warm-sets")
+        for name in repeated.SETS:
+            progress(f"repeated work, round {r + 1}/{args.repeat}: {name}, localspec")
+            results[name].setdefault("localspec", []).append(repeated.localspec_set(name, ls.ask, ls.chat, tag))
+        if bindir is None:
+            continue
+        for spec_type in (None, *LLAMA_NGRAM_TYPES):
+            server = Server(bindir, args.threads, spec_type)
+            try:
+                served(server, PROMPTS["code"], ls.doc, 8, f"{r}.warm-sets")
+                for name in repeated.SETS:
+                    progress(f"repeated work, round {r + 1}/{args.repeat}: {name}, llama-server {spec_type or 'alone'}")
+                    results[name].setdefault(f"server {spec_type or 'alone'}", []).append(
+                        repeated.server_set(name, server, render, args.tokens, tag))
+            finally:
+                server.close()
+    return results
+
+
+def _renderer() -> Any:
+    """Messages as the target's chat template renders them (localspec's renderer)."""
+    from localspec.llama.model import Model
+    from localspec.prompt import check_messages, render_messages, template_of
+
+    from benchmarks.common.target import default_target
+
+    vocab = Model.vocabulary(default_target())
+    return lambda messages: render_messages(vocab, template_of(vocab), check_messages(messages), True, None)
 
 
 def _client_cost(ls: Localspec, later: Run) -> Run:
@@ -245,8 +311,8 @@ def speed_table(results: dict[str, dict[str, list[Run]]], with_llama: bool) -> l
 def overhead_table(results: dict[str, dict[str, list[Run]]], ls: Localspec, args: argparse.Namespace) -> list[str]:
     clients = [s.wall for got in results.values() for s in got["client"]]
     probe = PROMPTS[args.prompts[0]]
-    ls.call(probe)  # a service for the import trace
-    traced = ls.call(probe, importtime=True)
+    ls.call(probe, "probe")  # a service for the import trace
+    traced = ls.call(probe, "traced", importtime=True)
     imports = [line for line in traced.stderr.splitlines() if line.startswith("import time:")]
     total_us = sum(int(line.split("|")[0].split(":")[1]) for line in imports[1:])
     heavy = sorted({line.rsplit("|", 1)[-1].strip().split(".")[0] for line in imports}
@@ -270,6 +336,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-llama", action="store_true", help="skip llama-completion and llama-server")
+    p.add_argument("--no-repeated", action="store_true", help="skip the repeated-work sets")
+    p.add_argument("--only-repeated", action="store_true", help="only the repeated-work sets")
     args = p.parse_args(argv)
     args.prompts = [n.strip() for n in args.prompts.split(",") if n.strip()]
     unknown = [n for n in args.prompts if n not in PROMPTS]
@@ -286,10 +354,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="resident-bench-") as tmp:
         ls = Localspec(Path(tmp), args.tokens, args.threads)
         try:
-            results = measure(args, ls, bindir)
-            lines = [*host_header(), f"{args.tokens} tokens, T = 0, medians of {args.repeat} alternated rounds; "
-                     "ratios of wall time per generated token (higher: localspec faster).", "",
-                     *speed_table(results, bindir is not None), "", *overhead_table(results, ls, args)]
+            lines = [*host_header()]
+            if not args.only_repeated:
+                results = measure(args, ls, bindir)
+                lines += [f"{args.tokens} tokens, T = 0, medians of {args.repeat} alternated rounds; "
+                          "ratios of wall time per generated token (higher: localspec faster).", "",
+                          *speed_table(results, bindir is not None), ""]
+                if bindir is not None:
+                    lines += ["The same T = 0 text as llama-server alone (the same prompt, the same question), "
+                              "of the rounds: " + ", ".join(f"{n} {a}/{b}" for n, (a, b) in same_text(results).items()),
+                              ""]
+                lines += overhead_table(results, ls, args)
+            if not args.no_repeated:
+                from benchmarks.process import repeated
+
+                sets = measure_repeated(args, ls, bindir)
+                lines += ["", f"Repeated work: medians of {args.repeat} rounds of whole sets, each call a fresh "
+                          "process (wall seconds; higher ratios: localspec faster).", "", *repeated.table(sets)]
+                progress(repeated.dump(sets))
         finally:
             ls.close()
     print("\n".join(lines))
