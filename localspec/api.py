@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from localspec.config import GenerationConfig, PairOptions
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.models import PairOptions
 from localspec.decoding.drafters import make_drafters
 from localspec.decoding.engine import Engine
 from localspec.decoding.history import History

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localspec.config import ModelOptions, PairOptions
+from localspec.settings.models import ModelOptions, PairOptions
 
 if TYPE_CHECKING:
     from localspec.llama.model import Model
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def load_model(model: str | Path, **options: Any) -> Model:
     """Load a GGUF file, or a registry model by name (fetched and cached on first use).
     Options: ctx_size, batch_size, threads, n_gpu_layers, flash_attn, cache_type, n_seq_max,
-    load_mode, cpu_kernels, rpc (see localspec.config.ModelOptions)."""
+    load_mode, cpu_kernels, rpc (see localspec.settings.models.ModelOptions)."""
     from localspec.llama import registry
     from localspec.llama.model import Model
 

@@ -23,7 +23,7 @@ import numbers
 import re
 from typing import Any, Iterable, Iterator, Sequence, Union
 
-from localspec.constraints import MAX_JSON_DEPTH, json_depth
+from localspec.settings.constraints import MAX_JSON_DEPTH, json_depth
 from localspec.errors import ModelError, PromptError
 from localspec.llama.model import Model
 

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
-from localspec.constraints import JSON_LAYOUT, Constraint, check_json_depth
+from localspec.settings.constraints import JSON_LAYOUT, Constraint, check_json_depth
 from localspec.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names

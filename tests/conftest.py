@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from localspec.config import ModelOptions
+from localspec.settings.models import ModelOptions
 from localspec.llama.model import Model
 from localspec.llama.host import PROFILE_ENV
 from localspec.llama.prompt_cache import ENV as PROMPT_CACHE_ENV

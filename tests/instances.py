@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.config import SamplingParams
+from localspec.settings.sampling import SamplingParams
 
 
 @dataclass

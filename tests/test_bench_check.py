@@ -13,7 +13,8 @@ from localspec.bench import prompts as prompt_sets, runs as bench
 from localspec.verify import checks as check
 from localspec.verify import stats
 from localspec.cli import cli
-from localspec.config import SamplingParams, Shape
+from localspec.settings.sampling import SamplingParams
+from localspec.settings.shape import Shape
 from localspec.errors import ConfigError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

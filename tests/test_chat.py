@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from localspec.api import generate
 from localspec.cli import chat as chat_module, cli
 from localspec.cli.chat_commands import Session
-from localspec.config import GenerationConfig
+from localspec.settings.generation import GenerationConfig
 from localspec.core.calls import Done, Text
 from localspec.decoding.stats import GenerationStats
 from localspec.llama.model import Model

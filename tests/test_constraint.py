@@ -1,4 +1,4 @@
-"""The constraint engine (localspec.constraints; localspec.decoding: constraint, tokenizer, masks,
+"""The constraint engine (localspec.settings.constraints; localspec.decoding: constraint, tokenizer, masks,
 follower): specs, validation before decoding, the tokenizer from a GGUF vocabulary, and the
 grammar matcher that follows a model's tokens."""
 
@@ -13,8 +13,8 @@ import llguidance
 import numpy as np
 import pytest
 
-from localspec import constraints, errors
-from localspec.constraints import Constraint
+from localspec.settings import constraints, errors
+from localspec.settings.constraints import Constraint
 from localspec.decoding import constraint as C
 from localspec.decoding import masks as M, tokenizer as T
 from localspec.decoding.follower import GrammarFollower

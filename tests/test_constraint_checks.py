@@ -29,8 +29,9 @@ from click.testing import CliRunner
 
 from localspec.api import Generation, stream_generate
 from localspec.cli import cli
-from localspec.config import Constraint, GenerationConfig
-from localspec.constraints import MAX_JSON_DEPTH, json_depth
+from localspec.settings.constraints import Constraint
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.constraints import MAX_JSON_DEPTH, json_depth
 from localspec.decoding import constraint as C
 from localspec.decoding import follower as F, masks as M, tokenizer as T
 from localspec.decoding.profiles import Profiles

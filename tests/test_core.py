@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from localspec.config import GenerationConfig, PairOptions
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.models import PairOptions
 from localspec.core.calls import Done, Failed, Note, Prompt, Request, Text, event_json, event_of
 from localspec.core.pairs import ModelFile, PairSpec
 from localspec.core.residency import Cancel, Cancelled, Residency

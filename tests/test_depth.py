@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from localspec.api import stream_generate
-from localspec.config import ModelOptions, Shape
+from localspec.settings.models import ModelOptions
+from localspec.settings.shape import Shape
 from localspec.decoding.depth import LIMITS, batch_depth, step_depth
 from localspec.decoding.stats import GenerationStats, combine
 from localspec.llama.model import Model

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from localspec.api import stream_generate
-from localspec.config import GenerationConfig, SamplingParams, Shape
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.sampling import SamplingParams
+from localspec.settings.shape import Shape
 from localspec.decoding.drafters import make_drafters
 from localspec.decoding.depth import batch_depth
 from localspec.decoding.engine import Engine

@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from localspec.api import generate, stream_generate
-from localspec.config import GenerationConfig
+from localspec.settings.generation import GenerationConfig
 from localspec.errors import ConfigError, ModelError
 from localspec.llama.model import Model
 from localspec.decoding.pairing import check_pair
@@ -446,7 +446,7 @@ def test_settings_past_what_the_code_underneath_holds_are_refused(options: dict,
 @pytest.mark.parametrize("options,param", [(dict(ctx_size=2**40), "ctx_size"), (dict(threads=10**9), "threads"),
                                            (dict(n_gpu_layers=2**33), "n_gpu_layers")])
 def test_model_options_past_int32_are_refused(options: dict, param: str) -> None:
-    from localspec.config import ModelOptions
+    from localspec.settings.models import ModelOptions
 
     with pytest.raises(ConfigError) as exc:
         ModelOptions(**options)

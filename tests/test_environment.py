@@ -1,4 +1,4 @@
-"""LOCALSPEC_* environment variables (localspec.environment): each parsed in one place, a bad value
+"""LOCALSPEC_* environment variables (localspec.settings.environment): each parsed in one place, a bad value
 a one-line error naming the variable (exit status 2 on the command line, in every command),
 never a traceback; the registry names every variable the code, the tests and CI read."""
 
@@ -12,9 +12,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from localspec import environment
+from localspec.settings import environment
 from localspec.cli import cli
-from localspec.environment import parse_bool, parse_dir, parse_duration, parse_size, parse_words
+from localspec.settings.environment import parse_bool, parse_dir, parse_duration, parse_size, parse_words
 from localspec.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,7 +117,7 @@ def test_every_variable_the_code_tests_and_ci_read_is_registered() -> None:
              if p.is_file() and p.suffix in (".py", ".c", ".h", "") and "__pycache__" not in p.parts]
     assert len(files) > 50
     missing = _names_in(files) - set(environment.VARIABLES)
-    assert not missing, f"add these to localspec.environment.VARIABLES: {sorted(missing)}"
+    assert not missing, f"add these to localspec.settings.environment.VARIABLES: {sorted(missing)}"
 
 
 def test_unknown_variables_are_named_with_the_closest_known_one() -> None:

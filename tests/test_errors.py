@@ -37,7 +37,9 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from localspec import stream_generate  # noqa: E402
-from localspec.config import GenerationConfig, ModelOptions, Shape  # noqa: E402
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.models import ModelOptions
+from localspec.settings.shape import Shape  # noqa: E402
 
 
 # settings a lower layer cannot represent: each is a ConfigError naming the setting, at the call

@@ -1,4 +1,4 @@
-"""Files (localspec.files and its users): localspec reads, touches and deletes only files it wrote,
+"""Files (localspec.settings.files and its users): localspec reads, touches and deletes only files it wrote,
 never through a symbolic link, never changes the mode of a directory it did not create, refuses
 a directory of another user, and reads every file the user names with a bound (a device, a FIFO,
 an endless pipe end with a one-line error naming the option). Each class has its negative
@@ -21,10 +21,10 @@ from typing import Any, Callable
 import pytest
 from click.testing import CliRunner
 
-from localspec import files
+from localspec.settings import files
 from localspec.cli import cli
 from localspec.errors import ConfigError
-from localspec.files import Foreign, StateDir
+from localspec.settings.files import Foreign, StateDir
 from localspec.llama.prompt_cache import PromptCache
 from localspec.llama.prompt_store import SUFFIX, model_key
 

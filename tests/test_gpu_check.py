@@ -30,7 +30,7 @@ import pytest
 from benchmarks.gpu import (bundle, check as gpu_check, models as gpu_models, predict as gpu_predict,
                             report as gpu_report, traces as gpu_traces)
 
-from localspec.config import VERIFIERS
+from localspec.settings.generation import VERIFIERS
 from localspec.llama.model import Model
 
 from conftest import load
@@ -361,7 +361,7 @@ def test_gpu_only_greedy_speculation_equals_the_target_alone(quantized_paths: di
 @gpu_only
 def test_gpu_only_prompt_cache_restores_device_kv_bit_for_bit(quantized_paths: dict, tmp_path: Path) -> None:
     from localspec.api import Generation
-    from localspec.config import GenerationConfig
+    from localspec.settings.generation import GenerationConfig
     from localspec.decoding.profiles import Profiles
     from localspec.llama.prompt_cache import PromptCache
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from localspec.llama import buffer_types, kernel_check, kernel_verdicts, kernels
 from localspec.cli import cli
-from localspec.config import ModelOptions
+from localspec.settings.models import ModelOptions
 from localspec.errors import ConfigError, ModelError
 from localspec.llama.model import Model
 

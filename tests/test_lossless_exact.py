@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from localspec.verify import lossless, reference, reference_tree
-from localspec.config import SamplingParams, Shape
+from localspec.settings.sampling import SamplingParams
+from localspec.settings.shape import Shape
 from localspec.verify.lossless import ToyGrammar, ToyModel
 
 TOL = 1e-9

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from localspec.config import Shape
+from localspec.settings.shape import Shape
 from localspec.llama.model import Model
 from localspec.decoding.acceptance import FIRST_TRY, Acceptance
 from localspec.decoding.costs import CostTable
@@ -290,7 +290,7 @@ def test_auto_plan_learns_costs_from_real_steps(tiny_target: Model, tiny_draft: 
     """A generation's planner refines the profiles it was given; their owner saves them (the
     engine writes nothing)."""
     from localspec.api import Generation
-    from localspec.config import GenerationConfig
+    from localspec.settings.generation import GenerationConfig
 
     store = Profiles(tmp_path)
     before = dict(store.get(tiny_target.identity).costs)
@@ -327,7 +327,7 @@ def test_profiles_persist_atomically_and_reset(tmp_path: Path) -> None:
 
 
 def test_identity_changes_with_what_changes_speed(tiny_paths: tuple[Path, Path]) -> None:
-    from localspec.config import ModelOptions
+    from localspec.settings.models import ModelOptions
 
     base = identity(tiny_paths[0], ModelOptions(threads=1))
     assert key_of(base) == key_of(identity(tiny_paths[0], ModelOptions(threads=1)))

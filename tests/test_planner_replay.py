@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localspec.config import GenerationConfig
+from localspec.settings.generation import GenerationConfig
 from localspec.decoding.acceptance import FIRST_TRY
 from localspec.decoding.costs import CostTable
 from localspec.decoding.planner import Planner

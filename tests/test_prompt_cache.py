@@ -19,7 +19,8 @@ from typing import Iterator
 import pytest
 
 from localspec.api import Generation, stream_generate
-from localspec.config import GenerationConfig, ModelOptions
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.models import ModelOptions
 from localspec.decoding.profiles import Profiles
 from localspec.errors import ConfigError
 from localspec.llama.model import Model

@@ -17,7 +17,7 @@ import pytest
 from localspec.llama import buffer_types
 from localspec.verify import reference, verifier
 from localspec.api import stream_generate
-from localspec.config import SamplingParams
+from localspec.settings.sampling import SamplingParams
 from localspec.llama.model import Model
 
 import tiny_models as tiny

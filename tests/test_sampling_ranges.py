@@ -15,8 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from localspec.cli import cli
-from localspec.config import (INT32_MAX, MAX_TEMPERATURE, MIN_PROBABILITY, MIN_TEMPERATURE, SEED_LIMIT,
-                              GenerationConfig, SamplingParams)
+from localspec.settings.generation import SEED_LIMIT, GenerationConfig
+from localspec.settings.sampling import MAX_TEMPERATURE, MIN_PROBABILITY, MIN_TEMPERATURE, SamplingParams
+from localspec.settings.validation import INT32_MAX
 from localspec.errors import ConfigError, RequestError, VerifierError
 from localspec.llama.model import Model
 from localspec.verify import verifier

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from openai import OpenAI
 
 from localspec.cli import cli
-from localspec.config import GenerationConfig
+from localspec.settings.generation import GenerationConfig
 from localspec.llama.model import Model
 from localspec.server import ServerLimits, jobs, schemas
 from localspec.core.residency import Cancel, Residency

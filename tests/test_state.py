@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.config import GenerationConfig
+from localspec.settings.generation import GenerationConfig
 from localspec.decoding.drafters import ModelDrafter, make_drafters
 from localspec.decoding.engine import Engine
 from localspec.decoding.state import PairState

@@ -21,7 +21,8 @@ import pytest
 from scipy import stats
 
 from localspec.api import Generation, Response, generate, stream_generate
-from localspec.config import Constraint, GenerationConfig
+from localspec.settings.constraints import Constraint
+from localspec.settings.generation import GenerationConfig
 from localspec.decoding import follower as F
 from localspec.decoding.drafters import ModelDrafter
 from localspec.decoding.profiles import Profiles

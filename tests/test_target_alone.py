@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 from localspec.api import stream_generate
 from localspec.cli import cli
-from localspec.config import GenerationConfig
+from localspec.settings.generation import GenerationConfig
 from localspec.decoding.drafters import NGramDrafter, make_drafters
 from localspec.llama.model import Model
 from localspec.cli.report import format_stats
-from localspec.config import describe_speculation
+from localspec.settings.generation import describe_speculation
 
 REPEATS = "def add(a, b): return a + b. def add(a, b): return a + b. def add(a, b): return"
 

@@ -17,7 +17,7 @@ from localspec import prompt as prompt_module
 from localspec.api import StopScanner
 from localspec.cli import cli
 from localspec.cli.generate import with_context
-from localspec.config import GenerationConfig
+from localspec.settings.generation import GenerationConfig
 from localspec.errors import PromptError
 from localspec.llama.model import Model
 from localspec.prompt import chat_tokens, prompt_tokens

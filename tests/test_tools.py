@@ -36,7 +36,8 @@ from pydantic import BaseModel, Field
 from localspec import load_model
 from localspec.api import Response, StopScanner, stream_generate
 from localspec.cli import cli
-from localspec.config import Constraint, GenerationConfig
+from localspec.settings.constraints import Constraint
+from localspec.settings.generation import GenerationConfig
 from localspec.decoding.constraint import compile_constraint
 from localspec.decoding.follower import GrammarFollower
 from localspec.errors import ConfigError

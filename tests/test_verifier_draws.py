@@ -16,7 +16,7 @@ import pytest
 from instances import random_instance
 from masks import unpack_mask
 from localspec.verify import reference, verifier
-from localspec.config import SamplingParams
+from localspec.settings.sampling import SamplingParams
 
 METHODS = verifier.METHODS
 N_CASES = 400

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from localspec.verify import verifier
-from localspec.config import SamplingParams
+from localspec.settings.sampling import SamplingParams
 from localspec.errors import ConfigError
 from localspec.llama.logits import LogitsPointer
 from localspec.verify.verifier import VerifierError

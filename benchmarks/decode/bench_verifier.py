@@ -26,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from localspec.verify import reference, verifier
-from localspec.config import DEFAULT_SAMPLING, SamplingParams
+from localspec.settings.sampling import DEFAULT_SAMPLING, SamplingParams
 
 log = logging.getLogger(__name__)
 

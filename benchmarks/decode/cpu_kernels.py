@@ -37,7 +37,7 @@ def progress(message: str) -> None:
 def measure(path: Path, configs: Sequence[str], rounds: int, threads: int | None,
             force: bool = False) -> dict[str, dict]:
     """Per configuration: load seconds, weight buffers and the median seconds of each pass size."""
-    from localspec.config import ModelOptions
+    from localspec.settings.models import ModelOptions
     from localspec.errors import ModelError
     from localspec.llama.model import Model
 

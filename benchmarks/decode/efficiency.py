@@ -26,7 +26,9 @@ from typing import Sequence
 import numpy as np
 
 from localspec.verify import verifier
-from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig, SamplingParams, Shape
+from localspec.settings.generation import WITHOUT_REPLACEMENT, GenerationConfig
+from localspec.settings.sampling import SamplingParams
+from localspec.settings.shape import Shape
 from localspec.decoding.engine import Engine
 from localspec.decoding.tree import DraftTree
 from localspec.errors import ConfigError

@@ -121,7 +121,7 @@ def step_server(ctx: Context) -> tuple[str, dict]:
     equal the target alone's greedy answer."""
     import httpx
 
-    from localspec.config import GenerationConfig
+    from localspec.settings.generation import GenerationConfig
     from localspec.server.app import create_app
     from localspec.server.jobs import Pair
 
@@ -163,7 +163,7 @@ def step_prompt_cache(ctx: Context) -> tuple[str, dict]:
     """Save and restore of GPU-resident KV state (Q4_K_M pair's target, F16 KV): the restored cells are
     the saved ones byte for byte, and the output after a restore (same model; a fresh load) is unchanged."""
     from localspec.api import Generation
-    from localspec.config import GenerationConfig
+    from localspec.settings.generation import GenerationConfig
     from localspec.decoding.profiles import Profiles
     from localspec.llama.prompt_cache import PromptCache
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from localspec.api import stream_generate
-from localspec.config import ModelOptions
+from localspec.settings.models import ModelOptions
 from localspec.decoding.profiles import Profiles
 from localspec.llama.model import Model
 
@@ -166,7 +166,7 @@ def step_planner(ctx: Context) -> tuple[str, dict]:
 
 LOAD_CHILD = """
 import sys
-from localspec.config import ModelOptions
+from localspec.settings.models import ModelOptions
 from localspec.llama.model import Model
 opts = ModelOptions(ctx_size=512, batch_size=64, n_seq_max=1, n_gpu_layers=-1)
 for path in sys.argv[1:]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from localspec.config import GenerationConfig
+from localspec.settings.generation import GenerationConfig
 from localspec.decoding.acceptance import LEVELS
 from localspec.decoding.costs import CostTable
 from localspec.decoding.planner import Planner

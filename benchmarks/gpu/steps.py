@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from localspec.api import stream_generate
-from localspec.config import ModelOptions
+from localspec.settings.models import ModelOptions
 from localspec.llama.model import Model
 from localspec.prompt import prompt_tokens
 from localspec.llama.tiny_model import QUANTIZABLE, quantize

@@ -52,7 +52,7 @@ def traced_run(target: Any, draft: Any, prompt: Sequence[int], *, max_tokens: in
     "forced" or "-" for a step that drafted nothing), and the tokens it wrote. `profiles`: the cost
     profiles to plan with (default: empty, in memory)."""
     from localspec.api import Generation
-    from localspec.config import GenerationConfig
+    from localspec.settings.generation import GenerationConfig
     from localspec.decoding.profiles import Profiles
 
     config = GenerationConfig.from_options(max_tokens=max_tokens, seed=seed, plan=plan, **settings)

@@ -65,7 +65,7 @@ class Shares:
 def shares(task: Task, text: str) -> Shares:
     """Forced and copied tokens of an answer, and whether it is valid (parses as JSON; the grammar
     accepts it complete), replayed through the grammar on the target's vocabulary."""
-    from localspec.config import Constraint
+    from localspec.settings.constraints import Constraint
     from localspec.decoding.follower import GrammarFollower
     from localspec.llama.model import Model
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
-from localspec.config import GenerationConfig, Shape
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.shape import Shape
 from localspec.decoding.acceptance import NO_LIMIT, Acceptance
 from localspec.decoding.costs import CostTable
 from localspec.decoding.drafters import DraftProposal

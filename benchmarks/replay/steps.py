@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from localspec.config import GenerationConfig, SamplingParams
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.sampling import SamplingParams
 from localspec.decoding.drafters import DraftProposal, NGramDrafter
 from localspec.decoding.lookup import ContextLookup
 from localspec.decoding.policy import Policy

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from localspec.errors import ConfigError
-from localspec.files import TEXT_LIMIT, read_user_text
+from localspec.settings.files import TEXT_LIMIT, read_user_text
 
 PROMPTS: dict[str, str] = {
     # the texts the documented benchmark tables were measured with (docs/head-to-head.md,

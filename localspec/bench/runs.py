@@ -5,7 +5,7 @@ target-only baseline row of the same prompt set and temperature, so the speedup 
 like with like (see docs/design.md, "Metrics")::
 
     from localspec.bench.runs import BenchSettings, run_bench, to_markdown
-    from localspec.config import Shape
+    from localspec.settings.shape import Shape
     from localspec.bench.prompts import builtin_prompts
 
     settings = BenchSettings(verifiers=("block",), shapes=(Shape.parse("k4"),), temperatures=(0.0,))
@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from localspec.config import DEFAULT_SAMPLING, GenerationConfig, SamplingParams, Shape
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.sampling import DEFAULT_SAMPLING, SamplingParams
+from localspec.settings.shape import Shape
 from localspec.decoding.stats import GenerationStats, combine
 from localspec.errors import BenchError, ConfigError, DependencyError
 

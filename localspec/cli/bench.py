@@ -9,7 +9,9 @@ from typing import Any, Callable, Sequence
 import click
 
 from localspec.cli.options import model_options, pair_options, user_errors
-from localspec.config import DEFAULT_SAMPLING, DRAFTERS, PLANS, VERIFIERS, SamplingParams, Shape
+from localspec.settings.generation import DRAFTERS, PLANS, VERIFIERS
+from localspec.settings.sampling import DEFAULT_SAMPLING, SamplingParams
+from localspec.settings.shape import Shape
 from localspec.errors import ConfigError
 from localspec.loading import load_pair
 

@@ -18,12 +18,13 @@ from typing import Any
 
 import click
 
-from localspec import environment, locations
-from localspec.config import GenerationConfig, PairOptions
+from localspec.settings import environment, locations
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.models import PairOptions
 from localspec.core.calls import Failed, Prompt, Request, Tools
 from localspec.core.pairs import ModelFile, PairSpec
 from localspec.errors import ConfigError, LocalspecError, ModelError
-from localspec.files import SPEC_LIMIT, read_user_text
+from localspec.settings.files import SPEC_LIMIT, read_user_text
 
 MAX_LOADED_ENV = "LOCALSPEC_MAX_LOADED"
 LIMIT_ENV = "LOCALSPEC_PROMPT_CACHE_LIMIT"
@@ -77,7 +78,7 @@ def tools_from_flags(options: dict) -> tuple[Tools | None, str | None]:
     from `options`), checked now (a bad file or tool is a usage error naming its flag before any
     model is fetched), and the file they came from."""
     from localspec.cli.options import EMPTY_HINTS, empty_value
-    from localspec.constraints import MAX_JSON_DEPTH
+    from localspec.settings.constraints import MAX_JSON_DEPTH
     from localspec.tools import CHOICES, ToolSet
 
     path, choice = options.pop("tools", None), options.pop("tool_choice", None)
@@ -163,7 +164,7 @@ def error_of(event: Failed, tools_file: str | None = None, config: GenerationCon
     """The error a Failed event carries, as the class it names, naming the flag the user gave: a
     constraint's (the settings' flat form names every schema response_format), the tools' file."""
     from localspec import errors
-    from localspec.constraints import CONSTRAINT_KEYS
+    from localspec.settings.constraints import CONSTRAINT_KEYS
 
     cls = getattr(errors, event.error, None)
     if not (isinstance(cls, type) and issubclass(cls, LocalspecError)):

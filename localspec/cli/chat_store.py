@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from localspec.errors import ConfigError
-from localspec.files import TEXT_LIMIT, Foreign, StateDir
+from localspec.settings.files import TEXT_LIMIT, Foreign, StateDir
 
 CHAT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")
 

@@ -11,7 +11,7 @@ import click
 
 from localspec.cli.options import model_options, pair_options, user_errors
 from localspec.errors import CheckFailed, exit_code
-from localspec.config import PairOptions
+from localspec.settings.models import PairOptions
 from localspec.loading import load_pair
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from localspec.cli.options import (
     user_errors,
 )
 from localspec.cli.report import empty_json, format_stats, response_json
-from localspec.config import DEFAULTS, GenerationConfig
+from localspec.settings.generation import DEFAULTS, GenerationConfig
 from localspec.core.calls import Done, Failed, Note, Prompt, Text
 from localspec.errors import ConfigError
 from localspec.loading import draft_loading
@@ -96,7 +96,7 @@ def _argument_text(prompt: tuple[str, ...]) -> str:
 
 def _stdin_text() -> str:
     """The prompt piped on stdin, at most TEXT_LIMIT bytes (`localspec < /dev/zero` ends there)."""
-    from localspec.files import TEXT_LIMIT, read_stream
+    from localspec.settings.files import TEXT_LIMIT, read_stream
 
     stream = getattr(sys.stdin, "buffer", None) or io.BytesIO(sys.stdin.read(TEXT_LIMIT + 1).encode())
     data = read_stream(stream, limit=TEXT_LIMIT, what="the prompt on stdin")
@@ -108,7 +108,7 @@ def _stdin_text() -> str:
 
 def read_context(path: str | None) -> str:
     """The text of --context FILE (UTF-8), or "" without one."""
-    from localspec.files import TEXT_LIMIT, read_user_text  # bounded while reading: a device or FIFO too
+    from localspec.settings.files import TEXT_LIMIT, read_user_text  # bounded while reading: a device or FIFO too
 
     return "" if path is None else read_user_text(path, param="context", limit=TEXT_LIMIT, what="the context file")
 

@@ -14,9 +14,11 @@ from typing import Any
 
 import click
 
-from localspec import __version__, environment
+from localspec import __version__
+
+from localspec.settings import environment
 from localspec.cli.options import EnvOption
-from localspec.config import CPU_KERNELS, MODEL_DEFAULTS
+from localspec.settings.models import CPU_KERNELS, MODEL_DEFAULTS
 from localspec.errors import CheckFailed, exit_code
 
 log = logging.getLogger(__name__)
@@ -99,7 +101,7 @@ def kernels_info(model: str | None, cpu_kernels: str, n_gpu_layers: int = 0) -> 
 def model_buffers(name: str, cpu_kernels: str, n_gpu_layers: int = 0) -> dict:
     """Load a model (a tiny context) with n_gpu_layers offloaded and report where llama.cpp put its weights."""
     from localspec.llama import registry
-    from localspec.config import ModelOptions
+    from localspec.settings.models import ModelOptions
     from localspec.errors import LocalspecError
     from localspec.llama.model import Model
 
@@ -137,7 +139,7 @@ def verifier_self_test() -> str | None:
     import numpy as np
 
     from localspec.verify import verifier
-    from localspec.config import SamplingParams
+    from localspec.settings.sampling import SamplingParams
 
     logits = np.array([[0.0, 3.0, 1.0, 0.0], [0.0, 0.0, 0.0, 4.0],
                        [2.0, 0.0, 0.0, 0.0], [0.0, 0.0, 5.0, 0.0]], dtype=np.float32)
@@ -214,7 +216,7 @@ def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kerne
 def resident_info() -> dict:
     """The keep-alive a call gets here and the models the resident service keeps loaded (the
     core's status, as `localspec ps` shows it)."""
-    from localspec import locations
+    from localspec.settings import locations
     from localspec.core.status import rows
     from localspec.resident import control
 
@@ -335,7 +337,7 @@ def info(as_json: bool, rpc: str | None, model: str | None, cpu_kernels: str, n_
     localspec info -m model.gguf --n-gpu-layers -1
     localspec info --rpc 192.168.1.20:50052
     """
-    from localspec.endpoints import parse_endpoints
+    from localspec.settings.endpoints import parse_endpoints
 
     endpoints = parse_endpoints(rpc)  # ConfigError naming --rpc (and $LOCALSPEC_RPC where it came from)
     if model is None:

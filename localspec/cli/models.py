@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from localspec import environment
+from localspec.settings import environment
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def _resolve_local(model: str) -> Path:
 
 def _open(path: Path) -> Any:
     """The model with the smallest context (metadata only); errors as click errors."""
-    from localspec.config import ModelOptions
+    from localspec.settings.models import ModelOptions
     from localspec.errors import ModelError
     from localspec.llama.model import Model
 

@@ -1,6 +1,6 @@
 """The option groups and helpers that the ``localspec`` commands share.
 
-Defaults and ranges come from :mod:`localspec.config` (one place for each); localspec's errors
+Defaults and ranges come from :mod:`localspec.settings` (one place for each); localspec's errors
 become messages and exit codes in one place, :data:`localspec.errors.EXIT_CODES`. Commands import
 from here; this module imports no command.
 """
@@ -14,24 +14,12 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
-from localspec.config import (
-    LOAD_FLAGS,
-    CACHE_TYPES,
-    CPU_KERNELS,
-    DEFAULT_SAMPLING,
-    DEFAULTS,
-    DRAFTERS,
-    LOAD_MODES,
-    MODEL_DEFAULTS,
-    PLANS,
-    SETTING_KEYS,
-    VERIFIERS,
-    GenerationConfig,
-    PairOptions,
-)
-from localspec.constraints import LARK_MARKER, Constraint, constraint_from_options, grammar_from_file
+from localspec.settings.generation import DEFAULTS, DRAFTERS, PLANS, SETTING_KEYS, VERIFIERS, GenerationConfig
+from localspec.settings.models import CACHE_TYPES, CPU_KERNELS, LOAD_FLAGS, LOAD_MODES, MODEL_DEFAULTS, PairOptions
+from localspec.settings.sampling import DEFAULT_SAMPLING
+from localspec.settings.constraints import LARK_MARKER, Constraint, constraint_from_options, grammar_from_file
 from localspec.errors import ConfigError, LocalspecError, exit_code
-from localspec.files import SPEC_LIMIT, read_user_text
+from localspec.settings.files import SPEC_LIMIT, read_user_text
 
 
 # ---------------------------------------------------------------- errors
@@ -47,7 +35,7 @@ def env_source(ctx: click.Context | None, name: str | None) -> str | None:
 
 
 class EnvOption(click.Option):
-    """An option whose default comes from an environment variable (localspec.environment): a bad
+    """An option whose default comes from an environment variable (localspec.settings.environment): a bad
     value from the variable is reported as the flag's, naming the variable too."""
 
     def consume_value(self, ctx: click.Context, opts: Any) -> Any:
@@ -122,12 +110,12 @@ def prompt_cache_option(f: Callable) -> Callable:
 
 
 class Duration(click.ParamType):
-    """A duration: 30s, 5m, 1h, 1h30m, or seconds (localspec.environment.parse_duration)."""
+    """A duration: 30s, 5m, 1h, 1h30m, or seconds (localspec.settings.environment.parse_duration)."""
 
     name = "duration"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        from localspec import environment
+        from localspec.settings import environment
 
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)
@@ -142,8 +130,8 @@ KEEP_ALIVE_ENV = "LOCALSPEC_KEEP_ALIVE"
 
 def keep_alive_option(f: Callable) -> Callable:
     """--keep-alive: how long the models stay loaded in a resident service after the call
-    (default: localspec.environment's for LOCALSPEC_KEEP_ALIVE)."""
-    from localspec import environment
+    (default: localspec.settings.environment's for LOCALSPEC_KEEP_ALIVE)."""
+    from localspec.settings import environment
 
     default = environment.format_duration(environment.VARIABLES[KEEP_ALIVE_ENV].default)
     return click.option("--keep-alive", "keep_alive", type=Duration(), cls=EnvOption, envvar=KEEP_ALIVE_ENV,
@@ -293,7 +281,7 @@ def constraint_from_flags(options: dict) -> Constraint | None:
     """The constraint the flags ask for (removed from `options`), compiled and validated now, so a
     bad schema or grammar is a usage error naming its flag before any model is fetched or loaded
     (where the call runs, it is compiled again with the model's vocabulary). Built as the API
-    and the server build theirs (localspec.constraints.constraint_from_options, from the same
+    and the server build theirs (localspec.settings.constraints.constraint_from_options, from the same
     keywords): --json-object is response_format {"type": "json_object"}; --json-schema and
     --grammar take the text the API takes, or a file that holds it."""
     given = [k for k in CONSTRAINT_FLAGS if options.get(k) not in (None, False)]  # "" too: refused, never ignored

@@ -108,7 +108,7 @@ def service_lost() -> int:
 def stays_loaded(name: str, keep_alive: float) -> None:
     """The first call that loads a pair in the service says how long it stays."""
     from localspec.core.status import display_name
-    from localspec.environment import format_duration
+    from localspec.settings.environment import format_duration
 
     click.echo(f"localspec: {display_name(name)} stays loaded for {format_duration(keep_alive)} after each call, so the "
                "next one starts at once (localspec ps lists it, localspec stop ends it; --keep-alive 0 or "

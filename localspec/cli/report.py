@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from localspec.config import GenerationConfig
+from localspec.settings.generation import GenerationConfig
 
 
 def format_stats(stats: Any, speculative: bool, one_token_seconds: float = 0.0) -> str:

@@ -10,7 +10,7 @@ import threading
 import click
 
 from localspec.cli.options import user_errors
-from localspec.endpoints import RPC_PORT
+from localspec.settings.endpoints import RPC_PORT
 
 log = logging.getLogger(__name__)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

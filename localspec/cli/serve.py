@@ -18,7 +18,7 @@ from localspec.cli.options import (
     spec_options,
     user_errors,
 )
-from localspec.config import describe_speculation
+from localspec.settings.generation import describe_speculation
 from localspec.core.residency import PROMPT_MEMORY
 from localspec.core.status import display_name
 from localspec.loading import draft_loading, is_none

@@ -2,7 +2,7 @@
 of events (:class:`Note`, :class:`Ready`, :class:`Text`, :class:`Done`, :class:`Failed`).
 
 The command line resolves everything a call needs before it makes one: the settings (the same
-:class:`~localspec.config.GenerationConfig` the API and the server build, in its flat form), the
+:class:`~localspec.settings.generation.GenerationConfig` the API and the server build, in its flat form), the
 pair (:class:`~localspec.core.pairs.PairSpec`: files resolved, registry models fetched), the
 prompt (the text it read from the argument, stdin and files), the prompt cache and the profile
 directory. Nothing of the calling process travels: no argv, environment or working directory.
@@ -96,7 +96,7 @@ class Ready:
     model: str  # the target's name (its metadata's)
     draft: str | None  # the draft model's name (None: none)
     n_ctx: int
-    speculation: str  # what drafts, in words (localspec.config.describe_speculation)
+    speculation: str  # what drafts, in words (localspec.settings.generation.describe_speculation)
 
 
 @dataclass(frozen=True)

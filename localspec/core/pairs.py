@@ -4,10 +4,10 @@ A model file is keyed by what it is, not by its name: its device, inode, size, m
 and change time (:class:`ModelFile`). A file replaced in place with its old size and
 modification time restored (``cp`` + ``touch -r``, ``rsync -t``) still has a new change time
 (or a new inode), so it is another file, never served from the old weights. The load options are
-one type per model (:class:`~localspec.config.PairOptions`).
+one type per model (:class:`~localspec.settings.models.PairOptions`).
 
 The ``localspec`` client makes these (it resolves registry names, fetching them, and relative
-paths itself): the standard library and :mod:`localspec.config` only.
+paths itself): the standard library and :mod:`localspec.settings` only.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from localspec.config import PairOptions
+from localspec.settings.models import PairOptions
 
 TYPE_CHECKING = False  # no typing at run time: the `localspec` client imports this module
 if TYPE_CHECKING:

@@ -409,7 +409,7 @@ class Residency:
     def adopt(self, loaded: Loaded) -> PairSpec:
         """Keep models loaded elsewhere (an app's own, a test's) as a pair for as long as the
         residency lives; its spec, for leases."""
-        from localspec.config import PairOptions
+        from localspec.settings.models import PairOptions
         from localspec.llama.lazy import LazyModel
 
         target, draft = loaded.target, loaded.draft

@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterator
 
-from localspec.config import GenerationConfig, describe_speculation
+from localspec.settings.generation import GenerationConfig, describe_speculation
 from localspec.core.calls import VERSION, Done, Failed, Note, Ready, Request, Text
 from localspec.core.residency import STOPS, Cancel, Cancelled, Residency
 from localspec.errors import ConfigError, LocalspecError, ModelError, RequestError

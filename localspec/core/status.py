@@ -150,7 +150,7 @@ def table(statuses: list[CoreStatus]) -> list[str]:
 
 def table_of_rows(found: list[dict[str, Any]]) -> list[str]:
     """The table of rows() (``localspec info`` keeps the rows in its JSON)."""
-    from localspec.environment import format_duration
+    from localspec.settings.environment import format_duration
 
     if not found:
         return ["no resident models (a call keeps its models loaded for --keep-alive, default 5m)"]

@@ -1,4 +1,4 @@
-"""Structured output, compiled and checked: a :class:`~localspec.constraints.Constraint` (what the
+"""Structured output, compiled and checked: a :class:`~localspec.settings.constraints.Constraint` (what the
 caller asked for: a JSON schema, any JSON object, a regular expression, a Lark or GBNF grammar)
 turned into an llguidance grammar and validated *before any decoding*.
 
@@ -22,7 +22,7 @@ JSON layout. The structure of JSON output is forced, not sampled: no optional wh
 between items and ``": "`` between a key and its value, on one line — the layout of Python's
 ``json.dumps(value)`` (the layout models see most). Properties come in the schema's order;
 strings use JSON's escapes. So everything between values (braces, keys of required properties,
-separators) is forced and costs no sampling; the options (:data:`~localspec.constraints.JSON_LAYOUT`)
+separators) is forced and costs no sampling; the options (:data:`~localspec.settings.constraints.JSON_LAYOUT`)
 override any ``x-guidance`` options in the caller's schema, and keywords llguidance cannot enforce
 are errors, never silently ignored.
 """
@@ -37,7 +37,7 @@ import llguidance
 import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
-from localspec.constraints import JSON_LAYOUT, Constraint
+from localspec.settings.constraints import JSON_LAYOUT, Constraint
 from localspec.decoding.masks import allowed_tokens, mask_words
 from localspec.decoding.schema_errors import first_line, regex_problem, schema_problem
 from localspec.errors import ConfigError

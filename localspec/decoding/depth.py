@@ -11,7 +11,7 @@ A step drafts fewer levels, for one of :data:`LIMITS`, where
   fewer than the tokens left to generate;
 * ``"batch"``: one target decode takes the root and every node, at most the target's n_batch
   (chains and paths are cut to fit; a tree that does not fit is a ConfigError:
-  :meth:`~localspec.config.GenerationConfig.check_fits`).
+  :meth:`~localspec.settings.generation.GenerationConfig.check_fits`).
 
 :func:`step_depth` is the only place that cuts the depth for these; the engine counts the steps
 it cut, by reason, in its statistics (``GenerationStats.depth_limits``). Below that cap the
@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from localspec.config import Shape
+    from localspec.settings.shape import Shape
 
 LIMITS: tuple[str, ...] = ("context", "max_tokens", "batch")  # a tie names the first
 

@@ -27,7 +27,9 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from localspec.verify import verifier
-from localspec.config import GenerationConfig, SamplingParams, Shape
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.sampling import SamplingParams
+from localspec.settings.shape import Shape
 from localspec.errors import ConfigError
 from localspec.decoding.history import History, HistoryMatch, history_kind
 from localspec.decoding.lookup import ContextLookup, Proposal

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from localspec.verify import verifier
-from localspec.config import WITHOUT_REPLACEMENT, GenerationConfig
+from localspec.settings.generation import WITHOUT_REPLACEMENT, GenerationConfig
 from localspec.decoding.depth import batch_depth, step_depth
 from localspec.decoding.drafters import Drafter, DraftProposal, ForcedDrafter, ModelDrafter
 from localspec.errors import PromptError

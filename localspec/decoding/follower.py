@@ -27,7 +27,7 @@ from typing import Sequence
 import llguidance
 import numpy as np
 
-from localspec.constraints import Constraint
+from localspec.settings.constraints import Constraint
 from localspec.decoding.constraint import compile_constraint, start_problem
 from localspec.decoding.masks import is_allowed, mask_words
 from localspec.decoding.schema_errors import first_line

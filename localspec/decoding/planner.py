@@ -45,7 +45,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from localspec.config import Shape
+from localspec.settings.shape import Shape
 from localspec.decoding.acceptance import DEFAULT_PRIOR_HAZARD, FIRST_TRY, LEVELS, PRIOR_HAZARD, Acceptance, Censored
 from localspec.decoding.costs import EMA, CostTable, plausible_costs
 from localspec.decoding.profiles import Profile, Profiled, Profiles

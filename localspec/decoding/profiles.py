@@ -15,7 +15,7 @@ batch size, the llama.cpp build and the device). It holds
 The first run learns them from its own work (the prompt's prefill, every step); later runs start
 from them and keep refining. Files live in ``<cache root>/profiles`` (see
 ``localspec.llama.registry.cache_root``); ``localspec profiles`` shows and resets them. They are
-read and written through :class:`localspec.files.StateDir`: never through a symbolic link, and a
+read and written through :class:`localspec.settings.files.StateDir`: never through a symbolic link, and a
 reset deletes only the profiles localspec wrote.
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localspec.errors import ConfigError
-from localspec.files import STATE_LIMIT, Foreign, StateDir
+from localspec.settings.files import STATE_LIMIT, Foreign, StateDir
 from localspec.llama.host import key_of, profile_dir
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Mapping
 
 import llguidance
 
-from localspec.constraints import JSON_LAYOUT
+from localspec.settings.constraints import JSON_LAYOUT
 
 def first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text

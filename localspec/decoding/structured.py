@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.constraints import Constraint
+from localspec.settings.constraints import Constraint
 from localspec.decoding.constraint import compile_constraint
 from localspec.decoding.follower import GrammarFollower
 from localspec.decoding.masks import allocate_masks, is_allowed

@@ -5,7 +5,7 @@ order); ``parents[j] == -1`` hangs node j on the committed prefix (the "root"). 
 ``probs`` is the distribution the root's children were drawn from, row j+1 the one node j's
 children were drawn from; leaf rows are unused.
 
-A :class:`localspec.config.Shape` says what to draft: a chain of γ tokens, K independent paths of
+A :class:`localspec.settings.shape.Shape` says what to draft: a chain of γ tokens, K independent paths of
 γ tokens, or a tree with a branching factor per depth. Every root-to-leaf path of a tree is a KV-cache sequence
 (see :func:`leaf_ranges`), so one batch evaluates the whole tree.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.config import Shape
+from localspec.settings.shape import Shape
 
 
 @dataclass

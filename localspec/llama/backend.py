@@ -16,7 +16,7 @@ from typing import Iterator
 
 import llama_cpp as lc
 
-from localspec import environment
+from localspec.settings import environment
 from localspec.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """This machine as llama.cpp runs on it: its CPU and free memory, the llama.cpp build, what a
 model's speed depends on here (its identity, and the key per-machine state is filed under), and
 where that state lives (the profile directory: cost profiles, CPU kernel checks; read and written
-through localspec.files, which touches only files localspec wrote)."""
+through localspec.settings.files, which touches only files localspec wrote)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from localspec import environment
-from localspec.config import ModelOptions
+from localspec.settings import environment
+from localspec.settings.models import ModelOptions
 
 PROFILE_ENV = "LOCALSPEC_PROFILE_DIR"  # overrides the directory
 

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from localspec.config import ModelOptions
+from localspec.settings.models import ModelOptions
 from localspec.errors import ModelError
 from localspec.llama import backend, tiny_model
 from localspec.llama.buffer_types import CHECK_FTYPES

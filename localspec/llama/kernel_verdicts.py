@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from localspec.errors import ConfigError
-from localspec.files import STATE_LIMIT, Foreign, StateDir, state_root
+from localspec.settings.files import STATE_LIMIT, Foreign, StateDir, state_root
 from localspec.llama import buffer_types
 
 log = logging.getLogger(__name__)

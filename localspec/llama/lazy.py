@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from localspec.config import ModelOptions
+from localspec.settings.models import ModelOptions
 from localspec.llama.host import identity
 from localspec.llama.model import Model, check_gguf_file, claimed
 

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Sequence
 import llama_cpp as lc
 import numpy as np
 
-from localspec.config import ModelOptions
+from localspec.settings.models import ModelOptions
 from localspec.errors import ContextFull, ModelError, RemoteError
 from localspec.llama import backend, buffer_types, host, kernels, rpc
 from localspec.llama.logits import LogitsPointer

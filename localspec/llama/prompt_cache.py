@@ -20,7 +20,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-from localspec import environment
+from localspec.settings import environment
 from localspec.errors import ModelError
 from localspec.llama.prompt_store import Entry, KeyedModel, PromptStore, common_prefix, model_key
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 MIN_TOKENS = 32  # shorter prefixes: prefilling them costs about what saving and restoring does
 DEFAULT_LIMIT = 4 << 30  # bytes on disk
-ENV = "LOCALSPEC_PROMPT_CACHE"  # a directory, or "off" (localspec.locations.prompt_cache_setting)
+ENV = "LOCALSPEC_PROMPT_CACHE"  # a directory, or "off" (localspec.settings.locations.prompt_cache_setting)
 LIMIT_ENV = "LOCALSPEC_PROMPT_CACHE_LIMIT"  # bytes, or with a K/M/G suffix
 
 
@@ -70,7 +70,7 @@ class PromptCache(PromptStore):
                      **options: Any) -> PromptCache | None:
         """The cache a setting names: a directory, "off" (None), or None for the environment's
         LOCALSPEC_PROMPT_CACHE or else ``<cache root>/prompts``."""
-        from localspec import locations
+        from localspec.settings import locations
 
         setting = locations.prompt_cache_setting(value)
         if setting is False:

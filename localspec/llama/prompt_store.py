@@ -11,7 +11,7 @@ file is removed with a one-line warning. Writes go to a temporary file renamed i
 concurrent processes never read half a file; files are readable by the user alone (they hold
 the user's prompts). The store is bounded in bytes and evicts the least recently used entries.
 
-Only its own files are touched (:mod:`localspec.files`): each model's entries live in a private
+Only its own files are touched (:mod:`localspec.settings.files`): each model's entries live in a private
 subdirectory (0700) the cache created; a subdirectory or entry that is a symbolic link, not a
 regular file or another user's is skipped with a warning, never read, touched or deleted. The
 root keeps its mode (it may be a shared directory with the sticky bit, like /tmp); a root that
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator, Protocol, Sequence
 
 from localspec.errors import ConfigError
-from localspec.files import TEMP_PREFIX, Foreign, StateDir, state_root
+from localspec.settings.files import TEMP_PREFIX, Foreign, StateDir, state_root
 
 log = logging.getLogger("localspec.llama.prompt_cache")  # the cache's warnings come under one name
 

@@ -25,8 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import BinaryIO, Iterator, Sequence
 
-from localspec import environment
-from localspec import locations
+from localspec.settings import environment
+from localspec.settings import locations
 from localspec.errors import FetchError, ModelNotFound
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def _model_from_json(entry: dict) -> ModelSpec:
 
 
 def cache_root() -> Path:
-    """localspec's cache (see :func:`localspec.locations.cache_root`)."""
+    """localspec's cache (see :func:`localspec.settings.locations.cache_root`)."""
     return locations.cache_root()
 
 

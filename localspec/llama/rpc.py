@@ -27,7 +27,7 @@ import threading
 from typing import Callable, Sequence
 
 from localspec.llama import ggml
-from localspec import environment
+from localspec.settings import environment
 from localspec.errors import DependencyError, RemoteError, exit_code
 
 log = logging.getLogger(__name__)

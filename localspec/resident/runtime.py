@@ -2,7 +2,7 @@
 ``localspec`` client imports this before anything else).
 
 One service per user holds every pair. It is a socket in the per-user runtime directory
-(:func:`localspec.locations.runtime_dir`, private: 0700, this user's, never a symbolic link),
+(:func:`localspec.settings.locations.runtime_dir`, private: 0700, this user's, never a symbolic link),
 ``<name>.sock`` (0600), where the name says which localspec it runs (version and install) and
 the environment its process was started with that changes how llama.cpp runs (``GGML_*``,
 ``OMP_*``, ...) or where localspec keeps its state (the cache and profile directories): a client
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from typing import Iterator
 
 import localspec
-from localspec import locations
-from localspec.files import private_dir
+from localspec.settings import locations
+from localspec.settings.files import private_dir
 from localspec.resident.protocol import Channel
 
 SOCKET_SUFFIX = ".sock"

@@ -26,7 +26,7 @@ from starlette.responses import Response as HTTPResponse
 from starlette.routing import Route
 
 from localspec.api import Response, applied_config
-from localspec.config import DEFAULTS, GenerationConfig
+from localspec.settings.generation import DEFAULTS, GenerationConfig
 from localspec.errors import (
     ConfigError,
     DependencyError,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localspec.api import Generation
-from localspec.config import GenerationConfig
+from localspec.settings.generation import GenerationConfig
 from localspec.core.pairs import PairSpec
 from localspec.core.residency import Cancel, Cancelled, Residency
 from localspec.errors import LocalspecError, RequestError

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from localspec import __version__
-from localspec.config import GenerationConfig
+from localspec.settings.generation import GenerationConfig
 from localspec.decoding.stats import GenerationStats
 from localspec.tool_calls import ToolCall
 

@@ -29,7 +29,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from localspec.config import DEFAULTS, GenerationConfig
+from localspec.settings.generation import DEFAULTS, GenerationConfig
 from localspec.errors import ConfigError
 from localspec.server import ServerLimits
 from localspec.server.app import create_app

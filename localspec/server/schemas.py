@@ -14,11 +14,11 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from localspec.config import SETTING_KEYS, GenerationConfig
+from localspec.settings.generation import SETTING_KEYS, GenerationConfig
 from localspec.errors import ConfigError, RequestError
 from localspec.prompt import ROLE_RE
 from localspec.tools import ToolSet
-from localspec.validation import unknown_names
+from localspec.settings.validation import unknown_names
 
 # parameters this server cannot honour: accepted only at their no-op values, never silently
 # ignored (the text would differ from what the client asked for). OpenAI's, then the samplers of

@@ -34,15 +34,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from localspec.verify import lossless, reference
-from localspec.config import (
-    DEFAULT_SAMPLING,
-    DEFAULTS,
-    VERIFIERS,
-    WITHOUT_REPLACEMENT,
-    GenerationConfig,
-    SamplingParams,
-    Shape,
-)
+from localspec.settings.generation import DEFAULTS, VERIFIERS, WITHOUT_REPLACEMENT, GenerationConfig
+from localspec.settings.sampling import DEFAULT_SAMPLING, SamplingParams
+from localspec.settings.shape import Shape
 from localspec.verify.lossless import ToyGrammar, ToyModel
 from localspec.verify.stats import pearson_pvalue
 

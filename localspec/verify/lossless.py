@@ -20,7 +20,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from localspec.verify import reference, verifier
-from localspec.config import WITHOUT_REPLACEMENT, SamplingParams, Shape
+from localspec.settings.generation import WITHOUT_REPLACEMENT
+from localspec.settings.sampling import SamplingParams
+from localspec.settings.shape import Shape
 from localspec.verify.stats import pearson_pvalue
 
 Context = tuple[int, ...]

@@ -46,7 +46,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from localspec._verifier import ffi, lib
-from localspec.config import CHAIN_ONLY, SamplingParams, VERIFIERS as METHODS
+from localspec.settings.generation import CHAIN_ONLY, VERIFIERS as METHODS
+from localspec.settings.sampling import SamplingParams
 from localspec.errors import VerifierError
 from localspec.llama.logits import LogitsPointer
 

@@ -1,5 +1,5 @@
 """Where localspec keeps its files: the cache root (models, profiles, prompts, chats) and the
-runtime directory of resident services. A leaf (the standard library, :mod:`localspec.environment`),
+runtime directory of resident services. A leaf (the standard library, :mod:`localspec.settings.environment`),
 so that the ``localspec`` client finds a running service without importing anything heavy."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from localspec import environment
+from localspec.settings import environment
 
 CACHE_ENV = "LOCALSPEC_CACHE_DIR"
 RUNTIME_ENV = "XDG_RUNTIME_DIR"

@@ -1,12 +1,12 @@
 """RPC server addresses ("host:port[,host:port...]", ``--rpc``), parsed and checked. A leaf: the
-standard library and :mod:`localspec.validation` only."""
+standard library and :mod:`localspec.settings.validation` only."""
 
 from __future__ import annotations
 
 import re
 from typing import Sequence
 
-from localspec.validation import require, show
+from localspec.settings.validation import require, show
 
 _ENDPOINT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-_]+):(\d{1,5})$")
 RPC_PORT = 50052  # llama.cpp's rpc-server default

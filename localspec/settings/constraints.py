@@ -5,7 +5,7 @@ or GBNF grammar), made from every spelling — OpenAI's ``response_format``, lla
 deep JSON a setting holds may nest (:func:`json_depth`). :mod:`localspec.decoding.constraint`
 compiles a constraint (llguidance) and enforces it.
 
-A leaf module (no numpy, no llama.cpp, no llguidance): :mod:`localspec.config` imports it, and
+A leaf module (no numpy, no llama.cpp, no llguidance): :mod:`localspec.settings` imports it, and
 ``localspec --help`` stays fast.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
 
 from localspec.errors import ConfigError
-from localspec.validation import require
+from localspec.settings.validation import require
 
 Kind = Literal["json_schema", "json_object", "regex", "lark", "gbnf"]
 KINDS: tuple[str, ...] = get_args(Kind)
@@ -154,7 +154,7 @@ class Constraint:
 def grammar_from_file(path: str | os.PathLike, param: str = "grammar") -> Constraint:
     """A grammar file: Lark when it ends in ``.lark`` or its text starts with ``%llguidance``,
     GBNF otherwise (llama.cpp's ``.gbnf`` files)."""
-    from localspec.files import SPEC_LIMIT, read_user_text  # bounded while reading: /dev/zero ends at the limit
+    from localspec.settings.files import SPEC_LIMIT, read_user_text  # bounded while reading: /dev/zero ends at the limit
 
     file = Path(path).expanduser()
     text = read_user_text(file, param=param, limit=SPEC_LIMIT, what="the grammar file")

@@ -10,6 +10,8 @@ from typing import Any, Sequence
 
 from localspec.errors import ConfigError
 
+INT32_MAX = 2**31 - 1  # what llama.cpp's int32 counts (tokens, threads, layers, top-k) hold
+
 
 def is_number(value: Any) -> bool:
     """A real number (int, float, numpy's scalars, Fraction; never a bool) that a float can hold:
