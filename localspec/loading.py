@@ -78,6 +78,21 @@ def pair_names(model: str | None, draft: str | None) -> PairNames:
     return PairNames(target, draft_name, draft_name == pair.draft and target == pair.target)
 
 
+def load_target(path: str | Path, options: ModelOptions, grammar: bool = False) -> Model:
+    """A target from its file; `grammar`: a constrained generation follows, so the grammar's
+    tokenizer is built from the file's vocabulary while the weights load."""
+    from localspec.llama.model import Model
+
+    if not grammar:
+        return Model(path, options)
+    from localspec.decoding.tokenizer import adopt_tokenizer, prestart_tokenizer
+
+    early = prestart_tokenizer(path)
+    target = Model(path, options)
+    adopt_tokenizer(target, early)
+    return target
+
+
 def load_draft(names: PairNames, options: ModelOptions, lazy: bool) -> Any:
     """The draft model of `names` (fetched if needed): a Model, or a LazyModel loaded on first use."""
     from localspec.llama import registry
@@ -100,11 +115,7 @@ def load_pair(model: str | None, draft: str | None, options: PairOptions = PairO
 
     names = pair_names(model, draft)
     t0 = time.perf_counter()
-    if grammar:
-        from localspec.decoding.tokenizer import prestart_tokenizer
-
-        prestart_tokenizer(registry.resolve(names.target))
-    target = Model(registry.resolve(names.target), options.target)
+    target = load_target(registry.resolve(names.target), options.target, grammar)
     t1 = time.perf_counter()
     try:
         dm = load_draft(names, options.draft, lazy_draft) if names.draft and need_draft else None

@@ -131,15 +131,14 @@ def test_tokenizer_lives_on_its_model(tiny_paths: tuple[Path, Path]) -> None:
 def test_tokenizer_started_from_the_file_before_the_load(tiny_paths: tuple[Path, Path]) -> None:
     """prestart_tokenizer builds from the file's vocabulary alone; the model loaded from that file
     takes that tokenizer, and it masks as one built from the loaded model does."""
-    T.prestart_tokenizer(tiny_paths[0])
-    early = T._PRESTARTED[str(tiny_paths[0].resolve())]
+    early = T.prestart_tokenizer(tiny_paths[0])
     model = Model.vocabulary(tiny_paths[0])
     other = Model.vocabulary(tiny_paths[1])  # another file: not given the prestarted tokenizer
     try:
+        T.adopt_tokenizer(model, early)
         assert T.start_tokenizer(model) is early and model.grammar_tokenizer is early
         early.result(timeout=60)
         assert early.vocabulary is not None and early.vocabulary is not model  # its own vocabulary, kept open
-        assert str(tiny_paths[0].resolve()) not in T._PRESTARTED  # taken once
         assert T.start_tokenizer(other) is not early
         schema = Constraint.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
         masks = []

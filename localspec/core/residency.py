@@ -267,13 +267,9 @@ class Residency:
 
     @staticmethod
     def _load_target(spec: PairSpec, grammar: bool) -> Any:
-        from localspec.llama.model import Model
+        from localspec.loading import load_target
 
-        if grammar:
-            from localspec.decoding.tokenizer import prestart_tokenizer
-
-            prestart_tokenizer(spec.target.path)
-        target = Model(spec.target.path, spec.options.target)
+        target = load_target(spec.target.path, spec.options.target, grammar)
         if not spec.target.is_current():  # replaced while the call was on its way: its key is not this file
             target.close()
             raise ModelError(f"{spec.target.path} changed while it was being loaded; run the call again")

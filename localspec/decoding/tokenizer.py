@@ -125,34 +125,33 @@ class TokenizerFuture:
         return self._future.result(timeout)
 
 
-# each model keeps its own tokenizer (Model.grammar_tokenizer); this lock guards those and _PRESTARTED
-_LOCK = threading.Lock()
-_PRESTARTED: dict[str, TokenizerFuture] = {}  # by GGUF file (its resolved path): built before the model loads
+_LOCK = threading.Lock()  # guards each model's tokenizer (Model.grammar_tokenizer)
 
 
-def prestart_tokenizer(path: str | os.PathLike) -> None:
+def prestart_tokenizer(path: str | os.PathLike) -> TokenizerFuture:
     """Start building the tokenizer of the GGUF file at `path` from its vocabulary alone, in a
-    background thread, so that it overlaps with loading the file's weights: for a constrained
-    generation known before the load. start_tokenizer of a model loaded from that file takes it."""
-    key = str(Path(path).expanduser().resolve())
+    background thread, so that it overlaps with loading the file's weights (a constrained
+    generation known before the load); whoever loads the model hands it over (adopt_tokenizer)."""
+    return TokenizerFuture(path=Path(path).expanduser().resolve())
+
+
+def adopt_tokenizer(model: VocabModel, future: TokenizerFuture) -> None:
+    """The model loaded from the file a prestart_tokenizer read takes its tokenizer (unless it has
+    one, or that build failed: start_tokenizer then builds one again)."""
     with _LOCK:
-        future = _PRESTARTED.get(key)
-        if future is None or future.failed():
-            _PRESTARTED[key] = TokenizerFuture(path=Path(key))
+        if model.grammar_tokenizer is None and not future.failed():
+            model.grammar_tokenizer = future
 
 
 def start_tokenizer(model: VocabModel) -> TokenizerFuture:
     """Start building the model's tokenizer in a background thread, once per model (a later
-    call returns the same future; one prestart_tokenizer started for its file is taken). The
-    model keeps it (``model.grammar_tokenizer``): it lives as long as the model."""
+    call returns the same future, and one adopted from a prestart). The model keeps it
+    (``model.grammar_tokenizer``): it lives as long as the model."""
     model.vocab_pointer  # a closed model: ModelError now, not a crash in the thread
-    path = getattr(model, "path", None)
     with _LOCK:
         future = model.grammar_tokenizer
         if future is None or future.failed():
-            early = _PRESTARTED.pop(str(Path(path).resolve()), None) if path is not None else None
-            future = early if early is not None and not early.failed() else TokenizerFuture(model)
-            model.grammar_tokenizer = future
+            future = model.grammar_tokenizer = TokenizerFuture(model)
         return future
 
 

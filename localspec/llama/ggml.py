@@ -7,9 +7,12 @@ extra buffer types) are declared here once, with their C signatures.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+from pathlib import Path
 
 DEVICE_CPU = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
+LIBRARY_NAMES = ("libggml.so", "libggml.dylib", "ggml.dll")  # in llama-cpp-python's lib directory
 
 
 
@@ -40,16 +43,21 @@ _SIGNATURES: tuple[tuple[str, object, list], ...] = (
 
 
 
+@functools.lru_cache(maxsize=1)
 def lib() -> ctypes.CDLL:
-    """llama-cpp-python's handle on libggml, with the calls above typed (once)."""
-    from llama_cpp import _ggml as bundled
+    """A handle of our own on the libggml that llama-cpp-python bundles (its ``lib`` directory,
+    loaded already: the same library), with the calls above typed; llama-cpp-python's own handle
+    is left as it is."""
+    import llama_cpp
 
-    handle = bundled.libggml
-    if not getattr(handle, "_localspec_typed", False):
-        for name, res, args in _SIGNATURES:
-            fn = getattr(handle, name)
-            fn.restype, fn.argtypes = res, args
-        handle._localspec_typed = True
+    libdir = Path(llama_cpp.__file__).parent / "lib"
+    path = next((libdir / name for name in LIBRARY_NAMES if (libdir / name).exists()), None)
+    if path is None:
+        raise OSError(f"llama-cpp-python's libggml is not in {libdir} (names tried: {', '.join(LIBRARY_NAMES)})")
+    handle = ctypes.CDLL(str(path))
+    for name, res, args in _SIGNATURES:
+        fn = getattr(handle, name)
+        fn.restype, fn.argtypes = res, args
     return handle
 
 

@@ -39,9 +39,42 @@ DECODE_TIMEOUT = environment.VARIABLES[TIMEOUT_ENV].default  # ... by default (1
 REBUILD_PREFIX = 'CMAKE_ARGS="-DGGML_RPC=on" pip install --no-cache-dir --force-reinstall'
 
 _lock = threading.Lock()
-_servers: dict[str, list[int]] = {}  # endpoint -> its registered device pointers
-_fatal_hooks: list[Callable[[str], None]] = []
+_servers: dict[str, list[int]] = {}  # endpoint -> its registered device pointers (ggml's registry is process-wide)
 _abort_callback = None  # keeps the ctypes callback alive
+
+
+class FatalHooks:
+    """What runs before the process exits on a remote failure (llama.cpp's abort callback is one
+    per process, so this is too: :data:`FATAL_HOOKS`): each hook saves what it can (the command
+    line prints the text generated so far)."""
+
+    def __init__(self) -> None:
+        self._hooks: list[Callable[[str], None]] = []
+        self._lock = threading.Lock()
+
+    def add(self, hook: Callable[[str], None]) -> Callable[[], None]:
+        """Run `hook(message)` before such an exit; returns what removes it."""
+        with self._lock:
+            self._hooks.append(hook)
+
+        def remove() -> None:
+            with self._lock:
+                if hook in self._hooks:
+                    self._hooks.remove(hook)
+
+        return remove
+
+    def run(self, message: str) -> None:
+        with self._lock:
+            hooks = list(self._hooks)
+        for hook in hooks:
+            try:
+                hook(message)
+            except Exception:  # noqa: BLE001 - the exit must happen
+                log.exception("a fatal-error hook failed")
+
+
+FATAL_HOOKS = FatalHooks()
 
 
 # ---------------------------------------------------------------- the libraries
@@ -165,18 +198,14 @@ def describe(endpoints: Sequence[str]) -> list[dict]:
 
 
 def on_fatal(hook: Callable[[str], None]) -> Callable[[], None]:
-    """Run `hook(message)` before the process exits on a remote failure; returns an unregister."""
-    _fatal_hooks.append(hook)
-    return lambda: _fatal_hooks.remove(hook) if hook in _fatal_hooks else None
+    """Run `hook(message)` before the process exits on a remote failure (FATAL_HOOKS); returns
+    what removes it."""
+    return FATAL_HOOKS.add(hook)
 
 
 def fatal(message: str) -> None:
     """Report a remote failure, let the hooks save what was generated, exit with EXIT_REMOTE."""
-    for hook in list(_fatal_hooks):
-        try:
-            hook(message)
-        except Exception:  # noqa: BLE001 - the exit must happen
-            log.exception("a fatal-error hook failed")
+    FATAL_HOOKS.run(message)
     sys.stdout.flush()
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()

@@ -38,6 +38,7 @@ from localspec.core.residency import Cancel, Residency
 from localspec.core.run import failed, parse_request, run
 from localspec.errors import RequestError
 from localspec.resident import runtime
+from localspec.settings import environment
 from localspec.resident.protocol import (
     ACCEPT,
     CALL,
@@ -292,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, required=True, help="its listening socket, bound by the client")
     parser.add_argument("--log", default=None, help="its log file (removed after a clean end)")
     args = parser.parse_args(argv)
+    environment.quiet_blas()
     handler = logging.StreamHandler(sys.stderr)  # the service's log file
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
     handler.setLevel(logging.INFO)

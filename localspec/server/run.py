@@ -77,7 +77,7 @@ class _HeadDeadline(asyncio.Protocol):
 
     header_timeout: float = 10.0
     inner_protocol: type[asyncio.Protocol] = H11Protocol
-    connections: dict[tuple[Any, ...], "_HeadDeadline"] = {}  # open ones by client address (timed_protocol: one per server)
+    connections: dict[tuple[Any, ...], "_HeadDeadline"]  # open ones by client address: each server's own (timed_protocol)
 
     def __init__(self, **kwargs: Any) -> None:  # what uvicorn passes its protocol class
         self.inner = self.inner_protocol(**kwargs)

@@ -31,7 +31,7 @@ LOCALSPEC_CPU_KERNELS (``--cpu-kernels``), LOCALSPEC_RPC (``--rpc``), LOCALSPEC_
 (``serve --api-key``) and LOCALSPEC_PROMPT_CACHE (``--prompt-cache``, also read by the Python API).
 
 Read when the C verifier is built (``native/build_verifier.py``): LOCALSPEC_CFLAGS, LOCALSPEC_LDFLAGS.
-Read by the tests: LOCALSPEC_REQUIRE_RPC, LOCALSPEC_SKIP_REAL_MODELS. Any other LOCALSPEC_* variable
+The tests' own variables are not localspec's (TESTS_REQUIRE_RPC, TESTS_SKIP_REAL_MODELS: tests/). Any other LOCALSPEC_* variable
 is reported by the command line as unknown (with the closest known name: a typo would otherwise
 be ignored).
 
@@ -227,8 +227,6 @@ VARIABLES: dict[str, Variable] = _variables(
     Variable("LOCALSPEC_API_KEY", _text, None, "the key `localspec serve` requires", "--api-key"),
     Variable("LOCALSPEC_CFLAGS", _text, None, "build: extra C compiler flags of the verifier"),
     Variable("LOCALSPEC_LDFLAGS", _text, None, "build: extra linker flags of the verifier"),
-    Variable("LOCALSPEC_REQUIRE_RPC", _text, None, "tests: 1 = the RPC tests must run, not skip"),
-    Variable("LOCALSPEC_SKIP_REAL_MODELS", _text, None, "tests: 1 = skip the tests of the real model pair"),
 )
 
 
@@ -266,6 +264,14 @@ def unknown(environ: Mapping[str, str] | None = None) -> list[str]:
             close = difflib.get_close_matches(name, list(VARIABLES), n=1, cutoff=0.8)
             out.append(f"unknown environment variable {name}" + (f" (did you mean {close[0]}?)" if close else ""))
     return out
+
+
+def quiet_blas() -> None:
+    """numpy's OpenBLAS threads busy-wait on the cores llama.cpp and the verifier need, and
+    localspec does no BLAS work: one thread, unless the user set it. Called by the processes
+    localspec starts (the command line, the resident service, a kernel check) before numpy loads;
+    a program using the Python API decides for itself."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def format_duration(seconds: float) -> str:
