@@ -85,7 +85,7 @@ def load_target(path: str | Path, options: ModelOptions, grammar: bool = False) 
 
     if not grammar:
         return Model(path, options)
-    from localspec.decoding.tokenizer import adopt_tokenizer, prestart_tokenizer
+    from localspec.decoding.grammar.tokenizer import adopt_tokenizer, prestart_tokenizer
 
     early = prestart_tokenizer(path)
     target = Model(path, options)
@@ -111,7 +111,6 @@ def load_pair(model: str | None, draft: str | None, options: PairOptions = PairO
     generation follows; the target's grammar tokenizer is built from its vocabulary while its
     weights load."""
     from localspec.llama import registry
-    from localspec.llama.model import Model
 
     names = pair_names(model, draft)
     t0 = time.perf_counter()

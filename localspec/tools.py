@@ -158,7 +158,7 @@ class ToolSet:
     def check_schemas(self) -> None:
         """Each function's parameters compile as a JSON schema (ConfigError naming the tool and
         where in its schema the problem is)."""
-        from localspec.decoding.constraint import compile_constraint
+        from localspec.decoding.grammar.compiler import compile_constraint
 
         for i, tool in enumerate(self.tools):
             compile_constraint(Constraint.json_schema(tool.parameters, param=f"tools[{i}].function.parameters"))

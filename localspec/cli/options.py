@@ -295,7 +295,7 @@ def constraint_from_flags(options: dict) -> Constraint | None:
     if len(given) > 1:
         raise ConfigError("give one of --json-schema, --json-object, --regex and --grammar", given[1])
     constraint = constraint_from_options(_constraint_keywords(given[0], values[given[0]]))
-    from localspec.decoding.constraint import compile_constraint  # llguidance: only for a constrained run
+    from localspec.decoding.grammar.compiler import compile_constraint  # llguidance: only for a constrained run
 
     compile_constraint(constraint)
     return constraint

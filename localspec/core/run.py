@@ -66,7 +66,7 @@ def _config(request: Request) -> GenerationConfig:
     """The call's settings, its constraint compiled now (a ConfigError naming it, before any load)."""
     config = GenerationConfig.from_options(**request.settings)
     if config.constraint is not None:
-        from localspec.decoding.constraint import compile_constraint
+        from localspec.decoding.grammar.compiler import compile_constraint
 
         compile_constraint(config.constraint)
     return config

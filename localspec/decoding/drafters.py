@@ -57,7 +57,7 @@ class DraftProposal:
 
 
 class RowMasks(Protocol):
-    """The token masks of a constrained generation's draft rows (localspec.decoding.structured.StepMasks)."""
+    """The token masks of a constrained generation's draft rows (localspec.decoding.grammar.steps.StepMasks)."""
 
     def row(self, tree: DraftTree, node: int) -> np.ndarray:
         """The uint32 mask row of the tokens allowed after `node` of `tree` (-1: after the committed
@@ -311,7 +311,7 @@ def one_hot_chain(buf: RowBuffer, tokens: Sequence[int]) -> DraftTree:
 
 class ForcedSource(Protocol):
     """What the forced-token drafter reads: the grammar matcher of the target's committed tokens
-    (localspec.decoding.follower.GrammarFollower)."""
+    (localspec.decoding.grammar.follower.GrammarFollower)."""
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces next (empty: there is a choice)."""

@@ -35,7 +35,7 @@ from localspec.decoding.stats import GenerationStats
 from localspec.llama.sequence import KVSequence
 
 if TYPE_CHECKING:
-    from localspec.decoding.structured import StepMasks, Structured
+    from localspec.decoding.grammar.steps import StepMasks, Structured
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class Engine:
         """The grammar of a constrained generation, compiled and followed from its start over the
         target's vocabulary now (ConfigError before any decoding); imported only for one, so an
         unconstrained run never loads llguidance."""
-        from localspec.decoding.structured import Structured
+        from localspec.decoding.grammar.steps import Structured
 
         assert config.constraint is not None
         return Structured(config.constraint, self.target, max(self.shape.n_nodes, 1))

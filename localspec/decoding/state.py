@@ -30,14 +30,14 @@ class DraftModel(Protocol):
 
 
 class Grammar(Protocol):
-    """A constrained generation's grammar (localspec.decoding.structured.Structured)."""
+    """A constrained generation's grammar (localspec.decoding.grammar.steps.Structured)."""
 
     def attach(self, prompt: Sequence[int]) -> None: ...
 
     def detach(self) -> None: ...
 
     def step(self) -> Any:
-        """The mask rows of a step's draft (localspec.decoding.structured.StepMasks)."""
+        """The mask rows of a step's draft (localspec.decoding.grammar.steps.StepMasks)."""
 
 
 @dataclass(frozen=True)

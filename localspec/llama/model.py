@@ -107,7 +107,7 @@ class Model(Vocabulary):
         self._busy = threading.Lock()
         self.sequence = KVSequence(self)  # what the KV cache holds: its one owner
         self.checked_drafts: dict[str, str] = {}  # pairing's verdicts: draft key -> "ok" or why not
-        # llguidance's tokenizer of this vocabulary, once started (decoding.tokenizer.start_tokenizer:
+        # llguidance's tokenizer of this vocabulary, once started (decoding.grammar.tokenizer.start_tokenizer:
         # a TokenizerFuture, with the grammars already followed over it)
         self.grammar_tokenizer: Any = None
         self.load_seconds: float | None = None

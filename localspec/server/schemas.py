@@ -150,7 +150,7 @@ class _Request(_Open):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    cache_prompt: bool | None = None  # llama.cpp's: localspec keeps no prompt cache between requests
+    cache_prompt: bool | None = None  # llama.cpp's: the server's prompt cache (--prompt-cache) decides instead
     parallel_tool_calls: bool | None = None  # with tools (chat only); without them it has no effect
 
     def check_supported(self) -> None:
@@ -187,7 +187,7 @@ class _Request(_Open):
         try:
             config = GenerationConfig.from_options(defaults, **options)
             if config.constraint is not None:  # compiled now: a bad schema is this request's 400, before any work
-                from localspec.decoding.constraint import compile_constraint
+                from localspec.decoding.grammar.compiler import compile_constraint
 
                 compile_constraint(config.constraint)
             return config

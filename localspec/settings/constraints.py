@@ -2,7 +2,7 @@
 or GBNF grammar), made from every spelling — OpenAI's ``response_format``, llama-server's
 ``json_schema`` and ``grammar``, grammar files (:func:`grammar_from_file`) — and the keywords of
 ``GenerationConfig.from_options`` that ask for one (:data:`CONSTRAINT_KEYS`); the bound on how
-deep JSON a setting holds may nest (:func:`json_depth`). :mod:`localspec.decoding.constraint`
+deep JSON a setting holds may nest (:func:`json_depth`). :mod:`localspec.decoding.grammar.compiler`
 compiles a constraint (llguidance) and enforces it.
 
 A leaf module (no numpy, no llama.cpp, no llguidance): :mod:`localspec.settings` imports it, and
@@ -26,7 +26,7 @@ DEFAULT_PARAMS: dict[str, str] = {  # the setting a constraint comes from, unles
     "json_schema": "json_schema", "json_object": "response_format", "regex": "regex",
     "lark": "grammar", "gbnf": "grammar",
 }
-JSON_LAYOUT: dict[str, Any] = {  # llguidance's JSON options (overrides): see localspec.decoding.constraint
+JSON_LAYOUT: dict[str, Any] = {  # llguidance's JSON options (overrides): see localspec.decoding.grammar.compiler
     "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": False,
 }
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}

@@ -1,7 +1,7 @@
 """The grammar as a follower of a sequence: :class:`GrammarFollower`, a matcher that follows a
 model's committed tokens as a follower of its :class:`~localspec.llama.sequence.KVSequence`
 (``reset`` / ``commit`` / ``rollback``) and answers what may come next: a token bitmask
-(:meth:`GrammarFollower.mask`, rows as :mod:`localspec.decoding.masks` describes), the tokens the
+(:meth:`GrammarFollower.mask`, rows as :mod:`localspec.decoding.grammar.masks` describes), the tokens the
 grammar forces (:meth:`GrammarFollower.forced`), whether the answer may end here
 (:meth:`GrammarFollower.accepts_end`), and masks along a draft path without committing it
 (:meth:`GrammarFollower.masks_along`).
@@ -28,10 +28,10 @@ import llguidance
 import numpy as np
 
 from localspec.settings.constraints import Constraint
-from localspec.decoding.constraint import compile_constraint, start_problem
-from localspec.decoding.masks import is_allowed, mask_words
-from localspec.decoding.schema_errors import first_line
-from localspec.decoding.tokenizer import VocabModel, start_tokenizer
+from localspec.decoding.grammar.compiler import compile_constraint, start_problem
+from localspec.decoding.grammar.masks import is_allowed, mask_words
+from localspec.decoding.grammar.schema_errors import first_line
+from localspec.decoding.grammar.tokenizer import VocabModel, start_tokenizer
 from localspec.errors import ConfigError, ConstraintError
 
 log = logging.getLogger(__name__)

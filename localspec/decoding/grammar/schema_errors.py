@@ -1,7 +1,7 @@
 """Where in a JSON schema llguidance's error is: llguidance names keywords and values, never
 their place; :func:`schema_problem` adds a JSON pointer (``/properties/address/pattern``) found by
 walking the schema (:func:`walk_schema`), and the regex parser's own explanation of a bad
-pattern (:func:`regex_problem`). Used by :func:`localspec.decoding.constraint.compile_constraint`.
+pattern (:func:`regex_problem`). Used by :func:`localspec.decoding.grammar.compiler.compile_constraint`.
 """
 
 from __future__ import annotations

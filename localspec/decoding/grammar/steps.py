@@ -2,7 +2,7 @@
 the token masks of every row a step verifies.
 
 :class:`Structured` is what the pair's state holds when the config has a constraint: the compiled
-grammar and the :class:`~localspec.decoding.follower.GrammarFollower` of the model's
+grammar and the :class:`~localspec.decoding.grammar.follower.GrammarFollower` of the model's
 llguidance tokenizer, both made when the engine is made, so a grammar that cannot be enforced
 is a ConfigError before any decoding (the follower follows the grammar's start over the model's
 vocabulary); the follower is attached to the target's
@@ -25,9 +25,9 @@ from typing import Sequence
 import numpy as np
 
 from localspec.settings.constraints import Constraint
-from localspec.decoding.constraint import compile_constraint
-from localspec.decoding.follower import GrammarFollower
-from localspec.decoding.masks import allocate_masks, is_allowed
+from localspec.decoding.grammar.compiler import compile_constraint
+from localspec.decoding.grammar.follower import GrammarFollower
+from localspec.decoding.grammar.masks import allocate_masks, is_allowed
 from localspec.decoding.drafters import DraftProposal
 from localspec.decoding.tree import DraftTree
 from localspec.errors import ConstraintError

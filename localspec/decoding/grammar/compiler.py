@@ -5,18 +5,18 @@ turned into an llguidance grammar and validated *before any decoding*.
 :func:`compile_constraint` compiles it: a bad schema, grammar or regex is a
 :class:`~localspec.errors.ConfigError` naming the setting (``param``) and, for a JSON schema,
 where in the schema the problem is (a JSON pointer such as
-``/properties/address/patternProperties``: :mod:`localspec.decoding.schema_errors`). It also
+``/properties/address/patternProperties``: :mod:`localspec.decoding.grammar.schema_errors`). It also
 follows the grammar's start (:func:`start_problem`: first mask, forced tokens, a path of
 :data:`START_TOKENS` tokens and a few other tokens at each of its steps, within llguidance's
-limits) over a vocabulary of bytes, and :class:`~localspec.decoding.follower.GrammarFollower`
+limits) over a vocabulary of bytes, and :class:`~localspec.decoding.grammar.follower.GrammarFollower`
 again over the model's (once per model and grammar) when a generation is set up: a grammar no
 output matches, or one that exceeds llguidance's limits, is a ConfigError before the first token
 too.
 
 A constrained generation then uses, in this order: the model's tokenizer
-(:mod:`localspec.decoding.tokenizer`, built once per model, possibly while the weights load),
-and a :class:`~localspec.decoding.follower.GrammarFollower` that follows the committed tokens
-and gives token bitmasks (:mod:`localspec.decoding.masks`).
+(:mod:`localspec.decoding.grammar.tokenizer`, built once per model, possibly while the weights load),
+and a :class:`~localspec.decoding.grammar.follower.GrammarFollower` that follows the committed tokens
+and gives token bitmasks (:mod:`localspec.decoding.grammar.masks`).
 
 JSON layout. The structure of JSON output is forced, not sampled: no optional whitespace, ``", "``
 between items and ``": "`` between a key and its value, on one line — the layout of Python's
@@ -38,8 +38,8 @@ import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
 from localspec.settings.constraints import JSON_LAYOUT, Constraint
-from localspec.decoding.masks import allowed_tokens, mask_words
-from localspec.decoding.schema_errors import first_line, regex_problem, schema_problem
+from localspec.decoding.grammar.masks import allowed_tokens, mask_words
+from localspec.decoding.grammar.schema_errors import first_line, regex_problem, schema_problem
 from localspec.errors import ConfigError
 
 log = logging.getLogger(__name__)
