@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.decoding.masks import allowed_tokens
+from localspec.decoding.grammar.masks import allowed_tokens
 
 
 def unpack_mask(masks: np.ndarray, n_vocab: int) -> np.ndarray:

@@ -15,9 +15,9 @@ import pytest
 
 from localspec.settings import constraints, errors
 from localspec.settings.constraints import Constraint
-from localspec.decoding import constraint as C
-from localspec.decoding import masks as M, tokenizer as T
-from localspec.decoding.follower import GrammarFollower
+from localspec.decoding.grammar import compiler as C
+from localspec.decoding.grammar import masks as M, tokenizer as T
+from localspec.decoding.grammar.follower import GrammarFollower
 from localspec.errors import ConfigError, ConstraintError, ModelError
 from localspec.llama.model import Model
 

@@ -32,8 +32,8 @@ from localspec.cli import cli
 from localspec.settings.constraints import Constraint
 from localspec.settings.generation import GenerationConfig
 from localspec.settings.constraints import MAX_JSON_DEPTH, json_depth
-from localspec.decoding import constraint as C
-from localspec.decoding import follower as F, masks as M, tokenizer as T
+from localspec.decoding.grammar import compiler as C
+from localspec.decoding.grammar import follower as F, masks as M, tokenizer as T
 from localspec.decoding.profiles import Profiles
 from localspec.errors import ConfigError, ConstraintError, PromptError, RequestError, exit_code
 from localspec.llama.model import Model

@@ -1,4 +1,4 @@
-"""Constrained generation end to end (localspec.decoding.structured, the engine, the API) on the
+"""Constrained generation end to end (localspec.decoding.grammar.steps, the engine, the API) on the
 tiny models: outputs that finish match their schema with every verifier and drafter; greedy
 speculative output equals the constrained target's own; at T > 0 the output follows the
 constrained target's distribution (two-sample chi-square, with negative controls); bad schemas
@@ -23,7 +23,7 @@ from scipy import stats
 from localspec.api import Generation, Response, generate, stream_generate
 from localspec.settings.constraints import Constraint
 from localspec.settings.generation import GenerationConfig
-from localspec.decoding import follower as F
+from localspec.decoding.grammar import follower as F
 from localspec.decoding.drafters import ModelDrafter
 from localspec.decoding.profiles import Profiles
 from localspec.errors import ConfigError

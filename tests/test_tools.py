@@ -38,8 +38,8 @@ from localspec.api import Response, StopScanner, stream_generate
 from localspec.cli import cli
 from localspec.settings.constraints import Constraint
 from localspec.settings.generation import GenerationConfig
-from localspec.decoding.constraint import compile_constraint
-from localspec.decoding.follower import GrammarFollower
+from localspec.decoding.grammar.compiler import compile_constraint
+from localspec.decoding.grammar.follower import GrammarFollower
 from localspec.errors import ConfigError
 from localspec.decoding.profiles import Profiles
 from localspec.llama.model import Model

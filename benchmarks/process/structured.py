@@ -66,7 +66,7 @@ def shares(task: Task, text: str) -> Shares:
     """Forced and copied tokens of an answer, and whether it is valid (parses as JSON; the grammar
     accepts it complete), replayed through the grammar on the target's vocabulary."""
     from localspec.settings.constraints import Constraint
-    from localspec.decoding.follower import GrammarFollower
+    from localspec.decoding.grammar.follower import GrammarFollower
     from localspec.llama.model import Model
 
     vocab = Model.vocabulary(default_target())
@@ -155,7 +155,7 @@ HEADER = ["| task | tokens | valid | forced % | copied % | ceiling | tokens/pass
 
 def setup_cost() -> list[str]:
     """What building the grammar's tokenizer costs (once per process; the CLI overlaps it with the load)."""
-    from localspec.decoding.tokenizer import build_tokenizer
+    from localspec.decoding.grammar.tokenizer import build_tokenizer
     from localspec.llama.model import Model
 
     vocab = Model.vocabulary(default_target())
