@@ -24,10 +24,11 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from localspec.core.cancel import Cancel, Cancelled
+from localspec.core.entries import Entry, Ticket, loaded_bytes, model_bytes
 from localspec.core.pairs import ModelFile, PairSpec
 from localspec.core.status import CoreStatus, PairStatus, display_name, process_memory
 from localspec.decoding.history import History
@@ -37,35 +38,8 @@ from localspec.loading import Loaded
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_LOADED = 3  # pairs a service keeps loaded at most (LOCALSPEC_MAX_LOADED), as ollama's default on a CPU
-MEMORY_MARGIN = 1.15  # a model needs about its file's size, plus its context and compute buffers
 PROMPT_MEMORY = 256 << 20  # bytes of recent prompts' KV states kept in memory, in front of the disk cache
 POLL = 0.1  # seconds between checks of a waiting call's cancellation
-STOPS = ("interrupted", "terminated")  # reasons a user stops a call (Ctrl-C, SIGTERM)
-
-
-class Cancel:
-    """One call's stop, set once with its reason: "interrupted" (Ctrl-C), "terminated"
-    (SIGTERM), "gone" (its client went away) or "ending" (the service or server stops). A
-    waiting call stops waiting at once; a generation stops between two steps."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.reason: str | None = None
-
-    def set(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None) -> bool:
-        return self._event.wait(timeout)
-
-
-class Cancelled(Exception):
-    """A call stopped before it had its pair (Cancel.reason says why)."""
 
 
 Notify = Callable[[str], None]
@@ -74,47 +48,6 @@ Notify = Callable[[str], None]
 def _quiet(text: str) -> None:
     """A call that nobody is told about (the server logs instead)."""
     log.info("%s", text)
-
-
-@dataclass(eq=False)
-class _Ticket:
-    """A call in a pair's queue."""
-
-    cancel: Cancel
-    since: float = field(default_factory=time.monotonic)
-
-
-@dataclass(eq=False)
-class _Resident:
-    """A target (with the drafts calls brought) and the calls that use it."""
-
-    spec: PairSpec  # the latest call's (its names are what `ps` shows)
-    target: Any = None  # localspec.llama.model.Model once loaded
-    drafts: dict[tuple, Any] = field(default_factory=dict)  # draft key -> LazyModel
-    loading: bool = False
-    holder: _Ticket | None = None
-    queue: list[_Ticket] = field(default_factory=list)
-    calls: int = 0  # leases given back
-    last_used: float = field(default_factory=time.monotonic)
-    keep_alive: float | None = None  # seconds idle before it is unloaded (None: never; `serve`)
-    last_call_seconds: float | None = None
-    bytes: int = 0  # estimated memory (weights, KV cache, buffers)
-    history: History = field(default_factory=History)  # its earlier calls, drafted from (decoding.history)
-
-    @property
-    def busy(self) -> bool:
-        return self.holder is not None
-
-    @property
-    def idle(self) -> bool:
-        return self.holder is None and not self.queue and not self.loading
-
-    def draft_models(self) -> list[Any]:
-        return [d for d in self.drafts.values() if getattr(d, "loaded", True)]
-
-
-def model_bytes(file: ModelFile | None) -> int:
-    return int(MEMORY_MARGIN * file.size) if file is not None else 0
 
 
 class Residency:
@@ -128,15 +61,15 @@ class Residency:
         self._memory = memory or available_memory
         self.prompt_memory = prompt_memory
         self._cond = threading.Condition()
-        self._residents: dict[tuple, _Resident] = {}
+        self._residents: dict[tuple, Entry] = {}
         self._caches: dict[tuple[str, str | None], Any] = {}
         self._profiles: dict[str, Any] = {}
         self.started = time.time()
         self.ending: str | None = None  # why no new call is taken
         self._held: list[Cancel] = []  # the cancellation of every call holding or waiting for a pair
         self.cores = _usable_cores()
-        self._computing: dict[_Ticket, int] = {}  # calls generating -> the threads they use
-        self._waiting_cores: list[_Ticket] = []  # calls waiting for cores, in arrival order
+        self._computing: dict[Ticket, int] = {}  # calls generating -> the threads they use
+        self._waiting_cores: list[Ticket] = []  # calls waiting for cores, in arrival order
 
     # ------------------------------------------------------------ leasing a pair
 
@@ -162,22 +95,22 @@ class Residency:
             with self._cond:
                 self._leave(resident, ticket, keep_alive, started)
 
-    def _join(self, spec: PairSpec, cancel: Cancel, max_queue: int | None) -> tuple[_Resident, _Ticket]:
+    def _join(self, spec: PairSpec, cancel: Cancel, max_queue: int | None) -> tuple[Entry, Ticket]:
         if self.ending is not None:
             raise RequestError(f"localspec is ending ({self.ending}); this call was not started", status=503)
         self._forget_replaced(spec)
         resident = self._residents.get(spec.target_key)
         if resident is None:
-            resident = self._residents[spec.target_key] = _Resident(spec)
+            resident = self._residents[spec.target_key] = Entry(spec)
         if max_queue is not None and len(resident.queue) >= max_queue:
             raise RequestError(f"the server is busy: {max_queue} requests are waiting; retry later", status=503)
         resident.spec = spec
-        ticket = _Ticket(cancel)
+        ticket = Ticket(cancel)
         resident.queue.append(ticket)
         self._held.append(cancel)
         return resident, ticket
 
-    def _wait_turn(self, resident: _Resident, ticket: _Ticket, notify: Notify) -> None:
+    def _wait_turn(self, resident: Entry, ticket: Ticket, notify: Notify) -> None:
         """Until the ticket is first in its pair's queue and the pair is free (told once why)."""
         told = False
         while resident.queue[0] is not ticket or resident.busy:
@@ -192,11 +125,11 @@ class Residency:
         resident.queue.remove(ticket)
         resident.holder = ticket
 
-    def _check(self, ticket: _Ticket) -> None:
+    def _check(self, ticket: Ticket) -> None:
         if ticket.cancel.is_set():
             raise Cancelled(ticket.cancel.reason)
 
-    def _wait_cores(self, ticket: _Ticket, spec: PairSpec, notify: Notify) -> None:
+    def _wait_cores(self, ticket: Ticket, spec: PairSpec, notify: Notify) -> None:
         """Until the cores the call's generation uses are free (the first waiting call first): two
         generations whose threads together outnumber the cores spin against each other in
         llama.cpp's thread pools (measured on 2 cores: 8× slower each, not 2×); one whose threads
@@ -220,7 +153,7 @@ class Residency:
         finally:
             self._waiting_cores.remove(ticket)
 
-    def _leave(self, resident: _Resident, ticket: _Ticket, keep_alive: float | None, started: float) -> None:
+    def _leave(self, resident: Entry, ticket: Ticket, keep_alive: float | None, started: float) -> None:
         self._computing.pop(ticket, None)
         if ticket in resident.queue:
             resident.queue.remove(ticket)
@@ -246,7 +179,7 @@ class Residency:
 
     # ------------------------------------------------------------ loading
 
-    def _ensure_target(self, resident: _Resident, spec: PairSpec, grammar: bool, max_loaded: int, ticket: _Ticket,
+    def _ensure_target(self, resident: Entry, spec: PairSpec, grammar: bool, max_loaded: int, ticket: Ticket,
                        notify: Notify) -> float:
         """Load the target (its holder does, once); the seconds it took (0: it was loaded)."""
         if resident.target is not None:
@@ -262,7 +195,7 @@ class Residency:
                 resident.loading = False
         with self._cond:
             resident.target = target
-            resident.bytes = _target_bytes(target)
+            resident.bytes = loaded_bytes(target)
         return time.perf_counter() - t0
 
     @staticmethod
@@ -275,7 +208,7 @@ class Residency:
             raise ModelError(f"{spec.target.path} changed while it was being loaded; run the call again")
         return target
 
-    def _make_room(self, resident: _Resident, spec: PairSpec, max_loaded: int, ticket: _Ticket,
+    def _make_room(self, resident: Entry, spec: PairSpec, max_loaded: int, ticket: Ticket,
                    notify: Notify) -> None:
         """Before a load: unload idle pairs, the least recently used first, while the new one would
         not fit the memory available or max_loaded; wait (told why) while what is in the way is
@@ -303,7 +236,7 @@ class Residency:
                 told = why
             self._cond.wait(POLL)
 
-    def _draft(self, resident: _Resident, spec: PairSpec, need: bool, lazy: bool) -> tuple[Any, float | None]:
+    def _draft(self, resident: Entry, spec: PairSpec, need: bool, lazy: bool) -> tuple[Any, float | None]:
         """The call's draft: none, the LazyModel the planner loads when it pays, or loaded now."""
         if not need or spec.draft is None:
             return None, None
@@ -327,12 +260,12 @@ class Residency:
         t0 = time.perf_counter()
         model = draft.get()
         with self._cond:
-            resident.bytes = _target_bytes(resident.target) + sum(_target_bytes(d.get()) for d in resident.draft_models())
+            resident.bytes = loaded_bytes(resident.target) + sum(loaded_bytes(d.get()) for d in resident.draft_models())
         return model, time.perf_counter() - t0
 
     # ------------------------------------------------------------ unloading
 
-    def _unload(self, resident: _Resident) -> None:
+    def _unload(self, resident: Entry) -> None:
         self._residents.pop(resident.spec.target_key, None)
         for model in (*resident.drafts.values(), resident.target):
             if model is not None:
@@ -363,7 +296,7 @@ class Residency:
         """Unload the pairs whose status `chosen` picks (a call using one stops between two steps,
         calls waiting for it are cancelled); their statuses as they were."""
         with self._cond:
-            picked = [(r, self._status_of(r)) for r in self._residents.values()]
+            picked = [(r, r.status()) for r in self._residents.values()]
             picked = [(r, s) for r, s in picked if chosen(s)]
             for resident, _ in picked:
                 for ticket in [resident.holder, *resident.queue]:
@@ -413,8 +346,8 @@ class Residency:
                         loaded.target_name, False,
                         PairOptions(target.options, draft.options if draft is not None else target.options))
         with self._cond:
-            resident = self._residents[spec.target_key] = _Resident(spec, target=target)
-            resident.bytes = _target_bytes(target)
+            resident = self._residents[spec.target_key] = Entry(spec, target=target)
+            resident.bytes = loaded_bytes(target)
             if draft is not None:
                 resident.drafts[spec.draft_key] = draft if isinstance(draft, LazyModel) else LazyModel.of(draft)
         return spec
@@ -466,23 +399,10 @@ class Residency:
 
     def status(self) -> CoreStatus:
         with self._cond:
-            pairs = tuple(self._status_of(r) for r in self._residents.values())
+            pairs = tuple(r.status() for r in self._residents.values())
         rss, peak = process_memory()
         return CoreStatus(pid=os.getpid(), started=self.started, memory_bytes=rss, memory_peak_bytes=peak,
                           pairs=pairs, ending=self.ending)
-
-    def _status_of(self, resident: _Resident) -> PairStatus:
-        now = time.monotonic()
-        spec = resident.spec
-        drafts = resident.draft_models()
-        state = "loading" if resident.loading else "busy" if resident.busy else "idle" if resident.target else "waiting"
-        idle = 0.0 if state != "idle" else now - resident.last_used
-        left = None if state != "idle" or resident.keep_alive is None else max(0.0, resident.keep_alive - idle)
-        return PairStatus(name=display_name(spec.target_name), target=spec.target.path,
-                          draft=drafts[0].path.as_posix() if drafts else (spec.draft.path if spec.draft else None),
-                          draft_loaded=bool(drafts), state=state, queued=len(resident.queue), calls=resident.calls,
-                          memory_bytes=resident.bytes, idle_seconds=round(idle, 3), left_seconds=left,
-                          keep_alive_seconds=resident.keep_alive, last_call_seconds=resident.last_call_seconds)
 
 
 def _usable_cores() -> int:
@@ -490,11 +410,3 @@ def _usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
-
-
-def _target_bytes(model: Any) -> int:
-    """A loaded model's memory: its weights and its KV cache."""
-    try:
-        return int(model.size_bytes) + int(model.kv_bytes(model.n_ctx))
-    except Exception:  # noqa: BLE001 - an estimate for `ps`; a closed model counts nothing
-        return 0

@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator
 
 from localspec.settings.generation import GenerationConfig, describe_speculation
 from localspec.core.calls import VERSION, Done, Failed, Note, Ready, Request, Text
-from localspec.core.residency import STOPS, Cancel, Cancelled, Residency
+from localspec.core.cancel import STOPS, Cancel, Cancelled
+from localspec.core.residency import Residency
 from localspec.errors import ConfigError, LocalspecError, ModelError, RequestError
 from localspec.loading import Loaded, draft_loading
 

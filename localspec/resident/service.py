@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from localspec.core.calls import Done, event_json
-from localspec.core.residency import Cancel, Residency
+from localspec.core.cancel import Cancel
+from localspec.core.residency import Residency
 from localspec.core.run import failed, parse_request, run
 from localspec.errors import RequestError
 from localspec.resident import runtime

@@ -16,7 +16,8 @@ from typing import Any
 from localspec.api import Generation
 from localspec.settings.generation import GenerationConfig
 from localspec.core.pairs import PairSpec
-from localspec.core.residency import Cancel, Cancelled, Residency
+from localspec.core.cancel import Cancel, Cancelled
+from localspec.core.residency import Residency
 from localspec.errors import LocalspecError, RequestError
 from localspec.tools import ToolSet
 

@@ -1,0 +1,33 @@
+"""A call's stop: :class:`Cancel`, set once with its reason, which ends the call's wait for its
+pair at once (:class:`Cancelled`) and its generation between two steps."""
+
+from __future__ import annotations
+
+import threading
+
+STOPS = ("interrupted", "terminated")  # reasons a user stops a call (Ctrl-C, SIGTERM)
+
+
+class Cancel:
+    """One call's stop, set once with its reason: "interrupted" (Ctrl-C), "terminated"
+    (SIGTERM), "gone" (its client went away) or "ending" (the service or server stops). A
+    waiting call stops waiting at once; a generation stops between two steps."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: str | None = None
+
+    def set(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._event.wait(timeout)
+
+
+class Cancelled(Exception):
+    """A call stopped before it had its pair (Cancel.reason says why)."""

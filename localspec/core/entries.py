@@ -1,0 +1,78 @@
+"""A residency's entries: one target (with the drafts calls brought) and the calls that use it
+(:class:`Entry`), a call in its queue (:class:`Ticket`), and the memory a pair takes
+(:func:`model_bytes` before it loads, :func:`loaded_bytes` once loaded)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from localspec.core.cancel import Cancel
+from localspec.core.pairs import ModelFile, PairSpec
+from localspec.core.status import PairStatus, display_name
+from localspec.decoding.history import History
+
+MEMORY_MARGIN = 1.15  # a model needs about its file's size, plus its context and compute buffers
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A call in a pair's queue."""
+
+    cancel: Cancel
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
+class Entry:
+    """A target (with the drafts calls brought) and the calls that use it."""
+
+    spec: PairSpec  # the latest call's (its names are what `ps` shows)
+    target: Any = None  # localspec.llama.model.Model once loaded
+    drafts: dict[tuple, Any] = field(default_factory=dict)  # draft key -> LazyModel
+    loading: bool = False
+    holder: Ticket | None = None
+    queue: list[Ticket] = field(default_factory=list)
+    calls: int = 0  # leases given back
+    last_used: float = field(default_factory=time.monotonic)
+    keep_alive: float | None = None  # seconds idle before it is unloaded (None: never; `serve`)
+    last_call_seconds: float | None = None
+    bytes: int = 0  # estimated memory (weights, KV cache, buffers)
+    history: History = field(default_factory=History)  # its earlier calls, drafted from (decoding.history)
+
+    @property
+    def busy(self) -> bool:
+        return self.holder is not None
+
+    @property
+    def idle(self) -> bool:
+        return self.holder is None and not self.queue and not self.loading
+
+    def draft_models(self) -> list[Any]:
+        return [d for d in self.drafts.values() if getattr(d, "loaded", True)]
+
+    def status(self) -> PairStatus:
+        now = time.monotonic()
+        spec = self.spec
+        drafts = self.draft_models()
+        state = "loading" if self.loading else "busy" if self.busy else "idle" if self.target else "waiting"
+        idle = 0.0 if state != "idle" else now - self.last_used
+        left = None if state != "idle" or self.keep_alive is None else max(0.0, self.keep_alive - idle)
+        return PairStatus(name=display_name(spec.target_name), target=spec.target.path,
+                          draft=drafts[0].path.as_posix() if drafts else (spec.draft.path if spec.draft else None),
+                          draft_loaded=bool(drafts), state=state, queued=len(self.queue), calls=self.calls,
+                          memory_bytes=self.bytes, idle_seconds=round(idle, 3), left_seconds=left,
+                          keep_alive_seconds=self.keep_alive, last_call_seconds=self.last_call_seconds)
+
+
+def model_bytes(file: ModelFile | None) -> int:
+    return int(MEMORY_MARGIN * file.size) if file is not None else 0
+
+
+def loaded_bytes(model: Any) -> int:
+    """A loaded model's memory: its weights and its KV cache."""
+    try:
+        return int(model.size_bytes) + int(model.kv_bytes(model.n_ctx))
+    except Exception:  # noqa: BLE001 - an estimate for `ps`; a closed model counts nothing
+        return 0
