@@ -16,7 +16,8 @@ from localspec.settings.generation import GenerationConfig
 from localspec.settings.models import PairOptions
 from localspec.core.calls import Done, Failed, Note, Prompt, Request, Text, event_json, event_of
 from localspec.core.pairs import ModelFile, PairSpec
-from localspec.core.residency import Cancel, Cancelled, Residency
+from localspec.core.cancel import Cancel, Cancelled
+from localspec.core.residency import Residency
 from localspec.core.run import LocalCall, parse_request, run
 from localspec.core.status import CoreStatus
 from localspec.errors import RequestError

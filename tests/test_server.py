@@ -29,7 +29,8 @@ from localspec.cli import cli
 from localspec.settings.generation import GenerationConfig
 from localspec.llama.model import Model
 from localspec.server import ServerLimits, jobs, schemas
-from localspec.core.residency import Cancel, Residency
+from localspec.core.cancel import Cancel
+from localspec.core.residency import Residency
 from localspec.core.status import PairStatus
 from localspec.loading import Loaded
 from localspec.server.app import create_app
