@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from localspec.bench import prompts as prompt_sets, runs as bench
-from localspec.verify import checks as check
+from localspec.bench import checks as check
 from localspec.verify import stats
 from localspec.cli import cli
 from localspec.settings.sampling import SamplingParams

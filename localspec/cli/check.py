@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def _echo(result: Any) -> None:
-    from localspec.verify.checks import format_line
+    from localspec.bench.checks import format_line
 
     click.echo(format_line(result))
     sys.stdout.flush()
@@ -62,7 +62,7 @@ def check(toy_only: bool, model: str | None, draft: str | None, samples: int | N
     localspec check -m target.gguf -d draft.gguf --samples 1000
     localspec check --alpha 1e-4 --seed 7
     """
-    from localspec.verify import checks
+    from localspec.bench import checks
 
     started = time.perf_counter()
     click.echo("toy distributions:")
@@ -85,7 +85,7 @@ def check(toy_only: bool, model: str | None, draft: str | None, samples: int | N
 
 def _pair(model: str | None, draft: str | None, options: PairOptions, samples: int, alpha: float, seed: int,
           lenience: float) -> Any:
-    from localspec.verify.checks import pair_check
+    from localspec.bench.checks import pair_check
 
     loaded = load_pair(model, draft, options)
     try:

@@ -1,6 +1,6 @@
 """A model's vocabulary through llama.cpp: tokenizing, the bytes each token stands for (decoded
 incrementally, UTF-8 safe), the special tokens and markers llama.cpp's tokenizer reads out of
-text, the model's chat template, and llama.cpp's built-in template renderer.
+text and the model's chat template (rendered by localspec.prompt with jinja2).
 
 :class:`Vocabulary` is the vocabulary side of a loaded model (``localspec.llama.model.Model``
 derives from it): it needs the model's ``llama_model_p`` and ``llama_vocab_p`` (``_model`` and
