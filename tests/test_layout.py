@@ -190,3 +190,51 @@ def test_the_commands_the_docs_show_run_their_modules(tmp_path: Path) -> None:
         out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tree_replay.py"), "--help"], cwd=cwd,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and "--answers" in out.stdout, out.stderr
+
+
+# ---------------------------------------------------------------- packages as a whole
+
+def package_graph(graph: dict[str, set[str]], roots: tuple[str, ...]) -> dict[str, set[str]]:
+    """The module graph collapsed to packages: localspec.cli.calls → localspec.cli, a top module
+    (localspec.api) stays itself. A root package's own ``__init__`` (localspec: its lazy public
+    names) is left out, as an edge to it names the package's version, not its contents."""
+    def package(module: str) -> str | None:
+        parts = module.split(".")
+        return ".".join(parts[:2]) if parts[0] in roots and len(parts) > 1 else None
+
+    collapsed: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        source = package(module)
+        if source is None:
+            continue
+        targets = {package(m) for m in imported} - {None, source}
+        collapsed.setdefault(source, set()).update(t for t in targets if t is not None)
+    for targets in list(collapsed.values()):
+        for t in targets:
+            collapsed.setdefault(t, set())
+    return collapsed
+
+
+def test_no_two_packages_import_each_other() -> None:
+    """The layers of docs/design.md's diagram: no cycle between packages (localspec's and the
+    benchmarks'), not only between modules."""
+    graph = package_graph(import_graph({**PACKAGES, **BENCHMARKS}), ("localspec", "benchmarks"))
+    assert "localspec.verify" in graph["localspec.decoding"]  # the checker sees the packages
+    assert "benchmarks.common" in graph["benchmarks.replay"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "packages in a cycle: " + " -> ".join(cycle or [])
+
+
+def test_package_checker_finds_a_cycle() -> None:
+    """Negative control: two packages whose modules import each other one way each are a cycle,
+    though no module imports one that imports it back."""
+    graph = {"pkg.a.x": {"pkg.b.y"}, "pkg.b.y": set(), "pkg.b.z": {"pkg.a.w"}, "pkg.a.w": set()}
+    assert find_cycle(graph) is None
+    assert find_cycle(package_graph(graph, ("pkg",))) in (["pkg.a", "pkg.b", "pkg.a"], ["pkg.b", "pkg.a", "pkg.b"])
+
+
+def test_every_module_is_short() -> None:
+    """A module holds one concern: none of localspec's is longer than MAX_LINES."""
+    long = {module: n for module, path in find_modules(PACKAGES).items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"longer than {MAX_LINES} lines: {long}"
