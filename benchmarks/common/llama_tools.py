@@ -149,9 +149,11 @@ class Server:
             time.sleep(0.5)
         raise RuntimeError("llama-server did not come up in 300 s")
 
-    def request(self, text: str, tokens: int, grammar: str | None = None) -> Run:
-        """One /completion request from a fresh curl process (`grammar`: GBNF the answer follows)."""
-        body: dict[str, Any] = {"prompt": text, "n_predict": tokens, "temperature": 0, "seed": 1, "cache_prompt": True}
+    def request(self, text: str, tokens: int, grammar: str | None = None, cache_prompt: bool = True) -> Run:
+        """One /completion request from a fresh curl process (`grammar`: GBNF the answer follows;
+        `cache_prompt`: the slot reuses what it holds of the prompt, llama-server's default)."""
+        body: dict[str, Any] = {"prompt": text, "n_predict": tokens, "temperature": 0, "seed": 1,
+                                "cache_prompt": cache_prompt}
         if grammar is not None:
             body["grammar"] = grammar
         with tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8") as f:

@@ -21,15 +21,17 @@ def default_target() -> Path:
     return Path(registry.resolve(reg.pairs[reg.default_pair].target))
 
 
-def chat_text(prompt: str) -> str:
-    """The text localspec decodes from for a prompt: the target's chat template, rendered."""
+def chat_text(prompt: str, system: str | None = None) -> str:
+    """The text localspec decodes from for a prompt (and a system message, else the template's
+    default one): the target's chat template, rendered."""
     from localspec.llama.model import Model
     from localspec.prompt import check_messages, render_messages, template_of
 
     vocab = Model.vocabulary(default_target())
     try:
-        return render_messages(vocab, template_of(vocab), check_messages([{"role": "user", "content": prompt}]),
-                               True, None)
+        messages = [*([{"role": "system", "content": system}] if system is not None else []),
+                    {"role": "user", "content": prompt}]
+        return render_messages(vocab, template_of(vocab), check_messages(messages), True, None)
     finally:
         vocab.close()
 

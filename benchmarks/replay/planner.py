@@ -4,6 +4,7 @@
     python benchmarks/planner_replay.py --shadow         # plus the variant that learns from every proposal
     python benchmarks/planner_replay.py --curve 2:1.76,4:3.02,8:7.2,16:8.43,32:14.02   # an earlier run's curve
     python benchmarks/planner_replay.py --population     # plus the best fixed policies for the whole set
+    python benchmarks/planner_replay.py --margins 1,1.05 # plus the planner with other margins (it drafts at 1.1)
 
 The target alone writes each prompt's greedy answer once (the output any lossless speculation at
 T = 0 reproduces); the cost curve is measured in the same process. The real planner then
@@ -63,17 +64,20 @@ from localspec.decoding.profiles import Profile
 
 
 def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens: int, rounds: int,
-          variants: Sequence[bool], population: bool = False) -> list[str]:
+          variants: Sequence[bool], population: bool = False, margins: Sequence[float] = ()) -> list[str]:
     """The replay's markdown table: per answer, the ceiling, the hindsight and self-taught columns,
     (with `population`) the fitted policies, and each variant (False: the planner, True: the
-    shadow planner) from a cold and a warm profile; then geometric means and worst cases."""
+    shadow planner) from a cold and a warm profile, then the planner with each of `margins`;
+    then geometric means and worst cases."""
     cost = CostTable(dict(curve), lambda: prefill)  # passes beyond the curve: a prefill's cost per further token
     names = {False: "baseline", True: "shadow"}
     header = ("| prompt | output tokens | ceiling | best depth per kind, in hindsight | uncapped, taught on this answer |"
               + (" one depth per kind for every prompt | the same, fitted on the other prompts |" if population else "")
-              + "".join(f" {names[v]} cold | {names[v]} warm |" for v in variants))
-    lines = [header, "|" + " --- |" + " ---: |" * (4 + 2 * population + 2 * len(variants))]
+              + "".join(f" {names[v]} cold | {names[v]} warm |" for v in variants)
+              + "".join(f" margin {m:g} cold | margin {m:g} warm |" for m in margins))
+    lines = [header, "|" + " --- |" + " ---: |" * (4 + 2 * population + 2 * len(variants) + 2 * len(margins))]
     warm = {v: warm_profile(answers, curve, prefill, cost, max_tokens, rounds, v) for v in variants}
+    warm_margin = {m: warm_profile(answers, curve, prefill, cost, max_tokens, rounds, False, margin=m) for m in margins}
     fitted = [population_speedups(answers, cost, max_tokens, loo) for loo in (False, True)] if population else []
     rows: dict[str, list[float]] = {}
     for name, (prompt, output) in answers.items():
@@ -85,6 +89,10 @@ def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens:
             cells.append(speedup(fresh_profile(curve, prefill, False), prompt, output, cost, max_tokens, v))
             snapshot = Profile.from_json(warm[v].to_json())  # each prompt replayed from the same warm profile
             cells.append(speedup(snapshot, prompt, output, cost, max_tokens, v))
+        for m in margins:
+            cells.append(speedup(fresh_profile(curve, prefill, False), prompt, output, cost, max_tokens, False, margin=m))
+            snapshot = Profile.from_json(warm_margin[m].to_json())
+            cells.append(speedup(snapshot, prompt, output, cost, max_tokens, False, margin=m))
         rows[name] = cells
         label = f"{name} (grounded)" if name in REPLAY_GROUNDED else name
         lines.append(f"| {label} | {len(output)} | " + " | ".join(f"{x:.2f}×" for x in cells) + " |")
@@ -111,6 +119,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--population", action="store_true",
                    help="also the best fixed depth per kind for the whole set of prompts, fitted on the set and on "
                         "the other prompts (leave one out: one fit per prompt, minutes)")
+    p.add_argument("--margins", type=lambda s: tuple(float(x) for x in s.split(",")), default=(), metavar="M,...",
+                   help="also the planner with each of these margins (the predicted speedup a draft must reach; "
+                        "the planner's own: 1.1), cold and warm")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--curve", type=parse_curve, default=None, metavar="N:RATIO,...",
                    help="replay with this cost curve, c(n)/c(1) by pass size (as printed at the end of a run, "
@@ -124,6 +135,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     check_prompts(p, args.prompts, REPLAY_PROMPTS)
     if args.tokens < 2 or args.warm_rounds < 0:
         p.error("--tokens must be >= 2 and --warm-rounds >= 0")
+    if any(not 0.5 <= m <= 2 for m in args.margins):
+        p.error("--margins: each between 0.5 and 2 (a predicted speedup over the target alone)")
     if args.prefill_rate is not None and (args.curve is None or not 0 < args.prefill_rate < 1):
         p.error("--prefill-rate needs --curve and must be between 0 and 1 (a prefill token is cheaper than a step)")
     return args
@@ -140,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         answers, curve, prefill = measure(args, prompts)
     variants = [False, True] if args.shadow else [False]
-    print("\n".join(table(answers, curve, prefill, args.tokens, args.warm_rounds, variants, args.population)))
+    print("\n".join(table(answers, curve, prefill, args.tokens, args.warm_rounds, variants, args.population,
+                           args.margins)))
     c1 = curve[1]
     print("\nn-gram decode speedup over the target alone; cost curve c(n)/c(1): "
           + ", ".join(f"{n}: {curve[n] / c1:.2f}" for n in sorted(curve)) + f"; prefill {prefill / c1:.2f} c(1)/token")

@@ -99,32 +99,35 @@ def fresh_profile(curve: dict[int, float], prefill: float, warm_costs: bool) -> 
     return profile
 
 
-def planner_for(profile: Profile, uncapped: bool = False, shadow: bool = False) -> Planner:
+def planner_for(profile: Profile, uncapped: bool = False, shadow: bool = False, margin: float | None = None) -> Planner:
     """A planner of the engine's default shape that learns into `profile` (`uncapped`: one that
     drafts any kind as deep as its acceptance says pays, however little explored; `shadow`: one
-    that learns from every proposal)."""
+    that learns from every proposal; `margin`: the predicted speedup a draft must reach, instead
+    of Planner.margin)."""
     if shadow and uncapped:
         raise ValueError("a replay's planner is the planner, the uncapped one or the shadow one, not two variants")
-    kind = ShadowPlanner if shadow else UncappedPlanner if uncapped else Planner
+    kind: type[Planner] = ShadowPlanner if shadow else UncappedPlanner if uncapped else Planner
+    if margin is not None:
+        kind = type(f"{kind.__name__}Margin", (kind,), {"margin": margin})
     return kind(ReplayTarget(), GenerationConfig().shape, profiles=Profiles.in_memory(), profile=profile)
 
 
 def speedup(profile: Profile, prompt: Sequence[int], output: Sequence[int], cost: CostTable, max_tokens: int,
-            shadow: bool, uncapped: bool = False) -> float:
+            shadow: bool, uncapped: bool = False, margin: float | None = None) -> float:
     """The replayed decode's speed over the target alone's, starting from `profile`."""
-    got = replay(planner_for(profile, uncapped, shadow), prompt, output, cost, max_tokens)
+    got = replay(planner_for(profile, uncapped, shadow, margin), prompt, output, cost, max_tokens)
     return len(output) * cost(1) / got.seconds
 
 
 def warm_profile(answers: Mapping[str, tuple[list[int], list[int]]], curve: dict[int, float], prefill: float,
                  cost: Callable[[int], float], max_tokens: int, rounds: int, shadow: bool,
-                 uncapped: bool = False) -> Profile:
+                 uncapped: bool = False, margin: float | None = None) -> Profile:
     """The profile after replaying every answer `rounds` times in order (acceptance counts capped
     between generations as the profile store caps them)."""
     profile = fresh_profile(curve, prefill, warm_costs=True)
     for _ in range(rounds):
         for prompt, output in answers.values():
-            replay(planner_for(profile, uncapped, shadow), prompt, output, cost, max_tokens)
+            replay(planner_for(profile, uncapped, shadow, margin), prompt, output, cost, max_tokens)
             profile.cap_acceptance()
     return profile
 

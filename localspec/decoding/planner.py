@@ -70,6 +70,7 @@ class Planner:
     """Chooses each step's draft depth for one target and its drafters."""
 
     acceptance_type: type[Acceptance] = Acceptance  # what tracks each kind's acceptance (a replay may vary it)
+    margin: float = MARGIN  # the predicted speed over the target alone's a draft must reach (a replay may vary it)
 
     def __init__(self, target: Profiled, shape: Shape, sampled: bool = False, *, profiles: Profiles,
                  profile: Profile | None = None) -> None:
@@ -209,7 +210,7 @@ class Planner:
         expected = acc.expectations(limit)
         certain = acc.prior == 0.0 and not any(acc.rejected)  # forced tokens: nothing to lose
         saved = float("inf") if certain or self.saved is None else self.saved
-        best, best_rate = 0, MARGIN / c1
+        best, best_rate = 0, self.margin / c1
         for d in range(1, limit + 1):
             cost = self.step_cost(drafter, d, lag)
             if d > FIRST_TRY and cost - c1 > saved:
