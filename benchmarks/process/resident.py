@@ -3,7 +3,8 @@
 Per prompt, alternated, medians over --repeat rounds, T = 0, the default pair and settings:
 
 * first call: no service running (``localspec stop --all`` before it): the call starts one;
-* later call: served by the service the earlier calls left (nothing loaded);
+* later call: served by the service the earlier calls left (nothing loaded); beside it, alternated,
+  a later call of the target alone (``-d none -k 0``, a question of its own), the issue's floor;
 * --keep-alive 0: the call in its own process, as every call was before resident models;
 * llama.cpp's ``llama-completion`` on the same rendered prompt (``--prompt-cache FILE`` for the
   document question, an equivalent GBNF grammar for the extraction), built natively from the
@@ -19,6 +20,7 @@ service's time for the call, which its ``--json`` timings report), the client's 
 
     python benchmarks/resident.py
     python benchmarks/resident.py --prompts code,extract --repeat 2 --no-llama
+    python benchmarks/resident.py --later-only --no-repeated   # later calls against the target alone only
 
 Progress goes to stderr, the markdown tables to stdout.
 """
@@ -41,7 +43,7 @@ from benchmarks.common.host import host_header
 from benchmarks.common.llama_tools import LLAMA_NGRAM_TYPES, Server, llama_completion, native_llama_tools
 from benchmarks.common.options import progress
 from benchmarks.common.prompts import PROMPTS as H2H_PROMPTS, QUESTIONS, document
-from benchmarks.common.runs import Run, localspec_json, run_localspec
+from benchmarks.common.runs import TARGET_ALONE, Run, localspec_json, run_localspec
 from benchmarks.common.schemas import TASKS, gbnf
 from benchmarks.common.target import chat_text
 
@@ -194,7 +196,7 @@ def measure(args: argparse.Namespace, ls: Localspec, bindir: Path | None) -> dic
             completion(bindir, PROMPTS[name], rendered(PROMPTS[name], ls.doc, "warm-doc"), args.tokens, args.threads,
                        ls.root)
     for r in range(args.repeat):
-        for name in args.prompts:
+        for name in [] if args.later_only else args.prompts:
             prompt, got = PROMPTS[name], results[name]
             progress(f"round {r + 1}/{args.repeat}: {name}, first call and --keep-alive 0")
             for kind in (("first", "keep-alive 0") if r % 2 == 0 else ("keep-alive 0", "first")):
@@ -207,9 +209,12 @@ def measure(args: argparse.Namespace, ls: Localspec, bindir: Path | None) -> dic
                                ls.root))
         ls.call(PROMPTS[args.prompts[-1]], f"{r}.between")  # a service up (untimed), its last call another question
         for name in args.prompts:
-            progress(f"round {r + 1}/{args.repeat}: {name}, a later call")
+            progress(f"round {r + 1}/{args.repeat}: {name}, a later call and one of the target alone")
             got = results[name]
-            got.setdefault("later", []).append(ls.call(PROMPTS[name], f"{r}.later"))
+            for kind in ("later", "later, target alone") if r % 2 == 0 else ("later, target alone", "later"):
+                alone = kind != "later"  # its own question: nothing the other call decoded or wrote serves it
+                got.setdefault(kind, []).append(ls.call(PROMPTS[name], f"{r}.{'alone' if alone else 'later'}",
+                                                        extra=TARGET_ALONE if alone else ()))
             got.setdefault("client", []).append(_client_cost(ls, got["later"][-1]))
     if bindir is not None:
         for spec_type in (None, *LLAMA_NGRAM_TYPES):
@@ -283,9 +288,14 @@ def _client_cost(ls: Localspec, later: Run) -> Run:
     return Run(later.wall - float(later.data.get("timings", {}).get("service")), 1)
 
 
-def speed_table(results: dict[str, dict[str, list[Run]]], with_llama: bool) -> list[str]:
-    head = "| prompt | tokens | first call s | later calls s | --keep-alive 0 s | first vs keep-alive 0 |"
-    rule = "| --- | ---: | ---: | ---: | ---: | ---: |"
+def speed_table(results: dict[str, dict[str, list[Run]]], with_llama: bool, later_only: bool = False) -> list[str]:
+    """Per prompt: the first call, later calls, --keep-alive 0 calls (not with `later_only`); a later
+    call against one of the target alone; and (`with_llama`) against llama-completion and llama-server."""
+    if later_only:
+        return alone_table(results)
+    head = ("| prompt | tokens | first call s | later calls s | --keep-alive 0 s | first vs keep-alive 0 "
+            "| later vs the target alone (later) |")
+    rule = "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
     if with_llama:
         head += (" llama-completion s | llama-server s | llama-server n-gram s (mode) | later vs llama-completion |"
                  " later vs llama-server | later vs llama-server n-gram |")
@@ -295,7 +305,8 @@ def speed_table(results: dict[str, dict[str, list[Run]]], with_llama: bool) -> l
         later = got["later"]
         row = (f"| {name} | {statistics.median(s.tokens for s in later):.0f} | {med(got['first']):.2f} | "
                f"{med(later):.2f} | {med(got['keep-alive 0']):.2f} | "
-               f"{med(got['first']) / med(got['keep-alive 0']):.2f}× |")
+               f"{med(got['first']) / med(got['keep-alive 0']):.2f}× | "
+               f"{per_token(got['later, target alone']) / per_token(later):.2f}× |")
         if with_llama:
             ngram = {k: v for k, v in got.items() if k.startswith("server ngram")}
             best = min(ngram, key=lambda k: per_token(ngram[k]))
@@ -305,6 +316,17 @@ def speed_table(results: dict[str, dict[str, list[Run]]], with_llama: bool) -> l
                     f"**{per_token(got['server alone']) / per_token(later):.2f}×** | "
                     f"{per_token(ngram[best]) / per_token(later):.2f}× |")
         lines.append(row)
+    return lines
+
+
+def alone_table(results: dict[str, dict[str, list[Run]]]) -> list[str]:
+    """Later calls against later calls of the target alone (`-d none -k 0`), per prompt."""
+    lines = ["| prompt | tokens | later calls s | the target alone s | later vs the target alone |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name, got in results.items():
+        later, alone = got["later"], got["later, target alone"]
+        lines.append(f"| {name} | {statistics.median(s.tokens for s in later):.0f} | {med(later):.2f} | {med(alone):.2f} "
+                     f"| **{per_token(alone) / per_token(later):.2f}×** |")
     return lines
 
 
@@ -337,6 +359,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-llama", action="store_true", help="skip llama-completion and llama-server")
     p.add_argument("--no-repeated", action="store_true", help="skip the repeated-work sets")
+    p.add_argument("--later-only", action="store_true",
+                   help="only later calls against later calls of the target alone (no first calls, no llama.cpp)")
     p.add_argument("--only-repeated", action="store_true", help="only the repeated-work sets")
     args = p.parse_args(argv)
     args.prompts = [n.strip() for n in args.prompts.split(",") if n.strip()]
@@ -350,7 +374,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    bindir = None if args.no_llama else native_llama_tools()
+    bindir = None if args.no_llama or args.later_only else native_llama_tools()
     with tempfile.TemporaryDirectory(prefix="resident-bench-") as tmp:
         ls = Localspec(Path(tmp), args.tokens, args.threads)
         try:
@@ -359,12 +383,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results = measure(args, ls, bindir)
                 lines += [f"{args.tokens} tokens, T = 0, medians of {args.repeat} alternated rounds; "
                           "ratios of wall time per generated token (higher: localspec faster).", "",
-                          *speed_table(results, bindir is not None), ""]
+                          *speed_table(results, bindir is not None, args.later_only), ""]
                 if bindir is not None:
                     lines += ["The same T = 0 text as llama-server alone (the same prompt, the same question), "
                               "of the rounds: " + ", ".join(f"{n} {a}/{b}" for n, (a, b) in same_text(results).items()),
                               ""]
-                lines += overhead_table(results, ls, args)
+                if not args.later_only:
+                    lines += overhead_table(results, ls, args)
             if not args.no_repeated:
                 from benchmarks.process import repeated
 
