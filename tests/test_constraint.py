@@ -1,5 +1,5 @@
-"""The constraint engine (localspec.settings.constraints; localspec.decoding: constraint, tokenizer, masks,
-follower): specs, validation before decoding, the tokenizer from a GGUF vocabulary, and the
+"""The constraint engine (localspec.settings.constraints; localspec.decoding.grammar: compiler, tokenizer,
+masks, follower): specs, validation before decoding, the tokenizer from a GGUF vocabulary, and the
 grammar matcher that follows a model's tokens."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import llguidance
 import numpy as np
 import pytest
 
-from localspec.settings import constraints, errors
+from localspec import errors
+from localspec.settings import constraints
 from localspec.settings.constraints import Constraint
 from localspec.decoding.grammar import compiler as C
 from localspec.decoding.grammar import masks as M, tokenizer as T

@@ -63,7 +63,9 @@ class GenerationStats:
                 "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
                 "accept_histogram": list(self.accept_histogram), "verifier_share": self.verifier_share,
                 "accepted_by_kind": dict(self.accepted_by_kind), "constraint_seconds": self.constraint_seconds,
-                "cached_tokens": self.cached_tokens, "depth_limits": dict(self.depth_limits)}
+                "cached_tokens": self.cached_tokens, "depth_limits": dict(self.depth_limits),
+                "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
+                "verify_seconds": self.verify_seconds}
 
     def to_json(self) -> dict:
         """Every field as JSON values (from_json reads it back exactly)."""

@@ -14,13 +14,10 @@ methods decode into sequence 0 or trim it, so what it says is what the cache hol
   1..n-1 sharing the prefix and keep the accepted path as sequence 0,
 * :meth:`commit` appends committed tokens, :meth:`rollback` withdraws them.
 
-It also holds earlier contexts (:attr:`held`, up to :data:`HELD` of at least :data:`MIN_HELD`
-tokens) in spare KV sequences of the same cache, counted from the last sequence down: a context
-that a new prompt replaces is held, not dropped, and a later prompt that shares a longer prefix
-with a held context than with the current one takes it back with a copy of sequence tags (no
-state copied, no prefill): a follow-up about a document after other calls came between. Held
-contexts give way to a step's branches (which use sequences 1, 2, ...) and, the least recently
-used first, to a batch the cache has no room for.
+An earlier context that a new prompt replaced comes back from the prompt cache (its memory
+entries restore in a few milliseconds), not from spare KV sequences of the same cache: cells held
+there would widen the attention of every later call's every token (llama.cpp attends over the
+unified cache up to its last used cell; measured, 3-8% of a later call's prefill and decode).
 
 Its followers (:class:`Follower`: the stop-string scanner, a grammar matcher) see every commit
 and rollback, so they always describe the same tokens. A cache whose state is not known (an
@@ -30,11 +27,6 @@ operation failed half-way) is marked untrusted and is cleared by the next :meth:
 from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
-
-from localspec.errors import ContextFull
-
-HELD = 3  # earlier contexts a cache holds beside the current one
-MIN_HELD = 64  # tokens: a shorter context costs about as little to prefill again
 
 
 class CachedModel(Protocol):
@@ -87,7 +79,6 @@ class KVSequence:
         # the index of the token whose logits are the last decode's output row 0, when that decode
         # was a fill ending with it (a prompt's prefill: the first step's root); None otherwise
         self.logits_at: int | None = None
-        self.held: dict[int, list[int]] = {}  # spare KV sequence -> the earlier context it holds (LRU first)
 
     @property
     def pending(self) -> int:
@@ -98,69 +89,20 @@ class KVSequence:
 
     def start(self, prompt: Sequence[int]) -> int:
         """Make `prompt` the context: the cache keeps the longest prefix (at most all of the prompt
-        but its last token) it shares with the last context or a held one, and holds the last
-        context when the prompt replaces most of it. Returns the number of prompt tokens that need
-        no decoding."""
+        but its last token) it shares with the last context. Returns the number of prompt tokens
+        that need no decoding."""
         if not self._trusted:
             self.clear()
-        head = prompt[: len(prompt) - 1]
-        keep = common_prefix(self.tokens[: self.n_cached], head)
-        self._hold(keep)
-        source, found = max(((sid, common_prefix(tokens, head)) for sid, tokens in self.held.items()),
-                            key=lambda item: item[1], default=(None, 0))
-        if source is not None and found > keep:
-            self.model.seq_rm(0, -1, -1)
-            self.model.seq_cp(source, 0, 0, found)  # the held cells are sequence 0's too: nothing decoded
-            self.held[source] = self.held.pop(source)  # the most recently used now
-            keep = found
-        else:
-            self.model.seq_rm(0, keep, -1)
+        keep = self.reusable(prompt)
+        self.model.seq_rm(0, keep, -1)
         self.tokens, self.n_cached, self._branches, self.logits_at = list(prompt), keep, 1, None
         for f in self.followers:
             f.reset(self.tokens)
         return keep
 
     def reusable(self, prompt: Sequence[int]) -> int:
-        """The prompt tokens start() would find in the cache (the current context or a held one)."""
-        head = prompt[: len(prompt) - 1]
-        return max([common_prefix(self.tokens[: self.n_cached], head),
-                    *(common_prefix(tokens, head) for tokens in self.held.values())])
-
-    def _hold(self, keep: int) -> None:
-        """Hold the cached context in a spare sequence before a new prompt that keeps `keep` of it
-        replaces it: when it is long enough, most of it would go, and a sequence is spare."""
-        n = self.n_cached
-        if HELD < 1 or n < MIN_HELD or n - keep < MIN_HELD or self._n_seq_max() < 3:
-            return
-        tokens = self.tokens[:n]
-        for sid, held in list(self.held.items()):  # what the new one holds too is no longer needed
-            if common_prefix(held, tokens) == len(held):
-                self._drop(sid)
-        while self.held and len(self.held) >= HELD:
-            self._drop(next(iter(self.held)))
-        sid = next(s for s in range(self._n_seq_max() - 1, 0, -1) if s not in self.held)
-        self.model.seq_rm(sid, -1, -1)
-        self.model.seq_cp(0, sid, 0, n)
-        self.held[sid] = tokens
-
-    def _drop(self, sid: int) -> None:
-        self.model.seq_rm(sid, -1, -1)
-        del self.held[sid]
-
-    def _n_seq_max(self) -> int:
-        options = getattr(self.model, "options", None)
-        return int(getattr(options, "n_seq_max", 1))
-
-    def _room(self, decode: Any) -> Any:
-        """Run `decode()`; where the cache has no room for its batch (llama.cpp leaves the cache
-        as it was), give up the held contexts, the least recently used first, and try again."""
-        while True:
-            try:
-                return decode()
-            except ContextFull:
-                if not self.held:
-                    raise
-                self._drop(next(iter(self.held)))
+        """The prompt tokens start() would keep of the cached context."""
+        return common_prefix(self.tokens[: self.n_cached], prompt[: len(prompt) - 1])
 
     def restore(self, tokens: Sequence[int], load: Any, keep: int) -> bool:
         """Replace the cache by a saved state of `tokens` (`load()`: loads it into the empty
@@ -183,7 +125,6 @@ class KVSequence:
         """Empty the cache and the context."""
         self.model.clear_memory()
         self.tokens, self.n_cached, self._branches, self._trusted, self.logits_at = [], 0, 1, True, None
-        self.held = {}
         for f in self.followers:
             f.reset(self.tokens)
 
@@ -199,19 +140,17 @@ class KVSequence:
         chunk = self.tokens[self.n_cached: upto]
         self._trusted, self.logits_at = False, None
         if outputs == "all":
-            self._room(lambda: self.model.decode(chunk, range(self.n_cached, upto), outputs="all"))
+            self.model.decode(chunk, range(self.n_cached, upto), outputs="all")
         else:
             self._prefill(chunk)
         self.n_cached, self._trusted = upto, True
         self.logits_at = upto - 1 if outputs == "last" else None
 
     def _prefill(self, chunk: Sequence[int]) -> None:
-        """A prefill in n_batch chunks, each given room (a failed chunk leaves the earlier ones)."""
+        """A prefill in n_batch chunks (a failed chunk leaves the earlier ones)."""
         step = getattr(self.model, "n_batch", len(chunk)) or len(chunk)
         for lo in range(0, len(chunk), step):
-            part = chunk[lo: lo + step]
-            start = self.n_cached + lo
-            self._room(lambda: self.model.prefill(part, start))
+            self.model.prefill(chunk[lo: lo + step], self.n_cached + lo)
 
     def redecode_last(self) -> None:
         """Drop the last cached token so that it is decoded again (its logits are needed with
@@ -224,12 +163,9 @@ class KVSequence:
     # ------------------------------------------------------------------ a step's branches
 
     def fork(self, branches: int) -> None:
-        """Copy sequence 0 to sequences 1..branches-1: the paths of a step's draft share the prefix
-        (a held context in one of those gives way)."""
+        """Copy sequence 0 to sequences 1..branches-1: the paths of a step's draft share the prefix."""
         self._trusted = False
         for s in range(1, branches):
-            if s in self.held:
-                self._drop(s)
             self.model.seq_cp(0, s)
         self._branches = branches
 
@@ -237,7 +173,7 @@ class KVSequence:
                outputs: str = "all") -> int:
         """Decode a step's batch on the forked sequences (logits rows: see Model.decode)."""
         self._trusted, self.logits_at = False, None
-        return self._room(lambda: self.model.decode(tokens, positions, seq_ids, outputs=outputs))
+        return self.model.decode(tokens, positions, seq_ids, outputs=outputs)
 
     def keep_branch(self, branch: int, n_cached: int) -> None:
         """End the step (after committing its tokens): sequence 0 holds positions [0, n_cached)
@@ -245,7 +181,7 @@ class KVSequence:
         sequence is left."""
         model, n_cached = self.model, min(n_cached, len(self.tokens))
         model.seq_rm(branch, n_cached, -1)
-        if self._branches > 1:  # the step's other sequences go (not the held contexts)
+        if self._branches > 1:  # the step's other sequences go
             for s in range(self._branches):
                 if s != branch:
                     model.seq_rm(s, -1, -1)

@@ -69,6 +69,9 @@ class Speculative(_Wire):
     constraint_seconds: float
     cached_tokens: int
     depth_limits: dict[str, int]  # steps drafted below num_draft_tokens, by reason (localspec.decoding.depth)
+    draft_seconds: float  # drafting (draft model passes, lookups, the planner)
+    target_seconds: float  # the target's passes
+    verify_seconds: float  # the verifier
 
     @classmethod
     def of(cls, config: GenerationConfig, stats: GenerationStats) -> Speculative:
