@@ -139,8 +139,10 @@ def _options_with_envvar(command: click.Command) -> list[tuple[str, click.Option
     for param in command.params:
         if isinstance(param, click.Option) and param.envvar:
             out.append((command.name or "", param))
-    for sub in getattr(command, "commands", {}).values():
-        out += _options_with_envvar(sub)
+    if isinstance(command, click.Group):  # every command, loaded (the root group loads them when they run)
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            out += _options_with_envvar(command.get_command(ctx, name))
     return out
 
 

@@ -25,10 +25,18 @@ from localspec.settings.files import SPEC_LIMIT, read_user_text
 # ---------------------------------------------------------------- errors
 
 
+ENV_SOURCES = "localspec.env_sources"  # ctx.meta: option name -> its variable, as values are read
+
+
 def env_source(ctx: click.Context | None, name: str | None) -> str | None:
     """The environment variable the value of option `name` came from (None: the command line or
-    its default), from click's own record of each value's source."""
-    if ctx is None or not name or ctx.get_parameter_source(name) is not ParameterSource.ENVIRONMENT:
+    its default), from click's own record of each value's source (once the value is converted)
+    or EnvOption's (while it is: click 8.5 records the source after the conversion)."""
+    if ctx is None or not name:
+        return None
+    if name in ctx.meta.get(ENV_SOURCES, {}):
+        return ctx.meta[ENV_SOURCES][name]
+    if ctx.get_parameter_source(name) is not ParameterSource.ENVIRONMENT:
         return None
     option = next((p for p in ctx.command.params if p.name == name), None)
     envvar = getattr(option, "envvar", None)
@@ -44,6 +52,12 @@ def env_sources(ctx: click.Context) -> dict[str, str]:
 class EnvOption(click.Option):
     """An option whose default comes from an environment variable (localspec.settings.environment): a bad
     value from the variable is reported as the flag's, naming the variable too."""
+
+    def consume_value(self, ctx: click.Context, opts: Any) -> tuple[Any, ParameterSource]:
+        value, source = super().consume_value(ctx, opts)
+        if source is ParameterSource.ENVIRONMENT and isinstance(self.envvar, str) and self.name:
+            ctx.meta.setdefault(ENV_SOURCES, {})[self.name] = self.envvar
+        return value, source
 
     def get_error_hint(self, ctx: Any) -> str:
         hint = super().get_error_hint(ctx)
