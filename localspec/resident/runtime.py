@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from typing import Iterator
 
 import localspec
-from localspec.settings import locations
+from localspec.settings import environment, locations
 from localspec.settings.files import private_dir
 from localspec.resident.protocol import Channel
 
@@ -67,7 +67,8 @@ def service_name() -> str:
     for part in (localspec.__version__, os.path.dirname(os.path.abspath(localspec.__file__)),
                  os.fspath(locations.cache_root().absolute()), os.fspath(profile_dir().absolute())):
         digest.update(os.fsencode(part) + b"\0")
-    for name, value in sorted(os.environb.items()):
+    defaults = {os.fsencode(k): os.fsencode(v) for k, v in environment.PROCESS_DEFAULTS.items()}
+    for name, value in sorted({**defaults, **os.environb}.items()):  # as a command line's process sees it
         if name.startswith(ENV_PREFIXES) or name in ENV_NAMES:
             digest.update(name + b"=" + value + b"\0")
     return f"service-{digest.hexdigest()[:12]}"

@@ -266,12 +266,16 @@ def unknown(environ: Mapping[str, str] | None = None) -> list[str]:
     return out
 
 
+PROCESS_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1"}  # what quiet_blas sets where the user did not
+
+
 def quiet_blas() -> None:
     """numpy's OpenBLAS threads busy-wait on the cores llama.cpp and the verifier need, and
     localspec does no BLAS work: one thread, unless the user set it. Called by the processes
     localspec starts (the command line, the resident service, a kernel check) before numpy loads;
     a program using the Python API decides for itself."""
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    for name, value in PROCESS_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 def format_duration(seconds: float) -> str:
