@@ -234,6 +234,10 @@ class Service:
         except RequestError as exc:
             emit(failed(exc))
             return
+        except Exception as exc:  # noqa: BLE001 - a bug: logged, and the client told (not "the service ended")
+            log.exception("a call could not be read")
+            emit(failed(exc))
+            return
         threading.Thread(target=_follow, args=(channel, cancel), name="client-reader", daemon=True).start()
         with self.logs.following(emit, request.log_level):
             run(self.residency, request, cancel, emit)
