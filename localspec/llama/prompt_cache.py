@@ -171,7 +171,7 @@ class PromptCache(PromptStore):
 
     def _restore(self, model: Any, prompt: Sequence[int]) -> int:
         sequence = model.sequence
-        held = sequence.reusable(prompt)  # the current context's or a held one's (KVSequence.start takes it)
+        held = sequence.reusable(prompt)  # what the cache holds of it already (KVSequence.start keeps it)
         if self._off(model):
             return held
         in_memory = self._memory_best(model, prompt) if self._memory else None
