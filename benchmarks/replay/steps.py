@@ -15,20 +15,16 @@ replay starts from holds what a prefill measures.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
-
-from localspec.settings.generation import GenerationConfig
-from localspec.settings.sampling import SamplingParams
-from localspec.decoding.drafters import DraftProposal, NGramDrafter
-from localspec.decoding.lookup import ContextLookup
-from localspec.decoding.policy import Policy
-from localspec.decoding.state import NO_DRAFT, Draft
 
 from benchmarks.replay.ceiling import matched_run
-
-if TYPE_CHECKING:
-    from localspec.llama.sequence import KVSequence
+from localspec.decoding.drafters import DraftProposal, NGramDrafter
+from localspec.decoding.lookup import ContextLookup
+from localspec.decoding.policy import FixedPolicy, Policy
+from localspec.decoding.state import NO_DRAFT, Draft
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.sampling import SamplingParams
 
 SHAPE = GenerationConfig().shape  # the engine's default draft shape (a chain)
 DEPTH = SHAPE.depth  # the engine's default draft depth
@@ -46,11 +42,12 @@ class Replay:
     accepted: int
 
 
-class FixedDepths:
+class FixedDepths(FixedPolicy):
     """A fixed policy: that many tokens of every proposal of a kind (a kind it does not name: none).
-    It learns nothing."""
+    It learns nothing (FixedPolicy's prefill, observe_step and finish)."""
 
     def __init__(self, depths: Mapping[str, int]) -> None:
+        super().__init__(())
         self.depths = depths  # kept as given (a mapping may answer .get for every kind)
 
     def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
@@ -59,15 +56,6 @@ class FixedDepths:
             levels = min(self.depths.get(proposal.kind, 0), proposal.levels)
             return (proposal, levels) if levels > 0 else None
         return None
-
-    def prefill(self, sequence: KVSequence, upto: int) -> None:
-        sequence.fill(upto)
-
-    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float, new: Sequence[int]) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
 
 
 def answer_ends(output: Sequence[int], max_tokens: int) -> Callable[[int], bool] | None:
