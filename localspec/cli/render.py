@@ -48,15 +48,23 @@ def stop_signals() -> Iterator[None]:
     """Within the block, Ctrl-C raises KeyboardInterrupt and SIGTERM Terminated in the main
     thread, whatever dispositions the process inherited (a script's background job starts it
     with SIGINT ignored). Elsewhere (a thread): unchanged."""
+    with _handling(_raise):
+        yield
+
+
+@contextlib.contextmanager
+def _handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """Within the block, `handler` takes SIGINT and SIGTERM (in the main thread; elsewhere
+    signals cannot be handled and nothing changes); the previous handlers after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 @contextlib.contextmanager
@@ -65,9 +73,6 @@ def stopping(call: Any, output_started: Callable[[], bool], leave: bool = True) 
     ends within one step and says so (its Done has `stopped`); before (waiting, loading,
     prefilling) and at a second signal, the signal is raised here, for the command to leave at
     once; unless not `leave` (a chat's reply: the chat goes on after it)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     signals = 0
 
     def handler(signum: int, frame: Any) -> None:
@@ -77,12 +82,8 @@ def stopping(call: Any, output_started: Callable[[], bool], leave: bool = True) 
         if leave and (signals > 1 or not output_started()):
             _raise(signum, frame)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with _handling(handler):
         yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
 
 
 def write_text(text: str, drafted: bool, colour: bool) -> None:
