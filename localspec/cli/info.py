@@ -35,8 +35,9 @@ def _version(package: str) -> str | None:
 
 
 def _cpus() -> dict:
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu_count": os.cpu_count(), "usable_cpus": usable}
+    from localspec.llama.host import usable_cores
+
+    return {"cpu_count": os.cpu_count(), "usable_cpus": usable_cores()}
 
 
 # ---------------------------------------------------------------- llama.cpp

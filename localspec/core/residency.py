@@ -56,7 +56,7 @@ class Residency:
     each prompt cache keeps in memory."""
 
     def __init__(self, memory: Callable[[], int | None] | None = None, prompt_memory: int = PROMPT_MEMORY) -> None:
-        from localspec.llama.host import available_memory
+        from localspec.llama.host import available_memory, usable_cores
 
         self._memory = memory or available_memory
         self.prompt_memory = prompt_memory
@@ -67,7 +67,7 @@ class Residency:
         self.started = time.time()
         self.ending: str | None = None  # why no new call is taken
         self._held: list[Cancel] = []  # the cancellation of every call holding or waiting for a pair
-        self.cores = _usable_cores()
+        self.cores = usable_cores()
         self._computing: dict[Ticket, int] = {}  # calls generating -> the threads they use
         self._waiting_cores: list[Ticket] = []  # calls waiting for cores, in arrival order
 
@@ -403,10 +403,3 @@ class Residency:
         rss, peak = process_memory()
         return CoreStatus(pid=os.getpid(), started=self.started, memory_bytes=rss, memory_peak_bytes=peak,
                           pairs=pairs, ending=self.ending)
-
-
-def _usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)

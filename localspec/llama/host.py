@@ -38,6 +38,14 @@ def available_memory() -> int | None:
     return None
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity; else every CPU), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def cpuinfo(*keys: str) -> str | None:
     """The value of the first /proc/cpuinfo line that starts with one of `keys` (None: none, or
     not Linux)."""
