@@ -134,4 +134,9 @@ int ls_sample_probs(const float *probs, int32_t n_vocab, const int32_t *exclude,
 /* Static English description of a status code. */
 const char *ls_status_string(int status);
 
+/* llama.cpp's abort callback (ggml_abort_callback, set with llama_set_abort_callback): true once
+ * the int32 that `flag` points to is nonzero (NULL: never). It takes no lock, so a decode running
+ * on llama.cpp's threads checks it between graph nodes without Python's interpreter lock. */
+_Bool ls_abort_requested(void *flag);
+
 #endif

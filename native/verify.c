@@ -289,3 +289,9 @@ int ls_verify(int32_t method, const ls_problem *p, void *workspace, size_t works
     }
     return st;
 }
+
+_Bool ls_abort_requested(void *flag)
+{
+    /* an atomic read: Python sets the flag from another thread while llama.cpp's threads decode */
+    return flag != NULL && __atomic_load_n((const int32_t *)flag, __ATOMIC_RELAXED) != 0;
+}

@@ -177,7 +177,12 @@ def model_options(f: Callable) -> Callable:
                      help="Draft model: a GGUF path, a registry name, or 'none' for no draft model (the "
                           "n-gram drafter still drafts from the context; -k 0 decodes with the target "
                           "alone). Default: the default pair's draft when -m is not given (env LOCALSPEC_DRAFT)."),
-        click.option("--ctx-size", type=int, default=m.ctx_size, show_default=True, help="Context length in tokens."),
+        click.option("--ctx-size", type=int, default=m.ctx_size, show_default=True,
+                     help="Context length in tokens of one call."),
+        click.option("--parallel", type=int, cls=EnvOption, envvar="LOCALSPEC_NUM_PARALLEL", default=None,
+                     help="Calls generating at once on a loaded pair (slots; each has --ctx-size tokens of KV "
+                          "cache), as llama-server's -np; more wait in a queue. Default: 4, fewer where "
+                          "memory is short (env LOCALSPEC_NUM_PARALLEL)."),
         click.option("--n-gpu-layers", type=int, default=m.n_gpu_layers, show_default=True,
                      help="Target layers to offload to the GPU (-1: all)."),
         click.option("--draft-n-gpu-layers", type=int, default=None,

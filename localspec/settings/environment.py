@@ -218,6 +218,8 @@ VARIABLES: dict[str, Variable] = _variables(
     Variable("LOCALSPEC_KEEP_ALIVE", parse_duration, 300.0,
              "how long a resident service keeps the models loaded after a call (0 = never)", "--keep-alive"),
     Variable("LOCALSPEC_MAX_LOADED", parse_count, 3, "most model pairs the resident service keeps loaded at once"),
+    Variable("LOCALSPEC_NUM_PARALLEL", parse_count, None, "calls generating at once on one loaded pair (slots)",
+             "--parallel"),
     Variable("LOCALSPEC_MODEL", _text, None, "target model (GGUF path or registry name)", "--model"),
     Variable("LOCALSPEC_DRAFT", _text, None, "draft model (GGUF path, registry name or none)", "--draft"),
     Variable("LOCALSPEC_CACHE_TYPE", _text, None, "KV cache type", "--cache-type"),
