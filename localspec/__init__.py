@@ -5,7 +5,8 @@
 
 __version__ = "0.1.0"
 
-_API = ("load_model", "default_pair", "stream_generate", "generate", "Response")
+_API = ("load_model", "default_pair", "stream_generate", "generate", "astream_generate", "agenerate", "Generation",
+        "Response")
 
 
 def __getattr__(name: str):

@@ -37,6 +37,10 @@ class PromptError(ModelError):
         self.param = param
 
 
+class Cancelled(LocalspecError):
+    """The user (or the program) stopped it: a load, a call waiting for its pair, a decode."""
+
+
 class ContextFull(ModelError):
     """The KV cache has no room for a batch (llama.cpp left it as it was): a larger --ctx-size,
     or a shorter prompt or answer, is needed."""
@@ -104,6 +108,7 @@ EXIT_CODES: dict[type[LocalspecError], int] = {  # the first class an error is a
     ConfigError: 2,  # a usage error, as click's own (BenchError included)
     RemoteError: 3,  # an RPC server unreachable or gone (also when one dies mid-generation)
     CheckFailed: 1, ModelError: 1, VerifierError: 1, FetchError: 1, ModelNotFound: 1, DependencyError: 1,
+    Cancelled: EXIT_INTERRUPTED,  # stopped by its user, as by Ctrl-C
 }
 
 

@@ -111,7 +111,7 @@ def quantized_paths(tiny_dir: Path) -> dict[str, tuple[Path, Path]]:
 
 
 def load(path: Path, n_ctx: int = 512, **options) -> Model:
-    return Model(path, ModelOptions(ctx_size=n_ctx, batch_size=256, **{**EXACT, **options}))
+    return Model(path, ModelOptions(ctx_size=n_ctx, **{"batch_size": 256, **EXACT, **options}))
 
 
 @pytest.fixture(scope="session")

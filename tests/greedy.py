@@ -20,6 +20,8 @@ from localspec.llama.model import Model
 from localspec.prompt import prompt_tokens
 
 NEAR_TIE = 1e-3  # logits; batch-shape noise on the tiny F32 models is ~1e-5
+NOISE_MARGIN = 4.0  # a near-tie: two logits each off by the noise, and positions the measure did not see
+CHAINS = (2, 4, 8, 16)  # pass sizes whose first row batch_noise compares with a single token's
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -37,6 +39,50 @@ def next_token_logits(target: Model, context: Sequence[int]) -> np.ndarray:
     row = np.array(target.logits_array(1)[0], dtype=np.float64)
     target.clear()
     return row
+
+
+def row_difference(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest difference of two rows of logits."""
+    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
+
+
+def _row_after(target: Model, context: Sequence[int], extra: Sequence[int], beside: Sequence[int]) -> np.ndarray:
+    """The logits after `context`, its last token decoded with `extra` tokens after it (a draft) and
+    `beside` tokens of another slot in the same decode."""
+    from localspec.llama.sequence import Part
+
+    target.clear()
+    target.prefill(list(context[:-1]), 0)
+    n = len(context) - 1
+    parts = [Part([context[-1], *extra], range(n, n + 1 + len(extra)), [(0,)] * (1 + len(extra)), "all")]
+    if beside:
+        other = target.sequences[-1].base
+        parts.append(Part(list(beside), range(len(beside)), [(other,)] * len(beside), "all"))
+    target.decode_parts(parts)
+    row = np.array(target.logits_array(1, parts[0].first_row)[0], dtype=np.float64)
+    target.clear()
+    return row
+
+
+def batch_noise(target: Model, context: Sequence[int], positions: int = 3) -> float:
+    """How much this build's logits of a token change with the batch it is decoded in: the
+    largest difference between its row decoded alone and inside a draft's pass (CHAINS) or beside
+    another slot's tokens, over a few positions of `context`. 0.0: the build's logits are
+    batch-independent here (F32 KV cache, flash attention off, kernels that do not tile by batch)."""
+    worst = 0.0
+    for end in np.linspace(len(context) // 2, len(context), positions, dtype=int):
+        ctx = list(context[: max(int(end), 2)])
+        alone = _row_after(target, ctx, (), ())
+        for n in CHAINS:
+            worst = max(worst, row_difference(alone, _row_after(target, ctx, ctx[1:n], ())))
+        if target.n_slots > 1:
+            worst = max(worst, row_difference(alone, _row_after(target, ctx, (), ctx[:8])))
+    return worst
+
+
+def near_tie(noise: float) -> float:
+    """The tolerance of assert_near_tie on a build with this batch noise (0: exact equality)."""
+    return NOISE_MARGIN * noise
 
 
 def assert_near_tie(target: Model, context: Sequence[int], a: int, b: int, what: str, tol: float = NEAR_TIE) -> None:

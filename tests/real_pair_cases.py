@@ -14,7 +14,7 @@ from localspec.llama.model import Model
 from localspec.prompt import chat_tokens
 
 from chat_render import render_chat
-from greedy import assert_greedy_equal
+from greedy import assert_greedy_equal, batch_noise, near_tie
 
 MESSAGES = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
 
@@ -36,13 +36,14 @@ def test_32_greedy_tokens_equal_target_alone(pair: tuple[Model, Model]) -> None:
     target, draft = pair
     plain = greedy_tokens(target, None, num_draft_tokens=0)
     assert len(plain) == 32
+    # Q4_K kernels differ in the last bits between batch shapes (on AVX2 builds by up to ~0.08 of a
+    # logit scale of ~20): the near-tie is what this build's noise is, measured on this answer
+    tol = near_tie(batch_noise(target, chat_tokens(target, MESSAGES) + plain))
     for verifier, shape in [("block", dict(num_draft_tokens=5)), ("traversal", dict(tree=(2, 2, 1)))]:
         runs = list(stream_generate(target, draft, MESSAGES, temperature=0, max_tokens=32,
                                     verifier=verifier, plan="fixed", **shape))
-        # Q4_K kernels differ in the last bits between batches of <= 3 and >= 4 tokens: the logit
-        # scale is ~20, so a near-tie is looser than on the tiny models
         assert_greedy_equal(target, MESSAGES, [r.token for r in runs], plain,
-                            f"{verifier} diverged from target-only greedy", tol=0.05)
+                            f"{verifier} diverged from target-only greedy (near-tie {tol:.3g})", tol=tol)
         assert runs[-1].stats.block_efficiency > 1.5  # the 0.5B draft agrees often on code
 
 

@@ -350,8 +350,9 @@ def test_prompt_longer_than_context(tiny_paths: tuple[Path, Path]) -> None:
 
 
 def test_batch_larger_than_n_batch_is_an_error_not_an_abort(tiny_paths: tuple[Path, Path]) -> None:
-    """llama.cpp caps n_batch at the requested context (32 here) and aborts the process beyond it."""
-    with load(tiny_paths[0], n_ctx=32) as t:
+    """llama.cpp caps n_batch at the requested context (32 cells here: one slot) and aborts the
+    process beyond it."""
+    with load(tiny_paths[0], n_ctx=32, parallel=1) as t:
         assert t.n_batch == 32
         with pytest.raises(ModelError, match="exceed n_batch=32"):
             t.decode(list(range(300, 340)), range(40))
@@ -453,30 +454,25 @@ def test_model_options_past_int32_are_refused(options: dict, param: str) -> None
     assert exc.value.param == param
 
 
-def test_two_generations_on_one_model_are_refused_not_interleaved(tiny_target: Model, tiny_draft: Model) -> None:
+def test_two_generations_on_one_model_run_side_by_side(tiny_target: Model, tiny_draft: Model) -> None:
+    """A generator started while another is unfinished, and another thread's, run in slots of
+    their own: each gives what it gives alone (greedy, up to near ties of batch shapes)."""
     import threading
 
     first = iter(stream_generate(tiny_target, tiny_draft, PROMPT, temperature=0, max_tokens=20, plan="fixed"))
     head = next(first)  # under way
-    with pytest.raises(ModelError, match="is generating already"):
-        list(stream_generate(tiny_target, None, PROMPT, temperature=0, max_tokens=5))
-    errors: list[Exception] = []
-
-    def other_thread() -> None:
-        try:
-            list(stream_generate(tiny_target, tiny_draft, PROMPT, temperature=0, max_tokens=5))
-        except ModelError as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=other_thread)
+    second = [r.token for r in stream_generate(tiny_target, None, PROMPT, temperature=0, max_tokens=5)]
+    results: list[list[int | None]] = []
+    t = threading.Thread(target=lambda: results.append(
+        [r.token for r in stream_generate(tiny_target, tiny_draft, PROMPT, temperature=0, max_tokens=5)]))
     t.start()
     t.join()
-    assert len(errors) == 1 and "generating already" in str(errors[0])
     rest = list(first)  # the first goes on, unharmed
     plain = tokens_of(tiny_target, None, PROMPT, temperature=0, max_tokens=20)
     got = [r.token for r in [head, *rest] if r.token is not None]
     assert_greedy_equal(tiny_target, PROMPT, got, plain)
-    assert len(list(stream_generate(tiny_target, None, PROMPT, temperature=0, max_tokens=3))) >= 1  # free again
+    assert_greedy_equal(tiny_target, PROMPT, [x for x in second if x is not None], plain[:5])
+    assert_greedy_equal(tiny_target, PROMPT, [x for x in results[0] if x is not None], plain[:5])
 
 
 def test_a_closed_model_raises_a_model_error(tiny_paths: tuple[Path, Path]) -> None:

@@ -345,8 +345,9 @@ def test_the_draft_models_state_is_cached_too(tiny_paths: tuple[Path, Path], tmp
         assert len({p.parent for p in files(tmp_path)}) == 2  # the target's entry and the draft's
         target.clear()
         draft.clear()
-        again = [r.token for r in Generation(target, draft, prompt, settings, Profiles.in_memory(), cache)]
-        assert draft.sequence.tokens[: len(prompt) - 1] == prompt[:-1] and again == first
+        generation = Generation(target, draft, prompt, settings, Profiles.in_memory(), cache)
+        again = [r.token for r in generation]
+        assert draft.sequences[generation.slot].tokens[: len(prompt) - 1] == prompt[:-1] and again == first
         draft.clear()
         assert cache.restore(draft, prompt) == len(prompt) - 1  # the whole prompt, from the draft's entry
 
@@ -356,7 +357,7 @@ def test_a_state_llama_cpp_cannot_write_turns_the_cache_off(model: Model, tmp_pa
                                                             caplog: pytest.LogCaptureFixture) -> None:
     from localspec.errors import ModelError
 
-    def broken() -> bytes:
+    def broken(seq: int = 0) -> bytes:
         raise ModelError("llama.cpp wrote 0 of 10 bytes")
 
     monkeypatch.setattr(model, "seq_state", broken)

@@ -117,7 +117,7 @@ def test_a_failed_operation_leaves_the_cache_untrusted_and_start_clears_it(tiny_
 def test_the_stop_scanner_follows_commits_and_rollbacks(tiny_target) -> None:
     """The stop-string scanner is the target sequence's follower: text per committed token, cut
     at a stop string; a rollback of tokens not yet handed out gives the text of the rest."""
-    from localspec.api import StopScanner
+    from localspec.decoding.text import StopScanner
 
     words = tiny_target.tokenize(" alpha beta gamma", add_special=False)
     scanner = StopScanner(tiny_target, ["gamma"])

@@ -118,11 +118,17 @@ def test_forced_runs_decode_with_one_logits_row(tiny_target: Model, monkeypatch:
     and its pass is not taken for a verification pass's cost; other passes get every row."""
     from localspec.decoding.planner import Planner
 
-    decodes: list[tuple[int, str]] = []
-    real = tiny_target.sequence.decode
-    monkeypatch.setattr(tiny_target.sequence, "decode",
-                        lambda tokens, *a, outputs="all", **k: decodes.append((len(tokens), outputs))
-                        or real(tokens, *a, outputs=outputs, **k))
+    from localspec.llama.sequence import KVSequence
+
+    decodes: list[tuple[int, str]] = []  # the target passes of steps: (tokens, outputs)
+    real = KVSequence.step_part
+
+    def step_part(self: KVSequence, tokens: list[int], *a, outputs: str = "all", **k):  # type: ignore[no-untyped-def]
+        if self.model is tiny_target:
+            decodes.append((len(tokens), outputs))
+        return real(self, tokens, *a, outputs=outputs, **k)
+
+    monkeypatch.setattr(KVSequence, "step_part", step_part)
     costs: list[float | None] = []
     observe = Planner.observe
     monkeypatch.setattr(Planner, "observe", lambda self, *a: costs.append(a[4]) or observe(self, *a))  # target_seconds
@@ -131,7 +137,8 @@ def test_forced_runs_decode_with_one_logits_row(tiny_target: Model, monkeypatch:
     assert rs[-1].finish_reason == "stop" and json.loads(text_of(rs))
     last = [n for n, outputs in decodes if outputs == "last"]
     assert last and max(last) > 1, decodes  # forced runs of several tokens, one logits row each
-    assert costs.count(None) == len(last)  # only verification passes are points of the cost curve
+    verifications = [n for n, outputs in decodes if outputs == "all"]
+    assert len(costs) - costs.count(None) == len(verifications)  # only verification passes are points of the curve
 
 
 def test_truncated_output_is_not_complete(tiny_target: Model, tiny_draft: Model) -> None:
@@ -250,7 +257,7 @@ def test_negative_control_unmasked_draft_rows_fail(tiny_target: Model, far_draft
     draft = ModelDrafter.draft
 
     def lying_draft(self, *args, **kw):
-        made = draft(self, *args, **kw)
+        made = yield from draft(self, *args, **kw)
         for r in range(made.tree.n + 1):
             if r in unmasked:
                 made.tree.probs[r] = unmasked[r]

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from localspec import prompt as prompt_module
-from localspec.api import StopScanner
+from localspec.decoding.text import StopScanner
 from localspec.cli import cli
 from localspec.cli.generate import with_context
 from localspec.settings.generation import GenerationConfig

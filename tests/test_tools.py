@@ -34,7 +34,8 @@ from openai import BadRequestError, OpenAI
 from pydantic import BaseModel, Field
 
 from localspec import load_model
-from localspec.api import Response, StopScanner, stream_generate
+from localspec.api import Response, stream_generate
+from localspec.decoding.text import StopScanner
 from localspec.cli import cli
 from localspec.settings.constraints import Constraint
 from localspec.settings.generation import GenerationConfig

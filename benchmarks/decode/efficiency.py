@@ -29,6 +29,7 @@ from localspec.verify import verifier
 from localspec.settings.generation import WITHOUT_REPLACEMENT, GenerationConfig
 from localspec.settings.sampling import SamplingParams
 from localspec.settings.shape import Shape
+from localspec.decoding.passes import resolve, run_alone
 from localspec.decoding.engine import Engine
 from localspec.decoding.tree import DraftTree
 from localspec.errors import ConfigError
@@ -124,11 +125,11 @@ def score(engine: Engine, methods: Sequence[tuple[str, int | None]], draws: int)
     if proposal is None:
         raise ConfigError("the last drafter proposes nothing here; score needs a draft model's drafter")
     L0 = len(context)
-    draft = drafter.draft(proposal, engine.state, engine.shape, engine.sampling, engine.rng,
-                          engine.config.verifier in WITHOUT_REPLACEMENT)
+    draft = run_alone(resolve(drafter.draft(proposal, engine.state, engine.shape, engine.sampling, engine.rng,
+                                            engine.config.verifier in WITHOUT_REPLACEMENT)))
     tree = draft.tree
-    engine.state.target_pass(draft)
-    logits = engine.target.logits_array(tree.n + 1)
+    first_row, _ = run_alone(engine.state.target_pass(draft))
+    logits = engine.target.logits_array(tree.n + 1, first_row)
     seeds = [int(s) for s in engine.rng.integers(0, 2**63, size=draws)]
     values = []
     for method, branch in methods:

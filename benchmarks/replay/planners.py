@@ -64,12 +64,13 @@ class ShadowPlanner(Planner):
         self._output: list[int] = []  # the tokens this generation committed
 
     def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
-             remaining: int) -> tuple[DraftProposal, int] | None:
+             remaining: int, batch: int = 0) -> tuple[DraftProposal, int] | None:
         self._pending += [(len(self._output), proposal.tokens, proposal.kind) for proposal in proposals]
-        return super().pick(proposals, depth, prompt_tokens, remaining)
+        return super().pick(proposals, depth, prompt_tokens, remaining, batch)
 
-    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float, new: Sequence[int]) -> None:
-        super().observe_step(replace(draft, kind=None), n_accepted, target_seconds, new)  # costs, not acceptance
+    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float | None, new: Sequence[int],
+                     pass_tokens: int | None = None) -> None:
+        super().observe_step(replace(draft, kind=None), n_accepted, target_seconds, new, pass_tokens)  # costs, not acceptance
         self._output += new
         self._pending = self.settle(self._pending, self._output)
 

@@ -51,7 +51,7 @@ class FixedDepths(FixedPolicy):
         self.depths = depths  # kept as given (a mapping may answer .get for every kind)
 
     def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
-             remaining: int) -> tuple[DraftProposal, int] | None:
+             remaining: int, batch: int = 0) -> tuple[DraftProposal, int] | None:
         for proposal in proposals:
             levels = min(self.depths.get(proposal.kind, 0), proposal.levels)
             return (proposal, levels) if levels > 0 else None

@@ -4,6 +4,11 @@ pair at once (:class:`Cancelled`) and its generation between two steps."""
 from __future__ import annotations
 
 import threading
+from typing import Callable
+
+from localspec.errors import Cancelled
+
+__all__ = ["STOPS", "Cancel", "Cancelled"]  # Cancelled: a call stopped before it had its pair (Cancel.reason says why)
 
 STOPS = ("interrupted", "terminated")  # reasons a user stops a call (Ctrl-C, SIGTERM)
 
@@ -11,16 +16,26 @@ STOPS = ("interrupted", "terminated")  # reasons a user stops a call (Ctrl-C, SI
 class Cancel:
     """One call's stop, set once with its reason: "interrupted" (Ctrl-C), "terminated"
     (SIGTERM), "gone" (its client went away) or "ending" (the service or server stops). A
-    waiting call stops waiting at once; a generation stops between two steps."""
+    waiting call stops waiting at once (what waits is woken: :meth:`wake`); a generation stops
+    between two steps, or at once during a prefill."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.reason: str | None = None
+        self._wakes: list[Callable[[], None]] = []
 
     def set(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
         self._event.set()
+        for wake in list(self._wakes):
+            wake()
+
+    def wake(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from the thread that sets it) when it is set, or now if it is."""
+        self._wakes.append(callback)
+        if self._event.is_set():
+            callback()
 
     def is_set(self) -> bool:
         return self._event.is_set()
@@ -28,6 +43,3 @@ class Cancel:
     def wait(self, timeout: float | None) -> bool:
         return self._event.wait(timeout)
 
-
-class Cancelled(Exception):
-    """A call stopped before it had its pair (Cancel.reason says why)."""

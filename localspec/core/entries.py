@@ -22,6 +22,7 @@ class Ticket:
 
     cancel: Cancel
     since: float = field(default_factory=time.monotonic)
+    computing: tuple | None = None  # the pair whose generations it counts among (Residency._wait_cores)
 
 
 @dataclass(eq=False)
@@ -32,8 +33,9 @@ class Entry:
     target: Any = None  # localspec.llama.model.Model once loaded
     drafts: dict[tuple, Any] = field(default_factory=dict)  # draft key -> LazyModel
     loading: bool = False
-    holder: Ticket | None = None
+    holders: set[Ticket] = field(default_factory=set)  # calls that have it (at most its slots)
     queue: list[Ticket] = field(default_factory=list)
+    pinned: bool = False  # kept for as long as the residency lives (`serve`'s pair)
     calls: int = 0  # leases given back
     last_used: float = field(default_factory=time.monotonic)
     keep_alive: float | None = None  # seconds idle before it is unloaded (None: never; `serve`)
@@ -43,11 +45,17 @@ class Entry:
 
     @property
     def busy(self) -> bool:
-        return self.holder is not None
+        return bool(self.holders)
 
     @property
     def idle(self) -> bool:
-        return self.holder is None and not self.queue and not self.loading
+        return not self.holders and not self.queue and not self.loading
+
+    @property
+    def slots(self) -> int:
+        """Calls that may have it at once: its target's slots (one while it is not loaded: the
+        call that loads it)."""
+        return int(getattr(self.target, "n_slots", 1) or 1) if self.target is not None else 1
 
     def draft_models(self) -> list[Any]:
         return [d for d in self.drafts.values() if getattr(d, "loaded", True)]
@@ -63,7 +71,8 @@ class Entry:
                           draft=drafts[0].path.as_posix() if drafts else (spec.draft.path if spec.draft else None),
                           draft_loaded=bool(drafts), state=state, queued=len(self.queue), calls=self.calls,
                           memory_bytes=self.bytes, idle_seconds=round(idle, 3), left_seconds=left,
-                          keep_alive_seconds=self.keep_alive, last_call_seconds=self.last_call_seconds)
+                          keep_alive_seconds=self.keep_alive, last_call_seconds=self.last_call_seconds,
+                          slots=self.slots, generating=len(self.holders))
 
 
 def model_bytes(file: ModelFile | None) -> int:

@@ -3,13 +3,14 @@ caches, a queue per pair and what each call's cancellation stops.
 
 Both front ends keep pairs through it: the resident service (:mod:`localspec.resident.service`,
 many pairs, each idle for its keep-alive at most) and ``localspec serve`` (one pair, pinned).
-A call *leases* its pair (:meth:`Residency.lease`): it waits in the pair's queue (calls on other
-pairs run meanwhile), the pair is loaded if it is not (once, whoever asks first; the idle pairs
-used least recently are unloaded first when the new one would not fit the memory available or
-LOCALSPEC_MAX_LOADED), its generation waits for the cores its threads need where other pairs'
-generations use them, and the call has the pair to itself until it gives it back.
-A call's :class:`Cancel` (Ctrl-C, SIGTERM, its client gone, the service ending) ends its wait at
-once and its generation between two steps. :meth:`Residency.status` is the one status type
+A call *leases* its pair (:meth:`Residency.lease`): it waits in the pair's queue while the pair's
+slots are all taken (calls on other pairs run meanwhile), the pair is loaded if it is not (once,
+by the first call; the idle pairs used least recently are unloaded first when the new one would
+not fit the memory available or LOCALSPEC_MAX_LOADED), its generation waits for the cores its
+threads need where other pairs' generations use them, and the call holds one of the pair's slots
+until it gives it back: up to ``parallel`` calls generate on a pair at once, in one step loop
+(localspec.decoding.scheduler). A call's :class:`Cancel` (Ctrl-C, SIGTERM, its client gone, the
+service ending) wakes its wait at once and ends its generation within one step. :meth:`Residency.status` is the one status type
 (:mod:`localspec.core.status`) that ``localspec ps``, ``localspec info`` and ``/health`` show.
 
 Targets are kept per file and load options; drafts per target (a call without a draft model
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_LOADED = 3  # pairs a service keeps loaded at most (LOCALSPEC_MAX_LOADED), as ollama's default on a CPU
 PROMPT_MEMORY = 256 << 20  # bytes of recent prompts' KV states kept in memory, in front of the disk cache
-POLL = 0.1  # seconds between checks of a waiting call's cancellation
 
 
 Notify = Callable[[str], None]
@@ -68,7 +68,7 @@ class Residency:
         self.ending: str | None = None  # why no new call is taken
         self._held: list[Cancel] = []  # the cancellation of every call holding or waiting for a pair
         self.cores = usable_cores()
-        self._computing: dict[Ticket, int] = {}  # calls generating -> the threads they use
+        self._computing: dict[tuple, tuple[int, int]] = {}  # pairs generating -> (threads they use, their calls)
         self._waiting_cores: list[Ticket] = []  # calls waiting for cores, in arrival order
 
     # ------------------------------------------------------------ leasing a pair
@@ -77,9 +77,10 @@ class Residency:
     def lease(self, spec: PairSpec, cancel: Cancel, *, need_draft: bool = True, lazy_draft: bool = True,
               grammar: bool = False, keep_alive: float | None = None, max_loaded: int = DEFAULT_MAX_LOADED,
               max_queue: int | None = None, notify: Notify = _quiet) -> Iterator[Loaded]:
-        """The pair of `spec`, this call's alone until the block ends (see the module docstring).
-        Cancelled when `cancel` is set before the call has it; ModelError when it cannot load;
-        RequestError (503) when `max_queue` calls wait already or the residency is ending."""
+        """The pair of `spec`, one of its slots this call's until the block ends (see the module
+        docstring). Cancelled when `cancel` is set before the call has it; ModelError when it
+        cannot load; RequestError (503) when `max_queue` calls wait already or the residency is
+        ending."""
         started = time.monotonic()
         with self._cond:
             resident, ticket = self._join(spec, cancel, max_queue)
@@ -89,7 +90,7 @@ class Residency:
             seconds = self._ensure_target(resident, spec, grammar, max_loaded, ticket, notify)
             draft, draft_seconds = self._draft(resident, spec, need_draft, lazy_draft)
             with self._cond:
-                self._wait_cores(ticket, spec, notify)
+                self._wait_cores(ticket, resident, spec, notify)
             yield Loaded(resident.target, draft, spec.target_name, (seconds, draft_seconds))
         finally:
             with self._cond:
@@ -108,57 +109,78 @@ class Residency:
         ticket = Ticket(cancel)
         resident.queue.append(ticket)
         self._held.append(cancel)
+        cancel.wake(self._wake)
         return resident, ticket
 
+    def _wake(self) -> None:
+        """A call's cancel was set: whatever waits looks again."""
+        with self._cond:
+            self._cond.notify_all()
+
     def _wait_turn(self, resident: Entry, ticket: Ticket, notify: Notify) -> None:
-        """Until the ticket is first in its pair's queue and the pair is free (told once why)."""
+        """Until the ticket is first in its pair's queue and one of the pair's slots is free (while
+        it loads, none is), told once why."""
         told = False
-        while resident.queue[0] is not ticket or resident.busy:
+        while resident.queue[0] is not ticket or resident.loading or len(resident.holders) >= resident.slots:
             self._check(ticket)
-            if not told:
-                ahead = resident.queue.index(ticket) + (1 if resident.busy else 0)
+            if not told and resident.target is not None and not resident.loading:
+                ahead = resident.queue.index(ticket) + len(resident.holders)
                 notify(f"localspec: waiting for {ahead} earlier call{'s' if ahead > 1 else ''} on "
-                       f"{display_name(resident.spec.target_name)} (one call at a time per model)")
+                       f"{display_name(resident.spec.target_name)} ({resident.slots} generate at once: --parallel)")
                 told = True
-            self._cond.wait(POLL)
+            self._cond.wait()
         self._check(ticket)
         resident.queue.remove(ticket)
-        resident.holder = ticket
+        resident.holders.add(ticket)
 
     def _check(self, ticket: Ticket) -> None:
         if ticket.cancel.is_set():
             raise Cancelled(ticket.cancel.reason)
 
-    def _wait_cores(self, ticket: Ticket, spec: PairSpec, notify: Notify) -> None:
-        """Until the cores the call's generation uses are free (the first waiting call first): two
-        generations whose threads together outnumber the cores spin against each other in
-        llama.cpp's thread pools (measured on 2 cores: 8× slower each, not 2×); one whose threads
-        fit runs beside the others."""
+    def _wait_cores(self, ticket: Ticket, resident: Entry, spec: PairSpec, notify: Notify) -> None:
+        """Until the cores the pair's generations use are free (the first waiting call first): two
+        pairs generating with threads that together outnumber the cores spin against each other
+        in llama.cpp's thread pools (measured on 2 cores: 8× slower each, not 2×); one whose
+        threads fit runs beside the others. Calls on a pair that generates already share its step
+        loop and its threads: they wait for nothing."""
+        key = spec.target_key
+        if key in self._computing:
+            need, calls = self._computing[key]
+            self._computing[key] = (need, calls + 1)
+            ticket.computing = key
+            return
         need = min(spec.options.target.threads or self.cores, self.cores)
         self._waiting_cores.append(ticket)
         told = False
         try:
-            while self._computing and (self._waiting_cores[0] is not ticket
-                                       or sum(self._computing.values()) + need > self.cores):
+            while self._computing and key not in self._computing and (
+                    self._waiting_cores[0] is not ticket or sum(n for n, _ in self._computing.values()) + need > self.cores):
                 self._check(ticket)
                 if not told:
-                    others = ", ".join(sorted({display_name(r.spec.target_name) for r in self._residents.values()
-                                               if r.holder in self._computing}))
+                    others = ", ".join(sorted(display_name(r.spec.target_name) for k, r in self._residents.items()
+                                              if k in self._computing))
                     notify(f"localspec: waiting for the CPU: {others} is generating with the cores this call needs "
                            f"({need} of {self.cores}; --threads sets how many a call uses)")
                     told = True
-                self._cond.wait(POLL)
+                self._cond.wait()
             self._check(ticket)
-            self._computing[ticket] = need
+            have, calls = self._computing.get(key, (need, 0))
+            self._computing[key] = (have, calls + 1)
+            ticket.computing = key
         finally:
             self._waiting_cores.remove(ticket)
 
     def _leave(self, resident: Entry, ticket: Ticket, keep_alive: float | None, started: float) -> None:
-        self._computing.pop(ticket, None)
+        if ticket.computing is not None and ticket.computing in self._computing:
+            need, calls = self._computing[ticket.computing]
+            if calls <= 1:
+                del self._computing[ticket.computing]
+            else:
+                self._computing[ticket.computing] = (need, calls - 1)
         if ticket in resident.queue:
             resident.queue.remove(ticket)
-        if resident.holder is ticket:
-            resident.holder = None
+        if ticket in resident.holders:
+            resident.holders.discard(ticket)
             resident.calls += 1
             resident.last_used = time.monotonic()
             resident.last_call_seconds = resident.last_used - started
@@ -196,6 +218,7 @@ class Residency:
         with self._cond:
             resident.target = target
             resident.bytes = loaded_bytes(target)
+            self._cond.notify_all()  # its other slots may be taken now
         return time.perf_counter() - t0
 
     @staticmethod
@@ -222,7 +245,7 @@ class Residency:
             fits = len(others) < max_loaded and (available is None or need <= available)
             if fits or not others:
                 return
-            idle = sorted((r for r in others if r.idle and r.keep_alive is not None), key=lambda r: r.last_used)
+            idle = sorted((r for r in others if r.idle and not r.pinned), key=lambda r: r.last_used)
             if idle:
                 notify(f"localspec: unloaded {display_name(idle[0].spec.target_name)} to make room for "
                        f"{display_name(spec.target_name)}")
@@ -234,7 +257,7 @@ class Residency:
                 busy = ", ".join(display_name(r.spec.target_name) for r in others)
                 notify(f"localspec: waiting for {busy} to finish: {why}")
                 told = why
-            self._cond.wait(POLL)
+            self._cond.wait()  # a pair given back, a call cancelled
 
     def _draft(self, resident: Entry, spec: PairSpec, need: bool, lazy: bool) -> tuple[Any, float | None]:
         """The call's draft: none, the LazyModel the planner loads when it pays, or loaded now."""
@@ -296,15 +319,12 @@ class Residency:
         """Unload the pairs whose status `chosen` picks (a call using one stops between two steps,
         calls waiting for it are cancelled); their statuses as they were."""
         with self._cond:
-            picked = [(r, r.status()) for r in self._residents.values()]
+            picked = [(r, r.status()) for r in self._residents.values() if not r.pinned]
             picked = [(r, s) for r, s in picked if chosen(s)]
             for resident, _ in picked:
-                for ticket in [resident.holder, *resident.queue]:
-                    if ticket is not None:
-                        ticket.cancel.set("ending")
-            deadline = time.monotonic() + 30
-            while any(r.busy or r.loading for r, _ in picked) and time.monotonic() < deadline:
-                self._cond.wait(POLL)
+                for ticket in [*resident.holders, *resident.queue]:
+                    ticket.cancel.set("ending")
+            self._cond.wait_for(lambda: not any(r.busy or r.loading for r, _ in picked), timeout=30)
             for resident, _ in picked:
                 if not resident.busy and not resident.loading:
                     log.info("unloading %s: %s", resident.spec.target_name, reason)
@@ -322,10 +342,8 @@ class Residency:
     def close(self, timeout: float = 30.0) -> bool:
         """end(), wait for the calls to stop, unload everything. True when no call was left running."""
         self.end(self.ending or "closing")
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while any(r.busy or r.loading for r in self._residents.values()) and time.monotonic() < deadline:
-                self._cond.wait(POLL)
+            self._cond.wait_for(lambda: not any(r.busy or r.loading for r in self._residents.values()), timeout)
             running = any(r.busy or r.loading for r in self._residents.values())
             for resident in list(self._residents.values()):
                 if not resident.busy and not resident.loading:
@@ -346,18 +364,20 @@ class Residency:
                         loaded.target_name, False,
                         PairOptions(target.options, draft.options if draft is not None else target.options))
         with self._cond:
-            resident = self._residents[spec.target_key] = Entry(spec, target=target)
+            resident = self._residents[spec.target_key] = Entry(spec, target=target, pinned=True)
             resident.bytes = loaded_bytes(target)
             if draft is not None:
                 resident.drafts[spec.draft_key] = draft if isinstance(draft, LazyModel) else LazyModel.of(draft)
         return spec
 
     def pin(self, spec: PairSpec, *, need_draft: bool, lazy_draft: bool, grammar: bool = False) -> Loaded:
-        """Load a pair now and keep it for as long as the residency lives (`serve`'s pair)."""
-        cancel = Cancel()
-        with self.lease(spec, cancel, need_draft=need_draft, lazy_draft=lazy_draft, grammar=grammar,
+        """Load a pair now and keep it for as long as the residency lives (`serve`'s pair): no
+        keep-alive, never unloaded to make room, nor by :meth:`unload`; only :meth:`close` frees it."""
+        with self.lease(spec, Cancel(), need_draft=need_draft, lazy_draft=lazy_draft, grammar=grammar,
                         keep_alive=None) as loaded:
-            return loaded
+            with self._cond:
+                self._residents[spec.target_key].pinned = True
+        return loaded
 
     # ------------------------------------------------------------ what calls share
 

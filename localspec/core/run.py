@@ -139,12 +139,12 @@ def _generate(residency: Residency, request: Request, cancel: Cancel, emit: Emit
         cache = residency.prompt_cache(request.prompt_cache, request.prompt_cache_limit)
         generation = Generation(loaded.target, loaded.draft, _message(request, loaded.target, tools), config,
                                 profiles, prompt_cache=cache or False, tools=tools,
-                                history=residency.history(request.pair))
-        last, error = _stream(generation, cancel, emit)
+                                history=residency.history(request.pair), cancel=cancel)
+        last, error = _stream(generation, emit)
         profiles.save()
         speculative = not generation.config.is_target_alone(loaded.draft is not None)
         stats = last.stats if last is not None else None
-        emit(Done(model=loaded.target_name, finish_reason=last.finish_reason if last is not None else None,
+        emit(Done(model=loaded.target_name, finish_reason=_finish_reason(last),
                   stats=stats, settings=generation.config.options(), prompt_tokens=len(generation.prompt),
                   constraint_satisfied=last.constraint_satisfied if last is not None else None,
                   tool_calls=([c.as_dict() for c in last.tool_calls] if last is not None else [])
@@ -157,10 +157,10 @@ def _generate(residency: Residency, request: Request, cancel: Cancel, emit: Emit
                   error=failed(error) if error is not None else None))
 
 
-def _stream(generation: Any, cancel: Cancel, emit: Emit) -> tuple[Any, BaseException | None]:
-    """Run the generation, a Text event per piece; stop between two steps once `cancel` is set.
-    The last Response and an error that ended it after some output (one before any output is
-    raised: nothing was generated)."""
+def _stream(generation: Any, emit: Emit) -> tuple[Any, BaseException | None]:
+    """Run the generation, a Text event per piece (it stops within a step once its cancel is
+    set: its last response says "cancelled"). The last Response and an error that ended it after
+    some output (one before any output is raised: nothing was generated)."""
     last = None
     stream = iter(generation)
     try:
@@ -168,15 +168,20 @@ def _stream(generation: Any, cancel: Cancel, emit: Emit) -> tuple[Any, BaseExcep
             last = r
             if r.content:
                 emit(Text(r.content, r.drafted))
-            if r.finish_reason is None and cancel.is_set():
-                break
     except LocalspecError as exc:
         if last is None:
             raise
         return last, exc
     finally:
-        stream.close()  # between steps: the engine keeps its KV caches consistent
+        stream.close()
     return last, None
+
+
+def _finish_reason(last: Any) -> str | None:
+    """How the generation ended, as a Done event says it (None: it was stopped; Done.stopped says why)."""
+    if last is None or last.finish_reason == "cancelled":
+        return None
+    return last.finish_reason
 
 
 def _open(residency: Residency, request: Request, cancel: Cancel, emit: Emit) -> None:

@@ -41,6 +41,8 @@ class PairStatus:
     left_seconds: float | None  # until it is unloaded (None: busy, or kept for as long as the server runs)
     keep_alive_seconds: float | None
     last_call_seconds: float | None  # the last call, from its arrival to its end
+    slots: int = 1  # calls that may generate on it at once (--parallel)
+    generating: int = 0  # calls generating on it now
 
     @classmethod
     def from_json(cls, data: Any) -> PairStatus:

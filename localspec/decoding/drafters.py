@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -36,6 +36,8 @@ from localspec.decoding.lookup import ContextLookup, Proposal
 from localspec.llama.model import Model
 from localspec.decoding.pairing import check_lazy_pair, check_pair
 from localspec.llama.lazy import LazyModel
+from localspec.decoding import passes
+from localspec.decoding.passes import Steps
 from localspec.decoding.profiles import Profiled
 from localspec.decoding.state import Draft, PairState
 from localspec.llama.host import key_of
@@ -82,8 +84,10 @@ class Drafter(Protocol):
         cap: localspec.decoding.depth.step_depth; None: nothing)."""
 
     def draft(self, proposal: DraftProposal, state: PairState, shape: Shape, sampling: SamplingParams,
-              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> Draft:
-        """The draft of `shape` for its own `proposal`, with the rows it was drawn from. With
+              rng: np.random.Generator, without_replacement: bool,
+              masks: RowMasks | None = None) -> Draft | Steps[Draft]:
+        """The draft of `shape` for its own `proposal`, with the rows it was drawn from (a drafter
+        that decodes returns a generator of its decode requests: localspec.decoding.passes). With
         `masks` (a constrained generation), a drafter that samples draws from its masked
         distributions; a fixed proposal is already cut at its first forbidden token."""
 
@@ -128,6 +132,7 @@ class ModelDrafter:
         self.buf = RowBuffer(max_nodes + 1, self.n_vocab)
         self.acceptance_kind = f"{self.kind}:{key_of(source.identity)[:8]}"  # acceptance is per pair
         self.timing = DraftTiming()
+        self.slot = 0  # the slot of the draft model's cache the generation uses (PairState.bind)
 
     @property
     def loaded(self) -> bool:
@@ -143,7 +148,7 @@ class ModelDrafter:
 
     def propose(self, context: Sequence[int], depth: int) -> DraftProposal | None:
         """Any depth (acceptance is tracked per pair), after catching up on what it has not seen."""
-        lag = len(context) - self.model().sequence.n_cached if self.loaded else len(context)
+        lag = len(context) - self.model().sequences[self.slot].n_cached if self.loaded else len(context)
         return DraftProposal(self, self.acceptance_kind, depth, lag)
 
     def start(self, prompt: Sequence[int]) -> None:
@@ -168,7 +173,7 @@ class ModelDrafter:
         verifier.probs(logits[:v], out=row[:v], sampling=sampling, masks=mask[None, :])
         return row
 
-    def _catch_up(self, state: PairState) -> np.ndarray:
+    def _catch_up(self, state: PairState) -> Steps[np.ndarray]:
         """Decode the committed tokens the draft has not decoded yet; the last one's logits."""
         self.model()  # loaded now if it was lazy
         seq = state.draft_sequence()
@@ -176,54 +181,60 @@ class ModelDrafter:
         seq.redecode_last()  # the root's logits are needed: decode it again if the cache holds it
         pending = seq.pending
         t0 = time.perf_counter()
-        seq.fill()
+        yield from passes.fill(seq)
         self.timing.catch_up = (pending, time.perf_counter() - t0)
-        return seq.model.logits_array(1)[0]
+        return seq.model.logits_array(1, seq.logits_row)[0]
 
     def draft(self, proposal: DraftProposal, state: PairState, shape: Shape, sampling: SamplingParams,
-              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> Draft:
+              rng: np.random.Generator, without_replacement: bool, masks: RowMasks | None = None) -> Steps[Draft]:
         self.buf.clear_one_hot()
         tree = DraftTree()
-        root_logits = self._catch_up(state)
+        root_logits = yield from self._catch_up(state)
         seq = state.draft_sequence()
         assert seq is not None
         context = state.tokens
         t0 = time.perf_counter()
-        seq.fork(shape.n_leaves)
         self._fill_row(0, root_logits, sampling, None if masks is None else masks.row(tree, -1))
+        seq.fork(shape.n_leaves)
         ranges = leaf_ranges(shape)
         base = len(context)  # position of depth-1 nodes
         level = [(-1, 0)]  # (node, structural index) of the previous level; -1 = root
         for depth in range(shape.depth):
-            children_per = 1 if shape.branching is None else shape.branching[depth]
-            new_level = []
-            for parent, struct in level:
-                count = shape.paths if (parent < 0 and shape.branching is None) else children_per
-                row = self.buf.rows[parent + 1]
-                taken: list[int] = []
-                for i in range(count):
-                    exclude = taken if without_replacement else ()
-                    try:
-                        x = verifier.sample_probs(row, float(rng.random()), exclude)
-                    except verifier.VerifierError:
-                        break  # no mass left for another distinct sibling
-                    taken.append(x)
-                    child_struct = struct * count + i if shape.branching is not None else (
-                        i if parent < 0 else struct)
-                    lo, hi = ranges[depth][child_struct]
-                    node = tree.add(x, parent, tuple(range(lo, hi)))
-                    new_level.append((node, child_struct))
-            level = new_level
+            level = self._sample_level(tree, level, depth, shape, ranges, rng, without_replacement)
             if depth + 1 < shape.depth and level:  # decode this level to draft the next one
                 nodes = [n for n, _ in level]
-                seq.decode([tree.tokens[n] for n in nodes], [base + depth] * len(nodes),
-                           [tree.seqs[n] for n in nodes], outputs="all")
-                logits = seq.model.logits_array(len(nodes))
+                part = seq.step_part([tree.tokens[n] for n in nodes], [base + depth] * len(nodes),
+                                     [tree.seqs[n] for n in nodes], outputs="all")
+                yield passes.Step(seq, part)
+                logits = seq.model.logits_array(len(nodes), part.first_row)
                 for i, n in enumerate(nodes):
                     self._fill_row(n + 1, logits[i], sampling, None if masks is None else masks.row(tree, n))
         tree.probs = self.buf.rows[: tree.n + 1]
         self.timing.levels = (shape.depth, time.perf_counter() - t0)
         return Draft(tree, proposal.kind, self, decoded_depth=shape.depth)
+
+    def _sample_level(self, tree: DraftTree, level: list[tuple[int, int]], depth: int, shape: Shape,
+                      ranges: Any, rng: np.random.Generator, without_replacement: bool) -> list[tuple[int, int]]:
+        """Draw the children of the previous level's nodes (from their rows), added to the tree;
+        the new level's (node, structural index) pairs."""
+        children_per = 1 if shape.branching is None else shape.branching[depth]
+        new_level = []
+        for parent, struct in level:
+            count = shape.paths if (parent < 0 and shape.branching is None) else children_per
+            row = self.buf.rows[parent + 1]
+            taken: list[int] = []
+            for i in range(count):
+                exclude = taken if without_replacement else ()
+                try:
+                    x = verifier.sample_probs(row, float(rng.random()), exclude)
+                except verifier.VerifierError:
+                    break  # no mass left for another distinct sibling
+                taken.append(x)
+                child_struct = struct * count + i if shape.branching is not None else (i if parent < 0 else struct)
+                lo, hi = ranges[depth][child_struct]
+                node = tree.add(x, parent, tuple(range(lo, hi)))
+                new_level.append((node, child_struct))
+        return new_level
 
 
 def ngram_kind(proposal: Proposal) -> str:

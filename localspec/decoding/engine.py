@@ -1,7 +1,7 @@
 """The speculative step loop: draft → one target pass → C verify → commit (:meth:`Engine.step`).
 
 Invariant between steps: every committed token but the last (the "root") is in the target's KV
-cache as sequence 0; the pair's state (:class:`~localspec.decoding.state.PairState`) owns the
+cache as the first sequence of the generation's slot; the pair's state (:class:`~localspec.decoding.state.PairState`) owns the
 target's and the draft's KV sequences and the grammar. A step asks each drafter for a proposal,
 the policy (localspec.decoding.policy: the planner, or the fixed rule) picks one and a depth, its
 drafter drafts a chain/paths/tree, ONE target decode runs over the root and every draft node
@@ -30,6 +30,8 @@ from localspec.llama.model import Model
 from localspec.decoding.planner import Planner
 from localspec.decoding.policy import FixedPolicy, Policy
 from localspec.decoding.profiles import Profiles
+from localspec.decoding import passes
+from localspec.decoding.passes import Steps, Turn, resolve, run_alone
 from localspec.decoding.state import NO_DRAFT, Draft, PairState
 from localspec.decoding.stats import GenerationStats
 from localspec.llama.sequence import KVSequence
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from localspec.decoding.grammar.steps import StepMasks, Structured
 
 log = logging.getLogger(__name__)
+
+ALONE = Turn()  # a step with nothing else in its target pass
 
 
 @dataclass
@@ -80,8 +84,8 @@ class _Counters:
         self.verify_s += seconds[2]
 
 
-def _plain_prefill(sequence: KVSequence, upto: int) -> None:
-    sequence.fill(upto)
+def _plain_prefill(sequence: KVSequence, upto: int) -> Steps[None]:
+    return passes.fill(sequence, upto)
 
 
 class Engine:
@@ -140,7 +144,19 @@ class Engine:
     # ------------------------------------------------------------------ prompt
 
     def start(self, prompt: Sequence[int]) -> None:
-        """Make the target KV hold prompt[:-1], reusing what an earlier call left there."""
+        """Make the target KV hold the prompt, reusing what an earlier call left there (decoding
+        alone on the model: see :meth:`start_steps`)."""
+        run_alone(self.start_steps(prompt))
+
+    def bind(self, slot: int) -> None:
+        """Generate in the target's slot `slot` (and the draft model's): its own KV sequences."""
+        self.state.bind(slot)
+        for d in self.drafters:
+            if isinstance(d, ModelDrafter):
+                d.slot = slot
+
+    def start_steps(self, prompt: Sequence[int]) -> Steps[None]:
+        """The prompt into the target's KV (its decodes as requests: localspec.decoding.passes)."""
         if not prompt:
             raise PromptError("the prompt is empty (no tokens to condition on)")
         if len(prompt) >= self.target.n_ctx:
@@ -150,7 +166,7 @@ class Engine:
         self.finish_reason = None
         t0 = time.perf_counter()
         prefill = self.policy.prefill if self.drafters else _plain_prefill  # nothing drafts: nothing to measure
-        self._counters.cached = self.state.start(prompt, prefill)
+        self._counters.cached = yield from self.state.start(prompt, prefill)
         for d in self.drafters:
             d.start(prompt)
         self._counters.prompt_s = time.perf_counter() - t0
@@ -171,20 +187,27 @@ class Engine:
     # ------------------------------------------------------------------ step
 
     def step(self) -> list[int]:
-        """One speculative step: draft → one target pass → C verify → commit. Returns the newly
-        generated tokens (accepted + the extra one), cut after an end-of-generation token and at
-        max_tokens; sets finish_reason when done."""
-        depth = self._depth()
+        """One speculative step, decoding alone on the model (see :meth:`steps`)."""
+        return run_alone(self.steps())
+
+    def steps(self, turn: Turn = ALONE) -> Steps[list[int]]:
+        """One speculative step: draft → one target pass → C verify → commit, its decodes as
+        requests (localspec.decoding.passes: the pair's scheduler puts other calls' in the same
+        decodes; `turn`: the tokens they put in this step's target pass, which the policy prices,
+        and the room left in it). Returns the newly generated tokens (accepted + the extra one),
+        cut after an end-of-generation token and at max_tokens; sets finish_reason when done."""
+        batch = turn.batch
+        depth = self._depth(self.target.n_batch if turn.room is None else turn.room)
         if depth is None:
             self.finish_reason = self.finish_reason or "length"
             return []
         t0 = time.perf_counter()
         masks = self.state.new_step()
-        draft = self._draft(depth, masks)
+        draft = yield from self._draft(depth, masks, batch)
         t1 = time.perf_counter()
-        self.state.target_pass(draft)
+        first_row, decoded = yield from self.state.target_pass(draft)
         t2 = time.perf_counter()
-        verdict = self._verify(draft, masks)
+        verdict = self._verify(draft, masks, first_row)
         t3 = time.perf_counter()
         new = self._emit(draft.tree.path_tokens(verdict.path) + [verdict.token])
         self.speculated = 0 if draft.certain else min(verdict.n_accepted, len(new))
@@ -192,23 +215,27 @@ class Engine:
         self._counters.step(draft.kind if draft.n else None, draft.n, verdict.n_accepted, (t1 - t0, t2 - t1, t3 - t2))
         if self.structured is not None:
             self._counters.constraint_s = self.structured.seconds
-        self.policy.observe_step(draft, verdict.n_accepted, t2 - t1, new)
+        if decoded is not None:  # a step that used the prefill's logits decoded nothing: no cost to learn
+            self.policy.observe_step(draft, verdict.n_accepted, decoded.seconds, new, decoded.tokens)
+        else:
+            self.policy.observe_step(draft, verdict.n_accepted, None, new)
         return new
 
-    def _depth(self) -> int | None:
+    def _depth(self, n_batch: int) -> int | None:
         """The most levels this step may draft (localspec.decoding.depth.step_depth: the one place
-        that cuts num_draft_tokens, for the context, max_tokens or the batch; each cut step is
-        counted by reason); None when the generation is over."""
+        that cuts num_draft_tokens, for the context, max_tokens or the batch: `n_batch`, the
+        tokens the target pass has room for; each cut step is counted by reason); None when the
+        generation is over."""
         remaining = self._remaining()
         room = self.target.n_ctx - len(self.tokens)
         if self.finish_reason or remaining <= 0 or room < 0:
             return None
-        depth, limit = step_depth(self.requested, remaining, room, self.target.n_batch)
+        depth, limit = step_depth(self.requested, remaining, room, n_batch)
         if limit is not None:
             self._counters.limits[limit] = self._counters.limits.get(limit, 0) + 1
         return depth
 
-    def _draft(self, depth: int, masks: StepMasks | None) -> Draft:
+    def _draft(self, depth: int, masks: StepMasks | None, batch: int) -> Steps[Draft]:
         """The step's draft: the drafters' proposals of at most `depth` levels (a fixed one cut
         before the first token the grammar forbids), the one the policy picks, drafted at the
         depth it picks (at most what the proposal offers)."""
@@ -223,14 +250,15 @@ class Engine:
                 if proposal.levels > depth:  # a drafter's bug: the step's cap is the one place depth is cut
                     raise RuntimeError(f"{d.kind} drafter offered {proposal.levels} levels, asked for {depth}")
                 proposals.append(proposal)
-        picked = self.policy.pick(proposals, depth, self._counters.prompt_tokens, self._remaining())
+        picked = self.policy.pick(proposals, depth, self._counters.prompt_tokens, self._remaining(), batch=batch)
         if picked is None:
             return NO_DRAFT
         proposal, levels = picked
-        return proposal.drafter.draft(proposal, self.state, self.shape.truncated(levels), self.sampling, self.rng,
-                                      self.config.verifier in WITHOUT_REPLACEMENT, masks)
+        return (yield from resolve(proposal.drafter.draft(proposal, self.state, self.shape.truncated(levels),
+                                                          self.sampling, self.rng,
+                                                          self.config.verifier in WITHOUT_REPLACEMENT, masks)))
 
-    def _verify(self, draft: Draft, masks: StepMasks | None) -> verifier.VerifyOutcome:
+    def _verify(self, draft: Draft, masks: StepMasks | None, first_row: int) -> verifier.VerifyOutcome:
         """The configured verification of the step's draft, under the grammar's masks if any. A
         certain draft (a forced chain, decoded with the last row's logits only) has rows that each
         allow exactly its token (checked), so the masked target is certain of it and every rule
@@ -239,11 +267,12 @@ class Engine:
         tree = draft.tree
         rows = masks.verified_rows(tree, draft.certain) if masks is not None else None
         if draft.certain:
-            v = verifier.verify(self.config.verifier, self.target.logits(1), None, [], [], sampling=self.sampling,
+            v = verifier.verify(self.config.verifier, self.target.logits(1, first_row), None, [], [],
+                                sampling=self.sampling,
                                 seed=int(self.rng.integers(0, 2**63)), lenience=self.config.lenience,
                                 masks=None if rows is None else rows[tree.n:tree.n + 1])
             return verifier.VerifyOutcome(tuple(range(tree.n)), v.token, tree.n)
-        return verifier.verify(self.config.verifier, self.target.logits(tree.n + 1),
+        return verifier.verify(self.config.verifier, self.target.logits(tree.n + 1, first_row),
                                tree.probs if tree.n else None, tree.tokens, tree.parents,
                                sampling=self.sampling, seed=int(self.rng.integers(0, 2**63)),
                                lenience=self.config.lenience, masks=rows)

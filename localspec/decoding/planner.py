@@ -45,6 +45,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Sequence
 
+from localspec.decoding import passes
+from localspec.decoding.passes import Steps
 from localspec.settings.shape import Shape
 from localspec.decoding.acceptance import DEFAULT_PRIOR_HAZARD, FIRST_TRY, LEVELS, PRIOR_HAZARD, Acceptance, Censored
 from localspec.decoding.costs import EMA, CostTable, plausible_costs
@@ -63,6 +65,7 @@ CURVE_SIZES = (16,)  # pass sizes the prompt prefill measures, once (others: by 
 PREFILL_WARM_UP = 4  # prompt tokens decoded before a measured chunk, unmeasured (a cold first decode is slow)
 SAMPLED = "@sampled"  # suffix of a kind's profile entry when the target samples (temperature > 0)
 LOSS_ALLOWANCE = 0.01  # of a generation's tokens at c(1): what deep drafts may lose before they have saved anything
+MIN_TOKEN_SHARE = 0.05  # of c(1): the least a token adds to a pass where no prefill rate is known
 MAX_CENSORED = 64  # drafts whose outcome past their depth is still open (each settles within its proposal's length)
 
 
@@ -89,9 +92,11 @@ class Planner:
     # ------------------------------------------------------------------ the policy (localspec.decoding.policy)
 
     def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
-             remaining: int) -> tuple[DraftProposal, int] | None:
+             remaining: int, batch: int = 0) -> tuple[DraftProposal, int] | None:
         """The proposal with the best predicted rate, at its best depth; None when none beats the
-        target alone (a draft model not loaded yet only where loading it would pay)."""
+        target alone (a draft model not loaded yet only where loading it would pay). `batch`: the
+        tokens other calls put in the same target pass: a draft then pays for its share of the
+        pass, what its tokens add to it (see :meth:`choose`)."""
         if self.saved is None:
             self.begin(remaining)
         best: tuple[float, int, DraftProposal] | None = None
@@ -99,7 +104,7 @@ class Planner:
             drafter = proposal.drafter
             if not drafter.loaded and not self.worth_loading(drafter, prompt_tokens, remaining):
                 continue
-            planned, rate = self.choose(drafter, proposal.kind, proposal.levels, proposal.lag)
+            planned, rate = self.choose(drafter, proposal.kind, proposal.levels, proposal.lag, batch)
             if planned > 0 and (best is None or rate > best[0]):
                 best = (rate, planned, proposal)
         return None if best is None else (best[2], best[1])
@@ -109,25 +114,33 @@ class Planner:
         lose before they have saved anything."""
         self.saved = LOSS_ALLOWANCE * remaining * self._measured_c1()
 
-    def prefill(self, sequence: KVSequence, upto: int) -> None:
+    def prefill(self, sequence: KVSequence, upto: int) -> Steps[None]:
         """Decode the prompt up to `upto`: chunks of the pass sizes whose cost is unknown are
         decoded as verification passes are (logits for every token) and timed, real work that
         measures the cost curve; the rest is timed as a prefill (nothing to measure: one plain
-        prefill, as the target alone does)."""
+        prefill, as the target alone does). A pass other calls shared (the pair's scheduler)
+        measures nothing."""
         sizes = self.sizes_to_measure(upto - sequence.n_cached - PREFILL_WARM_UP)
         if sizes:  # warm up first, unmeasured (a cold first decode is slow)
-            sequence.fill(sequence.n_cached + PREFILL_WARM_UP)
+            yield from passes.fill(sequence, sequence.n_cached + PREFILL_WARM_UP)
         for n in sizes:
-            t0 = time.perf_counter()
-            sequence.fill(sequence.n_cached + n, outputs="all")
-            self.target_cost.observe(n, time.perf_counter() - t0)
-        rest, t0 = upto - sequence.n_cached, time.perf_counter()
-        sequence.fill(upto)
-        self.observe_prefill(self.profile, rest, time.perf_counter() - t0)
+            decoded = yield passes.Fill(sequence, sequence.n_cached + n, outputs="all", measure=True)
+            if decoded.alone(n):
+                self.target_cost.observe(n, decoded.seconds)
+        rest, t0, shared = upto - sequence.n_cached, time.perf_counter(), False
+        while sequence.n_cached < upto:
+            before = sequence.n_cached
+            decoded = yield passes.Fill(sequence, upto)
+            shared = shared or not decoded.alone(sequence.n_cached - before)
+        if not shared:
+            self.observe_prefill(self.profile, rest, time.perf_counter() - t0)
 
-    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float, new: Sequence[int]) -> None:
+    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float | None, new: Sequence[int],
+                     pass_tokens: int | None = None) -> None:
         """A verified step: acceptance of its kind, the target pass's cost (not a forced chain's,
-        decoded with one logits row), the draft model's timing; `new`: the tokens it committed."""
+        decoded with one logits row; none where the step used the prefill's logits), the draft
+        model's timing; `new`: the tokens it committed; `pass_tokens`: the tokens of the pass,
+        other calls' included (the cost is a point of the curve at that size)."""
         kind = draft.kind if draft.n else None
         draft_seconds = 0.0
         if draft.decoded_depth:  # a draft model's draft
@@ -135,7 +148,7 @@ class Planner:
             timing = draft.drafter.timing  # type: ignore[union-attr]
             draft_seconds = timing.catch_up[1] + timing.levels[1]
         self.observe(kind, max(draft.tree.depths, default=0), n_accepted, draft.n + 1,
-                     None if draft.certain else target_seconds, draft.offered, new, draft_seconds)
+                     None if draft.certain else target_seconds, draft.offered, new, draft_seconds, pass_tokens)
 
     def finish(self) -> None:
         """The generation ended: what it learned goes into the profile."""
@@ -150,6 +163,10 @@ class Planner:
     def record(self) -> None:
         """Write what this planner learned (costs, acceptance) into the profiles, in memory; the
         profiles' owner saves them."""
+        with self.profiles.lock:
+            self._record()
+
+    def _record(self) -> None:
         for profile, table in ((self.profile, self.target_cost), *self._draft_costs.values()):
             profile.costs = dict(table.seconds)
             profile.prefill = table.prefill_rate()  # at today's c(1); an implausible one is forgotten
@@ -183,8 +200,18 @@ class Planner:
         own = self.draft_cost(drafter)(1)
         return own if own > 0 else self.target_cost(1) * drafter.source.file_bytes / self.target_bytes
 
-    def step_cost(self, drafter: Drafter, depth: int, lag: int) -> float:
-        cost = self.target_cost(self._nodes[depth] + 1)
+    def pass_cost(self, tokens: int, batch: int = 0) -> float:
+        """What `tokens` add to a target pass that holds `batch` tokens of other calls (alone:
+        the cost of a pass of `tokens`)."""
+        if batch <= 0:
+            return self.target_cost(tokens)
+        # never free: a token costs at least what a token of a long prefill costs (a flat stretch of
+        # the curve between two measured sizes is an estimate, not a free ride)
+        floor = tokens * (self.target_cost.prefill_rate() or MIN_TOKEN_SHARE * self.target_cost(1))
+        return max(self.target_cost(batch + tokens) - self.target_cost(batch), floor)
+
+    def step_cost(self, drafter: Drafter, depth: int, lag: int, batch: int = 0) -> float:
+        cost = self.pass_cost(self._nodes[depth] + 1, batch)
         if drafter.source is not None:  # a draft model: catch up on `lag` tokens, then `depth` levels
             level = self._draft_level(drafter)
             per_token = self.draft_cost(drafter).prefill_rate() or level / 3
@@ -197,14 +224,19 @@ class Planner:
         """c(1) as measured (0 until a single-token step has run), never estimated from larger passes."""
         return self.target_cost.seconds.get(1, 0.0)
 
-    def choose(self, drafter: Drafter, kind: str, available: int, lag: int = 0) -> tuple[int, float]:
+    def choose(self, drafter: Drafter, kind: str, available: int, lag: int = 0, batch: int = 0) -> tuple[int, float]:
         """The draft depth to use now with this drafter and its predicted tokens per second
         (depth 0: the target alone does better), deciding with the upper bound of the acceptance
         (so a kind little seen gets tried) but never deeper than the kind has been explored
-        (Acceptance.explored_depth: a first try is cheap, later ones double)."""
+        (Acceptance.explored_depth: a first try is cheap, later ones double). With `batch`
+        tokens of other calls in the pass, a step costs what its tokens add to the pass
+        (speculation and batching compete for the same spare compute: Su et al., "The synergy of
+        speculative decoding and batching", Sec. 3), and so does the step it would replace."""
         c1 = self._measured_c1()
         if available <= 0 or c1 <= 0:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
+        if batch > 0:
+            c1 = self.pass_cost(1, batch) or c1
         acc = self.acceptance(kind)
         limit = min(available, acc.explored_depth())
         expected = acc.expectations(limit)
@@ -212,7 +244,7 @@ class Planner:
         saved = float("inf") if certain or self.saved is None else self.saved
         best, best_rate = 0, self.margin / c1
         for d in range(1, limit + 1):
-            cost = self.step_cost(drafter, d, lag)
+            cost = self.step_cost(drafter, d, lag, batch)
             if d > FIRST_TRY and cost - c1 > saved:
                 continue  # its worst case is more than this generation has saved: not yet
             rate = expected[d] / cost
@@ -252,18 +284,24 @@ class Planner:
 
     def observe(self, kind: str | None, depth: int, n_accepted: int, n_target_tokens: int,
                 target_seconds: float | None, offered: Sequence[int] = (), new: Sequence[int] = (),
-                draft_seconds: float = 0.0) -> None:
+                draft_seconds: float = 0.0, pass_tokens: int | None = None) -> None:
         """One step: its draft's acceptance and what its target pass cost (None: not a
         verification pass, e.g. a forced run decoded with one logits row; not a point of the curve).
         `offered`: a deterministic draft's whole proposal (the tokens it was cut from), `new`: the
         tokens the step committed; a draft accepted whole and shorter than its proposal is
-        counted once the output shows how far the proposal was right (Censored)."""
+        counted once the output shows how far the proposal was right (Censored). `pass_tokens`:
+        the tokens of the pass with other calls' (their cost is a point of the curve at that size;
+        this step's share of it is what its tokens added)."""
         for acc in self._acceptance.values():
             acc.decay()
         if target_seconds is not None:
-            self.target_cost.observe(n_target_tokens, target_seconds)
+            size = max(pass_tokens or n_target_tokens, n_target_tokens)
+            self.target_cost.observe(size, target_seconds)
             if depth > 0 and self.saved is not None:
-                self.saved += (n_accepted + 1) * self._measured_c1() - target_seconds - draft_seconds
+                others = size - n_target_tokens
+                share = self.pass_cost(n_target_tokens, others) if others else target_seconds
+                instead = self.pass_cost(1, others) if others else self._measured_c1()
+                self.saved += (n_accepted + 1) * instead - share - draft_seconds
         self._follow(new)
         if kind is not None and depth > 0:
             acc = self.acceptance(kind)

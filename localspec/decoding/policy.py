@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, Sequence
 
+from localspec.decoding import passes
+from localspec.decoding.passes import Steps
+
 if TYPE_CHECKING:
     from localspec.decoding.drafters import Drafter, DraftProposal
     from localspec.decoding.state import Draft
@@ -24,17 +27,21 @@ class Policy(Protocol):
     """What the engine asks of a policy."""
 
     def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
-             remaining: int) -> tuple[DraftProposal, int] | None:
+             remaining: int, batch: int = 0) -> tuple[DraftProposal, int] | None:
         """The proposal to draft from and how many levels (None: a target-only step, nothing drafted);
         `proposals` in the drafters' order, each offering at least one level and at most `depth`
-        (the step's cap: localspec.decoding.depth.step_depth)."""
+        (the step's cap: localspec.decoding.depth.step_depth); `batch`: the tokens other calls
+        put in the same target pass (0: this call is alone)."""
 
-    def prefill(self, sequence: KVSequence, upto: int) -> None:
-        """Decode the prompt into the target's sequence up to `upto`."""
+    def prefill(self, sequence: KVSequence, upto: int) -> Steps[None]:
+        """Decode the prompt into the target's sequence up to `upto` (as requests:
+        localspec.decoding.passes)."""
 
-    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float, new: Sequence[int]) -> None:
+    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float | None, new: Sequence[int],
+                     pass_tokens: int | None = None) -> None:
         """A step was verified: its draft, how many of its tokens were accepted, the target pass's
-        time, the tokens it committed."""
+        time (None: it needed none), the tokens it committed; `pass_tokens`: the tokens of that
+        pass, other calls' included (None: only this step's)."""
 
     def finish(self) -> None:
         """The generation ended: what was learned goes into the cost profiles."""
@@ -48,16 +55,17 @@ class FixedPolicy:
         self.last = drafters[-1] if drafters else None
 
     def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
-             remaining: int) -> tuple[DraftProposal, int] | None:
+             remaining: int, batch: int = 0) -> tuple[DraftProposal, int] | None:
         for proposal in proposals:
             if proposal.drafter is self.last or proposal.levels >= min(MIN_PROPOSAL, depth):
                 return proposal, proposal.levels
         return None
 
-    def prefill(self, sequence: KVSequence, upto: int) -> None:
-        sequence.fill(upto)
+    def prefill(self, sequence: KVSequence, upto: int) -> Steps[None]:
+        return passes.fill(sequence, upto)
 
-    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float, new: Sequence[int]) -> None:
+    def observe_step(self, draft: Draft, n_accepted: int, target_seconds: float | None, new: Sequence[int],
+                     pass_tokens: int | None = None) -> None:
         pass
 
     def finish(self) -> None:

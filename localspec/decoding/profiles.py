@@ -160,6 +160,12 @@ class Profiles:
         self._refused = False  # the directory was refused (said once)
         self._lock = threading.RLock()  # calls on several pairs share one (a resident service's)
 
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while profiles are read, written back or saved: the generations on a pair learn
+        into them in its step loop while another thread saves them."""
+        return self._lock
+
     @classmethod
     def in_memory(cls) -> "Profiles":
         """Profiles that start empty and are never saved (a first run, every time)."""

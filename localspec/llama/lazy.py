@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from localspec.settings.models import ModelOptions
 from localspec.llama.host import identity
-from localspec.llama.model import Model, check_gguf_file, claimed
+from localspec.llama.model import Model, check_gguf_file
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +26,8 @@ class LazyModel:
         check_gguf_file(self.path)
         self.identity = identity(self.path, self.options)
         self._model: Model | None = None
-        self._busy = threading.Lock()
         self.load_seconds: float | None = None  # set when it is loaded
+        self.drafting_for: Any = None  # the target whose step loop decodes it (localspec.generation)
 
     @classmethod
     def of(cls, model: Model, paired: bool = False) -> "LazyModel":
@@ -36,10 +35,6 @@ class LazyModel:
         lazy = cls(model.path, model.options, paired)
         lazy._model = model
         return lazy
-
-    def in_use(self) -> contextlib.AbstractContextManager[None]:
-        """Claim the draft for one generation (localspec.llama.model.claimed)."""
-        return claimed(self._busy, self.path.name)
 
     @property
     def loaded(self) -> bool:

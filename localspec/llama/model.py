@@ -1,32 +1,33 @@
 """A GGUF model in a llama.cpp context, through llama-cpp-python's low-level API.
 
-One :class:`Model` owns a model, a context and a reusable batch. It decodes batches whose tokens
-may belong to several sequences (token trees share a prefix through ``seq_id`` sets on a unified
-KV cache), exposes the output logits as a zero-copy view, edits the KV cache per sequence and
-saves and restores a sequence's state. Its vocabulary side (tokenizing, pieces, the chat
+One :class:`Model` owns a model, a context of several slots (each a
+:class:`~localspec.llama.sequence.KVSequence` with sequence ids of its own, in one unified KV
+cache) and a reusable batch. It decodes batches whose tokens may belong to several sequences
+(token trees share a prefix through ``seq_id`` sets), several slots' parts in one decode, exposes
+the output logits as a zero-copy view, edits the KV cache per sequence and saves and restores a
+sequence's state. Its vocabulary side (tokenizing, pieces, the chat
 template) is ``localspec.llama.vocab``; the CPU kernels its weights load with are chosen by
 ``localspec.llama.kernels``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import os
-import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import llama_cpp as lc
 import numpy as np
 
 from localspec.settings.models import ModelOptions
-from localspec.errors import ContextFull, ModelError, RemoteError
+from localspec.errors import Cancelled, ContextFull, ModelError, RemoteError
 from localspec.llama import backend, buffer_types, host, kernels, rpc
+from localspec.llama.batch import AbortFlag, Batch
 from localspec.llama.logits import LogitsPointer
-from localspec.llama.sequence import KVSequence
+from localspec.llama.sequence import KVSequence, Part
 from localspec.llama.vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -52,21 +53,6 @@ def check_gguf_file(path: Path) -> None:
     if magic != b"GGUF":
         raise ModelError(f"{path} is not a GGUF file (it starts with {magic!r}); "
                          "localspec loads llama.cpp GGUF models")
-
-
-@contextlib.contextmanager
-def claimed(lock: threading.Lock, name: str) -> Iterator[None]:
-    """One generation at a time per loaded model (its KV cache is one state): a second one at the
-    same time (another thread, or a generator started while another is unfinished) is refused
-    with a ModelError, never interleaved."""
-    if not lock.acquire(blocking=False):
-        raise ModelError(f"{name} is generating already (another thread, or an unfinished generator): one "
-                         "generation at a time per loaded model; finish or close the other first, or load "
-                         "one model per thread")
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 class Model(Vocabulary):
@@ -104,8 +90,11 @@ class Model(Vocabulary):
         self._model = self._ctx = self._batch = None
         self._identity: dict | None = None
         self._pieces: dict[int, bytes] = {}
-        self._busy = threading.Lock()
-        self.sequence = KVSequence(self)  # what the KV cache holds: its one owner
+        self.sequences = [KVSequence(self)]  # what each slot of the KV cache holds: its one owner
+        self.n_slots = 1  # calls that may generate at once (the context's slots; set when it is made)
+        self.decodes = 0  # decodes run: output rows are those of the last one
+        self.scheduler: Any = None  # the step loop of the calls generating on it (localspec.decoding.scheduler)
+        self.drafting_for: Any = None  # the target whose step loop decodes it as a draft (localspec.generation)
         self.checked_drafts: dict[str, str] = {}  # pairing's verdicts: draft key -> "ok" or why not
         # llguidance's tokenizer of this vocabulary, once started (decoding.grammar.tokenizer.start_tokenizer:
         # a TokenizerFuture, with the grammars already followed over it)
@@ -177,69 +166,75 @@ class Model(Vocabulary):
         per_cell = 2 * int(lc.llama_model_n_layer(self._model)) * int(lc.llama_model_n_head_kv(self._model)) * head_dim
         return int(n_ctx * per_cell * per_value)
 
-    def _check_context_fits(self) -> None:
-        """Refuse a context whose KV cache cannot fit in this machine's memory, before llama.cpp
-        allocates it (a huge --ctx-size would otherwise take gigabytes and then fail, or swap)."""
+    def _slots_that_fit(self) -> int:
+        """The slots whose KV cache fits in this machine's memory: `parallel` as asked (refused
+        before llama.cpp allocates it when it does not fit: a huge --ctx-size would otherwise take
+        gigabytes and then fail, or swap), or by default as many of DEFAULT_PARALLEL as fit."""
+        o = self.options
         available = host.available_memory()
         if available is None or self._gpu_layers():  # unknown, or the cache lives on other devices
-            return
-        need = self.kv_bytes(self.options.ctx_size)
+            return o.slots
+        per_slot = self.kv_bytes(o.ctx_size)
+        fitting = int(available // max(per_slot, 1))
+        slots = o.slots if o.parallel is not None else max(1, min(o.slots, fitting))
+        if slots < o.slots:
+            log.info("%s: %d slots of %d tokens fit in the memory available (not %d)", self.path.name, slots,
+                     o.ctx_size, o.slots)
+        need = per_slot * slots
         if need > available:
-            fits = max(16, int(self.options.ctx_size * available / need) // 256 * 256)
-            raise ModelError(f"ctx_size={self.options.ctx_size} needs ~{need / 2**30:.1f} GiB of KV cache for "
+            fits = max(16, int(o.ctx_size * available / need) // 256 * 256)
+            each = f" in each of {slots} slots" if slots > 1 else ""
+            raise ModelError(f"ctx_size={o.ctx_size}{each} needs ~{need / 2**30:.1f} GiB of KV cache for "
                              f"{self.path.name}, and this machine has {available / 2**30:.1f} GiB available; use "
-                             f"--ctx-size {fits} or less (or --cache-type q8_0)")
+                             f"--ctx-size {fits} or less (or --cache-type q8_0{', or fewer --parallel' if each else ''})")
+        return slots
 
     def _create_context(self) -> None:
         o = self.options
-        self._check_context_fits()
+        self.n_slots = self._slots_that_fit()
         params = lc.llama_context_default_params()
-        params.n_ctx = o.ctx_size
+        params.n_ctx = o.ctx_size * self.n_slots  # each slot's calls hold at most ctx_size tokens
         params.n_batch = o.batch_size
         params.n_ubatch = min(o.batch_size, 512)
-        params.n_seq_max = o.n_seq_max
+        params.n_seq_max = o.n_seq_max * self.n_slots
         threads = o.threads or os.cpu_count() or 1
         params.n_threads = threads
         params.n_threads_batch = threads
         params.flash_attn_type = FLASH_ATTN[o.flash_attn]
         params.type_k = CACHE_TYPES[o.cache_type]
         params.type_v = CACHE_TYPES[o.cache_type]
-        params.kv_unified = True  # a token may belong to several sequences (trees)
+        # one cache for every slot: a token may belong to several sequences (trees), which per-slot
+        # streams (kv_unified = false) cannot hold
+        params.kv_unified = True
         params.no_perf = True
         ctx = lc.llama_init_from_model(self._model, params)
         if not ctx:
             hint = ("; a quantized KV cache also needs head sizes that its blocks divide: try --cache-type f16"
                     if o.cache_type == "q8_0" else "")
             raise ModelError(f"llama.cpp could not create a context for {self.path.name} with "
-                             f"ctx_size={o.ctx_size}, cache_type={o.cache_type}: not enough memory? "
-                             f"Try a smaller --ctx-size{hint}")
+                             f"ctx_size={o.ctx_size} × {self.n_slots} slots, cache_type={o.cache_type}: not enough "
+                             f"memory? Try a smaller --ctx-size or --parallel{hint}")
         self._ctx = ctx
         self._mem = lc.llama_get_memory(ctx)
-        self.n_ctx = int(lc.llama_n_ctx(ctx))
+        self.n_ctx = int(lc.llama_n_ctx(ctx)) // self.n_slots  # one call's context: a slot's share of the cells
         # llama.cpp caps n_batch at the requested n_ctx (before it pads n_ctx): the real limit
         self.n_batch = int(lc.llama_n_batch(ctx))
 
     def _alloc_batch(self) -> None:
-        cap, nseq = self.n_batch, self.options.n_seq_max
-        self._batch = lc.llama_batch_init(cap, 0, nseq)
-        b = self._batch
-        self._b_token = np.ctypeslib.as_array(b.token, shape=(cap,))
-        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(cap,))
-        self._b_nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(cap,))
-        self._b_logits = np.ctypeslib.as_array(b.logits, shape=(cap,))
-        self._b_seq = [np.ctypeslib.as_array(b.seq_id[i], shape=(nseq,)) for i in range(cap)]
-        for row in self._b_seq:
-            row[0] = 0
-
-    def in_use(self) -> contextlib.AbstractContextManager[None]:
-        """Claim the model for one generation (see claimed)."""
-        self._live()
-        return claimed(self._busy, self.path.name)
+        self._batch = Batch(self.n_batch, self.options.n_seq_max * self.n_slots)
+        span = self.options.n_seq_max
+        self.sequences = [KVSequence(self, base=i * span, span=span, slot=i) for i in range(self.n_slots)]
+        self._abort = AbortFlag()
+        if not self.options.rpc:  # a remote decode is bounded by rpc.DecodeWatch instead
+            self._abort.install(self._ctx)
 
     def close(self) -> None:
         """Free the batch, context and model (idempotent)."""
+        scheduler = getattr(self, "scheduler", None)
+        if scheduler is not None:
+            scheduler.close()
         if getattr(self, "_batch", None) is not None:
-            lc.llama_batch_free(self._batch)
+            self._batch.free()
             self._batch = None
         if getattr(self, "_ctx", None):
             lc.llama_free(self._ctx)
@@ -306,44 +301,45 @@ class Model(Vocabulary):
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int],
                seq_ids: Sequence[Sequence[int]] | None = None, outputs: str = "all") -> int:
-        """Decode one batch. seq_ids[i]: the sequences token i belongs to (default: seq 0).
+        """Decode one batch. seq_ids[i]: the sequences token i belongs to (default: sequence 0).
         outputs: "all" (logits for every token) or "last". Returns the number of output rows."""
+        ids = [(0,)] * len(tokens) if seq_ids is None else seq_ids
+        return self.decode_parts([Part(tokens, positions, ids, outputs)])
+
+    def decode_parts(self, parts: Sequence[Part]) -> int:
+        """Decode the parts (several slots' tokens) in one llama_decode; each part's first output
+        row is set (Part.first_row); the number of output rows. Cancelled when the abort flag
+        was set during it (llama.cpp removed what it had put in the cache of its last batch:
+        the callers drop the rest, localspec.llama.sequence.KVSequence.abandon)."""
         self._live()
-        n = len(tokens)
+        n = self._batch.fill(parts, self.path.name)
         if n == 0:
             return 0
-        if n > self.n_batch:
-            raise ModelError(f"{n} tokens in one batch exceed n_batch={self.n_batch}")
-        self._b_token[:n] = tokens
-        self._b_pos[:n] = positions
-        if seq_ids is None:
-            self._b_nseq[:n] = 1
-            for i in range(n):
-                self._b_seq[i][0] = 0
-        else:
-            for i, ids in enumerate(seq_ids):
-                self._b_nseq[i] = len(ids)
-                self._b_seq[i][: len(ids)] = ids
-        if outputs == "all":
-            self._b_logits[:n] = 1
-        else:
-            self._b_logits[:n] = 0
-            self._b_logits[n - 1] = 1
-        self._batch.n_tokens = n
+        self.decodes += 1
         if self.options.rpc:  # the whole computation, not only its submission, within a time limit
             with rpc.DecodeWatch(self.options.rpc):
-                rc = lc.llama_decode(self._ctx, self._batch)
+                rc = lc.llama_decode(self._ctx, self._batch.raw)
                 lc.llama_synchronize(self._ctx)
         else:
-            rc = lc.llama_decode(self._ctx, self._batch)
+            rc = lc.llama_decode(self._ctx, self._batch.raw)
         if rc == 1:
             raise ContextFull(f"the context is full: no KV slot for {n} more tokens "
-                             f"(ctx_size={self.n_ctx}); use a larger --ctx-size")
+                             f"(ctx_size={self.n_ctx} per slot); use a larger --ctx-size")
+        if rc == 2 and self._abort.is_set:
+            raise Cancelled("the decode was stopped")
         if rc != 0 and self.options.rpc:
             raise RemoteError(f"llama_decode failed with code {rc} on the RPC server(s) {', '.join(self.options.rpc)}")
         if rc != 0:
             raise ModelError(f"llama_decode failed with code {rc}")
-        return n if outputs == "all" else 1
+        return sum(p.n_outputs for p in parts)
+
+    def stop_decoding(self) -> None:
+        """Stop the decode running now, from any thread (its decode_parts raises Cancelled); every
+        later decode stops too until resume_decoding."""
+        self._abort.set()
+
+    def resume_decoding(self) -> None:
+        self._abort.clear()
 
     def prefill(self, tokens: Sequence[int], start: int, seq_ids: Sequence[int] = (0,)) -> None:
         """Decode a long run of tokens (e.g. the prompt) in n_batch chunks at positions
@@ -351,20 +347,21 @@ class Model(Vocabulary):
         step = self.n_batch
         for lo in range(0, len(tokens), step):
             chunk = tokens[lo: lo + step]
-            self.decode(chunk, range(start + lo, start + lo + len(chunk)),
-                        None if tuple(seq_ids) == (0,) else [seq_ids] * len(chunk), outputs="last")
+            self.decode(chunk, range(start + lo, start + lo + len(chunk)), [tuple(seq_ids)] * len(chunk),
+                        outputs="last")
 
-    def logits(self, n_rows: int) -> LogitsPointer:
-        """The last decode's output rows, zero-copy (valid until the next decode)."""
+    def logits(self, n_rows: int, first: int = 0) -> LogitsPointer:
+        """The last decode's output rows first .. first + n_rows - 1, zero-copy (valid until the
+        next decode)."""
         self._live()
         ptr = lc.llama_get_logits(self._ctx)
-        return LogitsPointer(ctypes.addressof(ptr.contents), n_rows, self.n_vocab)
+        return LogitsPointer(ctypes.addressof(ptr.contents) + 4 * first * self.n_vocab, n_rows, self.n_vocab)
 
-    def logits_array(self, n_rows: int) -> np.ndarray:
+    def logits_array(self, n_rows: int, first: int = 0) -> np.ndarray:
         """The same rows as a numpy view (no copy; valid until the next decode)."""
         self._live()
         ptr = lc.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+        return np.ctypeslib.as_array(ptr, shape=(first + n_rows, self.n_vocab))[first:]
 
     # ------------------------------------------------------------------ KV cache
 
@@ -377,6 +374,11 @@ class Model(Vocabulary):
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         self._live()
         lc.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        """The largest position sequence `seq` holds in the cache (-1: none)."""
+        self._live()
+        return int(lc.llama_memory_seq_pos_max(self._mem, seq))
 
     def clear_memory(self) -> None:
         """Empty the KV cache (KVSequence.clear keeps its record true; use Model.clear)."""
@@ -405,22 +407,30 @@ class Model(Vocabulary):
             return f"{self.path.name} is recurrent: its state cannot be trimmed to a prefix"
         return None
 
-    def seq_state(self) -> bytes:
-        """llama.cpp's state of sequence 0 (its KV cells), as bytes."""
+    def seq_state(self, seq: int = 0) -> bytes:
+        """llama.cpp's state of sequence `seq` (its KV cells), as bytes."""
         self._live()
-        size = lc.llama_state_seq_get_size(self._ctx, 0)
+        size = lc.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
-        written = lc.llama_state_seq_get_data(self._ctx, buf, size, 0)
+        written = lc.llama_state_seq_get_data(self._ctx, buf, size, seq)
         if written != size:
             raise ModelError(f"llama.cpp wrote {written} of {size} bytes of {self.path.name}'s sequence state")
         return bytes(buf)
 
-    def set_seq_state(self, data: bytes) -> bool:
-        """Load a state from seq_state into sequence 0 (which must be empty); False: llama.cpp refused it."""
+    def set_seq_state(self, data: bytes, seq: int = 0) -> bool:
+        """Load a state from seq_state into sequence `seq` (which must be empty); False: llama.cpp
+        refused it."""
         self._live()
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return lc.llama_state_seq_set_data(self._ctx, buf, len(data), 0) > 0
+        return lc.llama_state_seq_set_data(self._ctx, buf, len(data), seq) > 0
+
+    @property
+    def sequence(self) -> KVSequence:
+        """The first slot's sequence (a program generating one call at a time uses only it)."""
+        return self.sequences[0]
 
     def clear(self) -> None:
-        """Empty the KV cache and its sequence."""
-        self.sequence.clear()
+        """Empty the KV cache and every slot's sequence."""
+        self.clear_memory()
+        for seq in self.sequences:
+            seq.clear()

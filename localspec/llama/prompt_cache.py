@@ -40,9 +40,14 @@ class StatefulModel(KeyedModel, Protocol):
     @property
     def state_refusal(self) -> str | None: ...
 
-    def seq_state(self) -> bytes: ...
+    def seq_state(self, seq: int = 0) -> bytes: ...
 
-    def set_seq_state(self, data: bytes) -> bool: ...
+    def set_seq_state(self, data: bytes, seq: int = 0) -> bool: ...
+
+
+def _state(model: StatefulModel, sequence: Any) -> bytes:
+    """The saved state of a slot's sequence (None: the model's first)."""
+    return model.seq_state() if sequence is None else sequence.state()
 
 
 def parse_limit(text: str) -> int:
@@ -100,15 +105,16 @@ class PromptCache(PromptStore):
                 found = (entry, keep)
         return found
 
-    def save(self, model: StatefulModel, tokens: Sequence[int]) -> Path | None:
-        """Save the model's sequence-0 state, which holds exactly `tokens`, unless it is too short
+    def save(self, model: StatefulModel, tokens: Sequence[int], sequence: Any = None) -> Path | None:
+        """Save the state of the model's `sequence` (a KVSequence; default: its first slot's), which
+        holds exactly `tokens`, unless it is too short
         or an entry already holds all but fewer than min_tokens of them (a question after a saved
         document: restoring that entry and prefilling the rest costs about what a save would, and
         the disk keeps one copy of the document). None: nothing written."""
         with self._lock:
-            return self._save(model, tokens)
+            return self._save(model, tokens, sequence)
 
-    def _save(self, model: StatefulModel, tokens: Sequence[int]) -> Path | None:
+    def _save(self, model: StatefulModel, tokens: Sequence[int], sequence: Any) -> Path | None:
         if len(tokens) < self.min_tokens or self._off(model):
             return None
         directory = self._dir(model)
@@ -116,7 +122,7 @@ class PromptCache(PromptStore):
         tokens = tuple(int(t) for t in tokens)
         if self.memory_limit > 0 and not self._in_memory(model, tokens):
             try:
-                self._remember(model, tokens, model.seq_state())
+                self._remember(model, tokens, _state(model, sequence))
             except ModelError as exc:
                 self._disable(str(exc))
                 return None
@@ -125,7 +131,7 @@ class PromptCache(PromptStore):
                 self._touch(entry)
                 return None
         try:
-            data = self._memory.get((model_key(options), tokens)) or model.seq_state()
+            data = self._memory.get((model_key(options), tokens)) or _state(model, sequence)
         except ModelError as exc:  # llama.cpp could not serialise the state: no cache, never a failed run
             self._disable(str(exc))
             return None
@@ -162,15 +168,14 @@ class PromptCache(PromptStore):
 
     # ------------------------------------------------------------------ restoring
 
-    def restore(self, model: Any, prompt: Sequence[int]) -> int:
-        """Restore into the model's sequence the longest saved prefix of `prompt` (from memory,
-        else from disk) when it is longer than what the cache already holds of it; returns the
-        prompt tokens the cache holds after."""
+    def restore(self, model: Any, prompt: Sequence[int], sequence: Any = None) -> int:
+        """Restore into the model's `sequence` (a KVSequence; default: its first slot's) the
+        longest saved prefix of `prompt` (from memory, else from disk) when it is longer than what
+        the cache already holds of it; returns the prompt tokens the cache holds after."""
         with self._lock:
-            return self._restore(model, prompt)
+            return self._restore(model, prompt, model.sequence if sequence is None else sequence)
 
-    def _restore(self, model: Any, prompt: Sequence[int]) -> int:
-        sequence = model.sequence
+    def _restore(self, model: Any, prompt: Sequence[int], sequence: Any) -> int:
         held = sequence.reusable(prompt)  # what the cache holds of it already (KVSequence.start keeps it)
         if self._off(model):
             return held
@@ -180,7 +185,7 @@ class PromptCache(PromptStore):
             key = (model_key(model.state_options), tokens)
             self._memory.move_to_end(key)
             data = self._memory[key]
-            if sequence.restore(tokens, lambda: model.set_seq_state(data), keep):
+            if sequence.restore(tokens, data, keep):
                 log.info("prompt cache: restored %d of %d prompt tokens from memory", keep, len(prompt))
                 return keep
             del self._memory[key]
@@ -192,7 +197,7 @@ class PromptCache(PromptStore):
         data = self.load(entry)
         if data is None:
             return held
-        if not sequence.restore(entry.tokens, lambda: model.set_seq_state(data), keep):
+        if not sequence.restore(entry.tokens, data, keep):
             self._remove(entry, "llama.cpp refused its state")
             return 0
         if self.memory_limit > 0:

@@ -39,6 +39,7 @@ from localspec.errors import (
     VerifierError,
 )
 from localspec.server import ServerLimits, schemas
+from localspec.generation import END
 from localspec.server.jobs import Job, Pair
 from localspec.server.responses import ModelCard, ModelList, ResponseBuilder, error_body
 
@@ -178,13 +179,19 @@ async def _collect(job: Job) -> tuple[list[Response], BaseException | None]:
     out: list[Response] = []
     error = None
     while True:
-        event, value = await job.get()
-        if event == "token":
-            out.append(value)
-        elif event == "error":
-            error = value
-        else:
+        event = await job.get()
+        if event is END:
             return out, error
+        if isinstance(event, BaseException):
+            error = event
+        else:
+            out.append(event)
+
+
+def _finish_reason(response: Response) -> str:
+    """OpenAI's finish reason of a last response: a generation stopped early (the server shuts
+    down) ends as one cut by a limit."""
+    return "length" if response.finish_reason in (None, "cancelled") else response.finish_reason
 
 
 def _event(body: BaseModel | str) -> ServerSentEvent:
@@ -209,27 +216,26 @@ def _sse_response(job: Job, events: AsyncIterator[ServerSentEvent]) -> HTTPRespo
                                shutdown_grace_period=STREAM_SHUTDOWN_GRACE)
 
 
-async def _events(job: Job, first: tuple[str, Any], reply: ResponseBuilder) -> AsyncIterator[ServerSentEvent]:
+async def _events(job: Job, first: Any, reply: ResponseBuilder) -> AsyncIterator[ServerSentEvent]:
     try:
         if reply.chat:
             yield _event(reply.chunk(None, role=True))
-        event, value = first
+        event = first
         last: Response | None = None
-        while event != "end":
-            if event == "token":
-                last = value
-                if value.content:  # the text without tool-call markup (all of it, without tools)
-                    yield _event(reply.chunk(value.content))
-                if value.finish_reason:
-                    for chunk in reply.tool_call_chunks(value.tool_calls) + \
-                            reply.final_chunks(value.finish_reason, value.stats):
-                        yield _event(chunk)
-            elif event == "error":
-                log.warning("stream of %s ended by an error: %s", reply.id, value)
-                error_type = "server_error" if status_of(value) >= 500 else "invalid_request_error"
-                yield _event(error_body(str(value), error_type=error_type))
+        while event is not END:
+            if isinstance(event, BaseException):
+                log.warning("stream of %s ended by an error: %s", reply.id, event)
+                error_type = "server_error" if status_of(event) >= 500 else "invalid_request_error"
+                yield _event(error_body(str(event), error_type=error_type))
                 return
-            event, value = await job.get()
+            last = event
+            if event.content:  # the text without tool-call markup (all of it, without tools)
+                yield _event(reply.chunk(event.content))
+            if event.finish_reason:
+                for chunk in reply.tool_call_chunks(event.tool_calls) + \
+                        reply.final_chunks(_finish_reason(event), event.stats):
+                    yield _event(chunk)
+            event = await job.get()
         if last is not None and last.finish_reason is None:  # stopped early (the server shuts down)
             for chunk in reply.final_chunks("length", last.stats):
                 yield _event(chunk)
@@ -241,8 +247,10 @@ async def _events(job: Job, first: tuple[str, Any], reply: ResponseBuilder) -> A
 async def _respond_stream(request: Request, job: Job, reply: ResponseBuilder) -> HTTPResponse:
     """An SSE response once the first token is there (an error before it: a JSON error response)."""
     first = await _unless_disconnected(request, job.get())
-    if first[0] == "error":
-        return error_response(first[1], reply.chat)
+    if isinstance(first, BaseException):
+        return error_response(first, reply.chat)
+    if first is END:
+        return error_response(RuntimeError("no output"), reply.chat)
     return _sse_response(job, _events(job, first, reply))
 
 
@@ -255,8 +263,8 @@ async def _respond_full(request: Request, job: Job, reply: ResponseBuilder) -> H
             return error_response(error or RuntimeError("no output"), reply.chat)
     last = responses[-1]
     text = "".join(r.content for r in responses)
-    # finish_reason None: the server is shutting down (or an error) ended the generation early
-    return json_response(reply.full(text, last.finish_reason or "length", last.stats, last.tool_calls))
+    # finish_reason None or cancelled: the server is shutting down (or an error) ended the generation early
+    return json_response(reply.full(text, _finish_reason(last), last.stats, last.tool_calls))
 
 
 # ---------------------------------------------------------------- the app

@@ -47,7 +47,7 @@ class Constraint:
     ``allow_stop_strings`` says whether stop strings may be combined with it: no for a constraint
     the caller asked for (the grammar decides where the output ends, and text cut at a stop string
     would no longer match it); yes for tool calling's grammar (``ToolSet.constraint``), whose
-    answer is text or calls, the stop strings applying to the text only (``api.StopScanner``).
+    answer is text or calls, the stop strings applying to the text only (``localspec.decoding.text.StopScanner``).
     It says how the constraint is used, not what it matches: not part of equality either."""
 
     kind: Kind

@@ -6,7 +6,7 @@ grammar and the :class:`~localspec.decoding.grammar.follower.GrammarFollower` of
 llguidance tokenizer, both made when the engine is made, so a grammar that cannot be enforced
 is a ConfigError before any decoding (the follower follows the grammar's start over the model's
 vocabulary); the follower is attached to the target's
-:class:`~localspec.llama.sequence.KVSequence` for one generation. Each step gets its
+:class:`~localspec.llama.sequence.KVSequence` of the generation's slot for one generation. Each step gets its
 :class:`StepMasks` (:meth:`Structured.step`): the mask rows of that step's draft, in preallocated
 buffers, and the rows the verifier takes (:meth:`StepMasks.verified_rows`), after which the grammar is
 back at the committed tokens.
@@ -32,6 +32,7 @@ from localspec.decoding.drafters import DraftProposal
 from localspec.decoding.tree import DraftTree
 from localspec.errors import ConstraintError
 from localspec.llama.model import Model
+from localspec.llama.sequence import KVSequence
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ class Structured:
         self.max_nodes = max_nodes
         self.follower = GrammarFollower.for_model(constraint, target)  # its start followed once per model
         self.masks = StepMasks(self.follower, max_nodes)
+        self._sequence: KVSequence | None = None  # the sequence it follows (attach)
 
     @property
     def seconds(self) -> float:
@@ -149,18 +151,21 @@ class Structured:
         forced tokens, following the committed tokens."""
         return self.masks.seconds + self.follower.seconds
 
-    def attach(self, prompt: Sequence[int]) -> None:
-        """After the prefill: the grammar follows the target's committed tokens from the prompt on."""
+    def attach(self, prompt: Sequence[int], sequence: KVSequence) -> None:
+        """After the prefill: the grammar follows the committed tokens of the target's `sequence`
+        (the generation's slot) from the prompt on."""
         self.detach()
         follower = self.follower
         follower.reset(prompt)
-        self.target.sequence.followers.append(follower)
+        sequence.followers.append(follower)
+        self._sequence = sequence
         follower.seconds = self.masks.seconds = 0.0
 
     def detach(self) -> None:
         """The generation ended (or failed): the grammar no longer follows the target."""
-        if self.follower in self.target.sequence.followers:
-            self.target.sequence.followers.remove(self.follower)
+        sequence, self._sequence = self._sequence, None
+        if sequence is not None and self.follower in sequence.followers:
+            sequence.followers.remove(self.follower)
 
     def step(self) -> StepMasks:
         """A step begins: its draft's mask rows (nothing known yet)."""

@@ -1,0 +1,125 @@
+"""The decodes a generation asks for, as requests its steps yield (:data:`Steps`): a generation's
+prompt, drafts and steps are generators that yield a :class:`Fill` (committed tokens into a
+sequence's cache) or a :class:`Step` (a step's tokens on its forked sequences) and get a
+:class:`Decoded` back once the decode has run, its logits rows in place until the model's next
+decode.
+
+Whoever runs them decides how the decodes are made: :func:`run_alone` runs each request as a
+decode of its own (one generation on the model, as ``Engine.step`` does when called directly);
+the pair's scheduler (localspec.decoding.scheduler) puts the requests of every active call into
+one decode per model per round. The step's code is the same either way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Generator, TypeVar, Union
+
+from localspec.errors import Cancelled
+from localspec.llama.sequence import KVSequence, Part
+
+
+@dataclass
+class Fill:
+    """Decode `sequence`'s committed tokens up to `upto` (at most what the runner gives at once:
+    the step that asked loops until its sequence holds them). `outputs` "last": the last decoded
+    token's logits; "all": every token's (a pass the planner times: `measure`, run at its full size)."""
+
+    sequence: KVSequence
+    upto: int
+    outputs: str = "last"
+    measure: bool = False
+
+    def part(self, most: int) -> Part:
+        """The part this request decodes now: at most `most` tokens (all of them when measured)."""
+        return self.sequence.fill_part(self.upto, self.outputs, None if self.measure else most)
+
+
+@dataclass
+class Step:
+    """Decode a step's tokens (`part`: the root and the draft nodes, or one draft level) on
+    `sequence`'s forked sequences; the caller keeps what it needs afterwards (keep_branch)."""
+
+    sequence: KVSequence
+    part: Part
+
+
+Request = Union[Fill, Step]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Between two steps a generation yields an empty Turn and waits for its next one: the one it
+    gets back says what the other calls put in the next target pass (`batch` tokens; the step may
+    add at most `room`; None: the whole batch)."""
+
+    batch: int = 0
+    room: int | None = None
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A request's decode ran: the tokens the whole decode held (this request's and the other
+    calls'), and its wall time (seconds)."""
+
+    tokens: int
+    seconds: float
+
+    def alone(self, own: int) -> bool:
+        """Whether the decode held only `own` tokens (its time is the cost of that many)."""
+        return self.tokens == own
+
+
+T = TypeVar("T")
+Steps = Generator[Request, Decoded, T]
+
+
+def decode(model: object, parts: list[Part], requests: list[Request]) -> Decoded:
+    """Run one decode of `parts` (one per request, in order) on `model`; fills are recorded in
+    their sequences. A decode that fails leaves the requests' sequences as they were before it."""
+    for r in requests:
+        r.sequence.begin()
+    t0 = time.perf_counter()
+    try:
+        model.decode_parts(parts)  # type: ignore[attr-defined]
+    except BaseException:
+        for r, p in zip(requests, parts):
+            r.sequence.abandon(p)
+        raise
+    seconds = time.perf_counter() - t0
+    for r, p in zip(requests, parts):
+        if isinstance(r, Fill):
+            r.sequence.filled(p)
+    return Decoded(sum(len(p.tokens) for p in parts), seconds)
+
+
+def run_alone(steps: Steps[T]) -> T:
+    """Run a generation's requests one decode each (nothing else on the model)."""
+    sent: Decoded | None = None
+    while True:
+        try:
+            request = steps.send(sent)  # type: ignore[arg-type]
+        except StopIteration as done:
+            return done.value
+        model = request.sequence.model
+        part = request.part(model.n_batch) if isinstance(request, Fill) else request.part
+        try:
+            sent = decode(model, [part], [request])
+        except Cancelled:
+            steps.close()
+            raise
+
+
+def resolve(value: T | Steps[T]) -> Steps[T]:
+    """The value of something that may need decodes (a generator of requests) or may not."""
+    if isinstance(value, Generator):
+        return (yield from value)
+    return value
+
+
+def fill(sequence: KVSequence, upto: int | None = None, outputs: str = "last") -> Steps[None]:
+    """Decode `sequence`'s committed tokens up to `upto` (default: all of them)."""
+    upto = len(sequence.tokens) if upto is None else upto
+    while sequence.n_cached < upto:
+        yield Fill(sequence, upto, outputs)
