@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import threading
 
+from localspec.errors import Cancelled  # a call stopped before it had its pair (Cancel.reason says why)
+
+__all__ = ["STOPS", "Cancel", "Cancelled"]
+
 STOPS = ("interrupted", "terminated")  # reasons a user stops a call (Ctrl-C, SIGTERM)
 
 
@@ -27,7 +31,3 @@ class Cancel:
 
     def wait(self, timeout: float | None) -> bool:
         return self._event.wait(timeout)
-
-
-class Cancelled(Exception):
-    """A call stopped before it had its pair (Cancel.reason says why)."""
