@@ -47,7 +47,7 @@ def _spans(callback: Callback | None, fetched: list[str],
         return [None] * len(fetched), [None] * len(loaded)
     sizes = {name: registry.sizes(name) for name in {*fetched, *loaded}}
     whole = progress.Progress(callback).whole()
-    progress.reach(whole, 0.0, "the load")
+    progress.reach(whole, 0.0, "the load of " + ", ".join(Path(n).name for n in loaded))
     parts: list[Span | None] = list(whole.split([sizes[n][1] for n in fetched] + [sizes[n][0] for n in loaded]))
     return parts[:len(fetched)], parts[len(fetched):]
 

@@ -9,6 +9,7 @@ the events, wherever they were made.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -135,14 +136,15 @@ class LoadBars:
             if self._stopped:
                 return None
             bar = tqdm(total=100, desc=f"loading {name}", unit="%", file=self.stream, leave=False,
-                       bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}")
+                       **_screen(self.stream), bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}")
             self._bars.append(bar)
 
         def report(fraction: float) -> bool:
             with self._lock:
                 if not bar.disable:
                     bar.update(round(100 * fraction) - bar.n)
-                    if fraction >= 1.0:
+                    if fraction >= 1.0:  # shown done, then cleared
+                        bar.refresh()
                         bar.close()
             return True
 
@@ -162,6 +164,16 @@ class LoadBars:
             for bar in self._bars:
                 bar.close()
             self._bars.clear()
+
+
+def _screen(stream: IO[str]) -> dict[str, int]:
+    """The terminal's size for tqdm; 80 × 24 where it says none (a pseudo-terminal whose size nobody
+    set reports 0 × 0, in which tqdm draws nothing)."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return {"ncols": 80, "nrows": 24}
+    return {"ncols": size.columns or 80, "nrows": size.lines or 24}
 
 
 @contextlib.contextmanager
