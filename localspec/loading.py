@@ -142,18 +142,16 @@ def load_pair(model: str | None, draft: str | None, options: PairOptions = PairO
     from localspec.llama import registry
 
     names = pair_names(model, draft)
-    with_draft = bool(names.draft and need_draft)
-    fetched = [names.target] + ([names.draft] if with_draft else [])
-    loaded = [names.target] + ([names.draft] if with_draft and not lazy_draft else [])
-    fetch, load = _spans(progress, fetched, loaded)
+    drafts = [names.draft] if names.draft and need_draft else []
+    fetch, load = _spans(progress, [names.target, *drafts], [names.target, *(drafts if not lazy_draft else [])])
     target_path = registry.resolve(names.target, fetch[0])
-    draft_path = registry.resolve(fetched[1], fetch[1]) if with_draft else None
+    draft_path = registry.resolve(drafts[0], fetch[1]) if drafts else None
     t0 = time.perf_counter()
     target = load_target(target_path, options.target, grammar, load[0])
     t1 = time.perf_counter()
     try:
         dm = load_draft(names, options.draft, lazy_draft, draft_path, load[1] if len(load) > 1 else None) \
-            if with_draft else None
+            if drafts else None
     except BaseException:
         target.close()
         raise

@@ -258,6 +258,89 @@ def test_an_error_mid_stream_is_an_error_event(served: Served, monkeypatch: pyte
                      "code": None}
 
 
+SLOW_DECODE_MS = 10.0  # each llama_decode made this much slower: a known floor under the timings
+
+
+def timings_problems(body: dict, wall_ms: float) -> list[str]:
+    """What is wrong with a response's `timings` (llama-server's): each field against the usage
+    and `speculative` beside it (test_timings.check_llama_timings), and against time itself, with
+    every decode SLOW_DECODE_MS slower: the prompt (not cached) took at least one decode, every
+    target pass but the first one (which may come with the prompt's), and all of it fits in the
+    request's wall time."""
+    from test_timings import check_llama_timings
+
+    timings = body["timings"]
+    problems = check_llama_timings(timings, body)
+    passes = body["speculative"]["target_passes"] - 1
+    if not SLOW_DECODE_MS <= timings["prompt_ms"] <= wall_ms:
+        problems.append(f"prompt_ms {timings['prompt_ms']} outside [{SLOW_DECODE_MS}, {wall_ms}]")
+    if not SLOW_DECODE_MS * passes <= timings["predicted_ms"] <= wall_ms:
+        problems.append(f"predicted_ms {timings['predicted_ms']} outside [{SLOW_DECODE_MS * passes}, {wall_ms}]")
+    return problems
+
+
+@pytest.fixture
+def slow_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Model.decode
+
+    def slow(self: Model, *args: Any, **kwargs: Any) -> int:
+        time.sleep(SLOW_DECODE_MS / 1e3)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Model, "decode", slow)
+
+
+def fresh_prompt() -> str:
+    """A prompt no earlier request left in the KV cache (so its processing is timed)."""
+    import random
+
+    return PROMPT + " " + " ".join(random.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(12))
+
+
+def test_timings_as_llama_server_sends_them(served: Served, slow_decodes: None,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full responses (chat and text) carry llama-server's `timings` beside `speculative`, in its
+    units: consistent with both, and in milliseconds by the clock. Negative control: a unit slip
+    (seconds for milliseconds) is caught."""
+    from localspec.decoding.stats import GenerationStats
+    from test_timings import seconds_slip
+
+    def request(path: str, body: dict, drafts: bool = True) -> list[str]:
+        started = time.perf_counter()
+        r = served.http.post(path, json={"max_tokens": N, **body})
+        wall_ms = 1e3 * (time.perf_counter() - started)
+        assert r.status_code == 200, r.text
+        data = r.json()
+        drafted = data["speculative"]["drafted_tokens"]
+        assert (drafted > 0) == drafts and data["timings"].get("draft_n") == (drafted or None)  # as llama-server
+        return timings_problems(data, wall_ms)
+
+    assert request("/completions", {"prompt": fresh_prompt()}) == []
+    chat = [{"role": "user", "content": fresh_prompt()}]
+    assert request("/chat/completions", {"messages": chat}) == []
+    assert request("/completions", {"prompt": fresh_prompt(), "num_draft_tokens": 0}, drafts=False) == []
+
+    monkeypatch.setattr(GenerationStats, "timings", seconds_slip)
+    assert request("/completions", {"prompt": fresh_prompt()})
+
+
+def test_timings_in_the_last_chunks_of_a_stream(served: Served, slow_decodes: None) -> None:
+    """A stream's final chunk (and, with include_usage, the usage chunk after it: the last one)
+    carries `timings`; the chunks before do not."""
+    started = time.perf_counter()
+    chunks = list(served.openai.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": fresh_prompt()}], max_tokens=N, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    wall_ms = 1e3 * (time.perf_counter() - started)
+    finish, last = chunks[-2], chunks[-1]
+    assert finish.choices[0].finish_reason and last.choices == []
+    assert all("timings" not in (c.model_extra or {}) for c in chunks[:-2])
+    assert finish.model_extra["timings"] == last.model_extra["timings"]
+    assert timings_problems(last.model_dump(), wall_ms) == []
+    assert "timings" in json.loads(served.http.post("/completions", json={
+        "prompt": fresh_prompt(), "max_tokens": 4, "stream": True}).text.split("\n\n")[-3][len("data: "):])
+
+
 def test_request_settings_are_used(served: Served) -> None:
     """max_completion_tokens, stop and drafter reach the engine; no draft means target-only stats."""
     r = served.http.post("/completions", json={"prompt": PROMPT, "max_completion_tokens": 3,

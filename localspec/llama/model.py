@@ -119,7 +119,7 @@ class Model(Vocabulary):
         self.grammar_tokenizer: Any = None
         self.load_seconds: float | None = None
         self.weight_buffers: dict[str, float] = {}
-        self._progress: progress_.Span | None = None  # while loading: where its progress goes
+        self._progress = None  # while loading: where its progress goes (a progress_.Span)
 
     def _load_model(self, vocab_only: bool = False) -> None:
         """Load the weights (or only the vocabulary). A CPU kernel configuration checked for the
