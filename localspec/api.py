@@ -70,11 +70,10 @@ class Response:
 
 def default_pair(*, draft_n_gpu_layers: int | None = None, draft_rpc: str | None = None,
                  progress: Callable[[float], Any] | None = None, **options: Any) -> tuple[Model, Model]:
-    """The default (target, draft) pair of the registry, fetched if needed. Options as for
-    load_model; draft_n_gpu_layers defaults to n_gpu_layers; the draft stays on this machine
-    unless draft_rpc names RPC servers for it (rpc= applies to the target). `progress`: one
-    fraction from 0 to 1 over the whole (the downloads of files not cached yet, then both loads,
-    each part by its bytes); returning False stops it (see load_model)."""
+    """The default (target, draft) pair of the registry, fetched if needed. Options as for load_model
+    (`progress`: one fraction 0 to 1 over the downloads and both loads, each part by its bytes);
+    draft_n_gpu_layers defaults to n_gpu_layers; the draft stays on this machine unless draft_rpc
+    names RPC servers for it (rpc= applies to the target)."""
     pair = PairOptions.from_flags({**options, "draft_n_gpu_layers": draft_n_gpu_layers, "draft_rpc": draft_rpc})
     loaded = load_pair(None, None, pair, progress=progress)
     return loaded.target, loaded.draft
