@@ -345,7 +345,8 @@ def fake_default_pair(quantized_paths: dict[str, tuple[Path, Path]], tiny_paths:
 
 
 def test_default_pair_reports_the_downloads_and_both_loads(fake_default_pair: tuple[ModelSpec, ModelSpec],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """Neither file cached: the downloads come first (the bytes pip has received, seen while each
     one arrives), then both loads, one fraction 0 → 1 over all of it, each part by its bytes.
     Negative control: a fetch that does not watch pip's bytes shows only each part's end."""
@@ -364,6 +365,7 @@ def test_default_pair_reports_the_downloads_and_both_loads(fake_default_pair: tu
 
     seen = run()
     assert rising_to_one(seen) is None, seen
+    assert "fake-target" not in capsys.readouterr().err  # the caller's callback, instead of the bar on stderr
     assert len([f for f in seen if 0.0 < f < target_fetched - 1e-9]) >= 5, seen  # bytes arriving
     assert any(abs(f - 0.5) < 1e-9 for f in seen)  # the downloads end half-way (as many bytes as loaded)
 

@@ -372,12 +372,12 @@ def _hint(spec: ModelSpec) -> str:
 
 def resolve(model: str, report: Span | None = None) -> Path:
     """An existing file path as is; a registry model name fetched (or cached); `report`: where the
-    fetch reports its progress (see fetch)."""
+    fetch reports its progress (see fetch), instead of its bar on stderr."""
     path = Path(model).expanduser()
     if path.is_file():
         return path
     models = load_registry().models
     if model in models:
-        return fetch(models[model], report=report)
+        return fetch(models[model], progress=report is None, report=report)
     raise ModelNotFound(f"{model!r} is neither an existing file nor a known model; "
                         f"known models: {', '.join(sorted(models))}")
