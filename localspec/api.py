@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 from localspec.decoding.history import History
 from localspec.decoding.profiles import Profiles
@@ -46,12 +46,13 @@ __all__ = ["Generation", "Response", "agenerate", "applied_config", "astream_gen
 
 
 def default_pair(*, draft_n_gpu_layers: int | None = None, draft_rpc: str | None = None,
-                 **options: Any) -> tuple[Model, Model]:
-    """The default (target, draft) pair of the registry, fetched if needed. Options as for
-    load_model; draft_n_gpu_layers defaults to n_gpu_layers; the draft stays on this machine
-    unless draft_rpc names RPC servers for it (rpc= applies to the target)."""
+                 progress: Callable[[float], Any] | None = None, **options: Any) -> tuple[Model, Model]:
+    """The default (target, draft) pair of the registry, fetched if needed. Options as for load_model
+    (`progress`: one fraction 0 to 1 over the downloads and both loads, each part by its bytes);
+    draft_n_gpu_layers defaults to n_gpu_layers; the draft stays on this machine unless draft_rpc
+    names RPC servers for it (rpc= applies to the target)."""
     pair = PairOptions.from_flags({**options, "draft_n_gpu_layers": draft_n_gpu_layers, "draft_rpc": draft_rpc})
-    loaded = load_pair(None, None, pair)
+    loaded = load_pair(None, None, pair, progress=progress)
     return loaded.target, loaded.draft
 
 

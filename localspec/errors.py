@@ -37,10 +37,6 @@ class PromptError(ModelError):
         self.param = param
 
 
-class Cancelled(LocalspecError):
-    """The user (or the program) stopped it: a load, a call waiting for its pair, a decode."""
-
-
 class ContextFull(ModelError):
     """The KV cache has no room for a batch (llama.cpp left it as it was): a larger --ctx-size,
     or a shorter prompt or answer, is needed."""
@@ -100,6 +96,18 @@ class DependencyError(LocalspecError, RuntimeError):
     """An optional dependency (an extra such as ``localspec[server]``) is not installed."""
 
 
+class Cancelled(LocalspecError):
+    """The user stopped it: a load or fetch whose progress callback returned False (everything it
+    had taken is freed), a call stopped before it had its pair (the message is the reason:
+    "interrupted", "terminated", "gone" or "ending"), a decode stopped half-way. Not a failure: the
+    command line exits as after Ctrl-C."""
+
+
+class CallbackError(LocalspecError, RuntimeError):
+    """A callback the caller gave (a load's progress callback) raised: what it was doing was
+    stopped and cleaned up, and the message names the callback's exception (chained as the cause)."""
+
+
 # ---------------------------------------------------------------- exit statuses
 
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT (Ctrl-C)
@@ -108,7 +116,7 @@ EXIT_CODES: dict[type[LocalspecError], int] = {  # the first class an error is a
     ConfigError: 2,  # a usage error, as click's own (BenchError included)
     RemoteError: 3,  # an RPC server unreachable or gone (also when one dies mid-generation)
     CheckFailed: 1, ModelError: 1, VerifierError: 1, FetchError: 1, ModelNotFound: 1, DependencyError: 1,
-    Cancelled: EXIT_INTERRUPTED,  # stopped by its user, as by Ctrl-C
+    CallbackError: 1, Cancelled: EXIT_INTERRUPTED,  # stopped by the user, as Ctrl-C stops a command
 }
 
 

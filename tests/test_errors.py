@@ -7,13 +7,14 @@ import pytest
 from localspec import errors
 from localspec.bench import runs as bench
 from localspec.llama import rpc
-from localspec.errors import (BenchError, CheckFailed, ConfigError, LocalspecError, ModelError, PromptError,
-                              RemoteError, exit_code)
+from localspec.errors import (BenchError, CallbackError, Cancelled, CheckFailed, ConfigError, LocalspecError, ModelError,
+                              PromptError, RemoteError, exit_code)
 
 
 @pytest.mark.parametrize("error,code", [
     (ConfigError("x"), 2), (BenchError("x"), 2), (RemoteError("x"), 3), (RemoteError("x", status=503), 3),
     (PromptError("x"), 1), (ModelError("x"), 1), (CheckFailed("x"), 1), (LocalspecError("x"), 1),
+    (CallbackError("x"), 1), (Cancelled("x"), 130),
 ])
 def test_exit_statuses_come_from_one_table(error: LocalspecError, code: int) -> None:
     assert exit_code(error) == code == exit_code(type(error))
@@ -24,6 +25,9 @@ def test_the_hierarchy() -> None:
     assert issubclass(PromptError, ModelError) and issubclass(RemoteError, ModelError)  # callers of ModelError keep working
     assert rpc.EXIT_REMOTE == exit_code(RemoteError)
     assert all(issubclass(kind, LocalspecError) for kind in errors.EXIT_CODES)
+    from localspec.core import cancel
+
+    assert cancel.Cancelled is Cancelled  # one class for "the user stopped it": a load's and a call's
 
 
 # ---------------------------------------------------------------- bad input, by class (issue 24)

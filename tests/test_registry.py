@@ -57,15 +57,15 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def pip_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """Record every subprocess.run command the fetcher issues (still running it)."""
+    """Record every command the fetcher runs (subprocess.Popen; still running it)."""
     calls: list[list[str]] = []
-    real_run = subprocess.run
+    real_popen = subprocess.Popen
 
-    def run(cmd, *args, **kwargs):
+    def popen(cmd, *args, **kwargs):
         calls.append(list(cmd))
-        return real_run(cmd, *args, **kwargs)
+        return real_popen(cmd, *args, **kwargs)
 
-    monkeypatch.setattr(registry.subprocess, "run", run)
+    monkeypatch.setattr(registry.subprocess, "Popen", popen)
     return calls
 
 

@@ -213,14 +213,14 @@ def test_sse_headers_and_keep_alive_pings(served: Served, tiny_target: Model,
 
     from localspec.decoding.engine import Engine
 
-    step = Engine.step
+    steps = Engine.steps
 
-    def slow_step(self: Engine) -> list[int]:
+    def slow_steps(self: Engine, *args):  # type: ignore[no-untyped-def]
         time.sleep(0.02)  # quiet spells four pings long, however fast the machine
-        return step(self)
+        return (yield from steps(self, *args))
 
     monkeypatch.setattr(app_module, "PING_SECONDS", 0.005)
-    monkeypatch.setattr(Engine, "step", slow_step)
+    monkeypatch.setattr(Engine, "steps", slow_steps)
     body = {"prompt": PROMPT, "max_tokens": 20, "stream": True, "num_draft_tokens": 0}
     r = served.http.post("/completions", json=body)
     assert r.headers["content-type"].startswith("text/event-stream")
@@ -239,15 +239,15 @@ def test_an_error_mid_stream_is_an_error_event(served: Served, monkeypatch: pyte
     from localspec.decoding.engine import Engine
     from localspec.errors import ModelError
 
-    real, calls = Engine.step, []
+    real, calls = Engine.steps, []
 
-    def failing_later(self: Engine) -> list[int]:
+    def failing_later(self: Engine, *args):  # type: ignore[no-untyped-def]
         calls.append(1)
         if len(calls) > 2:
             raise ModelError("llama_decode failed with code -3")
-        return real(self)
+        return (yield from real(self, *args))
 
-    monkeypatch.setattr(Engine, "step", failing_later)
+    monkeypatch.setattr(Engine, "steps", failing_later)
     r = served.http.post("/completions", json={"prompt": PROMPT, "max_tokens": N, "stream": True,
                                                "num_draft_tokens": 0})
     assert r.status_code == 200
@@ -256,6 +256,89 @@ def test_an_error_mid_stream_is_an_error_event(served: Served, monkeypatch: pyte
     error = json.loads(events[-1][len("data: "):])["error"]
     assert error == {"message": "llama_decode failed with code -3", "type": "server_error", "param": None,
                      "code": None}
+
+
+SLOW_DECODE_MS = 10.0  # each llama_decode made this much slower: a known floor under the timings
+
+
+def timings_problems(body: dict, wall_ms: float) -> list[str]:
+    """What is wrong with a response's `timings` (llama-server's): each field against the usage
+    and `speculative` beside it (test_timings.check_llama_timings), and against time itself, with
+    every decode SLOW_DECODE_MS slower: the prompt (not cached) took at least one decode, every
+    target pass but the first one (which may come with the prompt's), and all of it fits in the
+    request's wall time."""
+    from test_timings import check_llama_timings
+
+    timings = body["timings"]
+    problems = check_llama_timings(timings, body)
+    passes = body["speculative"]["target_passes"] - 1
+    if not SLOW_DECODE_MS <= timings["prompt_ms"] <= wall_ms:
+        problems.append(f"prompt_ms {timings['prompt_ms']} outside [{SLOW_DECODE_MS}, {wall_ms}]")
+    if not SLOW_DECODE_MS * passes <= timings["predicted_ms"] <= wall_ms:
+        problems.append(f"predicted_ms {timings['predicted_ms']} outside [{SLOW_DECODE_MS * passes}, {wall_ms}]")
+    return problems
+
+
+@pytest.fixture
+def slow_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Model.decode_parts
+
+    def slow(self: Model, *args: Any, **kwargs: Any) -> int:
+        time.sleep(SLOW_DECODE_MS / 1e3)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Model, "decode_parts", slow)
+
+
+def fresh_prompt() -> str:
+    """A prompt no earlier request left in the KV cache (so its processing is timed)."""
+    import random
+
+    return PROMPT + " " + " ".join(random.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(12))
+
+
+def test_timings_as_llama_server_sends_them(served: Served, slow_decodes: None,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full responses (chat and text) carry llama-server's `timings` beside `speculative`, in its
+    units: consistent with both, and in milliseconds by the clock. Negative control: a unit slip
+    (seconds for milliseconds) is caught."""
+    from localspec.decoding.stats import GenerationStats
+    from test_timings import seconds_slip
+
+    def request(path: str, body: dict, drafts: bool = True) -> list[str]:
+        started = time.perf_counter()
+        r = served.http.post(path, json={"max_tokens": N, **body})
+        wall_ms = 1e3 * (time.perf_counter() - started)
+        assert r.status_code == 200, r.text
+        data = r.json()
+        drafted = data["speculative"]["drafted_tokens"]
+        assert (drafted > 0) == drafts and data["timings"].get("draft_n") == (drafted or None)  # as llama-server
+        return timings_problems(data, wall_ms)
+
+    assert request("/completions", {"prompt": fresh_prompt()}) == []
+    chat = [{"role": "user", "content": fresh_prompt()}]
+    assert request("/chat/completions", {"messages": chat}) == []
+    assert request("/completions", {"prompt": fresh_prompt(), "num_draft_tokens": 0}, drafts=False) == []
+
+    monkeypatch.setattr(GenerationStats, "timings", seconds_slip)
+    assert request("/completions", {"prompt": fresh_prompt()})
+
+
+def test_timings_in_the_last_chunks_of_a_stream(served: Served, slow_decodes: None) -> None:
+    """A stream's final chunk (and, with include_usage, the usage chunk after it: the last one)
+    carries `timings`; the chunks before do not."""
+    started = time.perf_counter()
+    chunks = list(served.openai.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": fresh_prompt()}], max_tokens=N, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    wall_ms = 1e3 * (time.perf_counter() - started)
+    finish, last = chunks[-2], chunks[-1]
+    assert finish.choices[0].finish_reason and last.choices == []
+    assert all("timings" not in (c.model_extra or {}) for c in chunks[:-2])
+    assert finish.model_extra["timings"] == last.model_extra["timings"]
+    assert timings_problems(last.model_dump(), wall_ms) == []
+    assert "timings" in json.loads(served.http.post("/completions", json={
+        "prompt": fresh_prompt(), "max_tokens": 4, "stream": True}).text.split("\n\n")[-3][len("data: "):])
 
 
 def test_request_settings_are_used(served: Served) -> None:
@@ -372,16 +455,14 @@ def test_a_field_named_twice_is_refused(served: Served) -> None:
 
 def test_internal_errors_are_json_500(served: Served, monkeypatch: pytest.MonkeyPatch,
                                       caplog: pytest.LogCaptureFixture) -> None:
+    from localspec.decoding.engine import Engine
+
     def broken_parse(*args, **kwargs):
         raise RuntimeError("parser bug")
 
-    class BrokenGeneration:
-        def __init__(self, *args, **kwargs) -> None:
-            pass
-
-        def __iter__(self):
-            yield from ()
-            raise RuntimeError("engine bug")
+    def broken_steps(*args, **kwargs):
+        yield from ()
+        raise RuntimeError("engine bug")
 
     body = {"prompt": PROMPT, "max_tokens": 2}
     with monkeypatch.context() as m:
@@ -390,10 +471,10 @@ def test_internal_errors_are_json_500(served: Served, monkeypatch: pytest.Monkey
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
         assert "Traceback" not in r.text
     with monkeypatch.context() as m:
-        m.setattr(jobs, "Generation", BrokenGeneration)
+        m.setattr(Engine, "steps", broken_steps)
         r = served.http.post("/completions", json=body)
         assert r.status_code == 500 and "engine bug" in r.json()["error"]["message"]
-    assert any("generation failed" in rec.message for rec in caplog.records)
+    assert any("failed" in rec.message and rec.exc_info for rec in caplog.records)  # a bug is logged with its traceback
     assert served.http.post("/completions", json=body).status_code == 200  # and the server goes on
 
 
@@ -716,18 +797,20 @@ def test_keep_alive_requests_are_not_delayed(served: Served) -> None:
 
 
 def test_a_full_queue_is_refused(tiny_paths: tuple[Path, Path]) -> None:
-    """The pair's queue on the core is bounded: past max_queue waiting calls, a 503 at once."""
+    """Calls beyond the pair's slots wait in its queue on the core, which is bounded: past
+    max_queue waiting calls, a 503 at once."""
     from localspec.errors import RequestError
 
     residency = Residency()
-    spec = residency.adopt(Loaded(load(tiny_paths[0]), None, "t"))
+    spec = residency.adopt(Loaded(load(tiny_paths[0], parallel=2), None, "t"))
     waited: list[bool] = []
 
     def wait_turn() -> None:
         with residency.lease(spec, Cancel(), max_queue=1):
             waited.append(True)
 
-    with residency.lease(spec, Cancel(), max_queue=1):  # this call has the pair
+    with residency.lease(spec, Cancel(), max_queue=1), residency.lease(spec, Cancel(), max_queue=1):  # both slots
+        assert residency.status().pairs[0].generating == 2 and residency.status().pairs[0].queued == 0
         second = threading.Thread(target=wait_turn)
         second.start()
         deadline = time.monotonic() + 5
@@ -786,7 +869,7 @@ def test_model_and_remote_failures_are_the_servers(served: Served, monkeypatch: 
         def fail(*args: object, _exc: Exception = exc, **kwargs: object) -> None:
             raise _exc
 
-        monkeypatch.setattr(Engine, "step", fail)
+        monkeypatch.setattr(Engine, "steps", fail)
         r = served.http.post("/chat/completions", json={"model": "x", "messages": MESSAGES, "max_tokens": 4})
         assert r.status_code == status, (exc, r.text)
         assert r.json()["error"]["type"] == "server_error" and r.json()["error"].get("param") is None

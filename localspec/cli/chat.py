@@ -226,15 +226,23 @@ def chat_loop(session: Session) -> None:
 def _open(session: Session) -> Ready:
     """The chat's first call: the pair loaded (in the service or here) and the settings checked
     against it, before the first message; a stop before it is ready ends the chat."""
-    ready: Ready | None = None
-    call = session.call("open", Prompt(system=session.system))
+    with render.load_bars() as bars:  # a load in this process: its bar on a terminal
+        call = session.call("open", Prompt(system=session.system))
+        ready = _opened(call, session, bars)
+    assert ready is not None
+    return ready
+
+
+def _opened(call: Any, session: Session, bars: render.LoadBars) -> Ready | None:
+    """The events of the open call (`bars`: its load's, cleared before anything else is said)."""
     from localspec.resident.client import ServiceLost
 
+    ready: Ready | None = None
     try:
         with render.stopping(call, lambda: False):
             for event in call.events():
                 if isinstance(event, Note):
-                    note(event.text)
+                    bars.note(event.text)
                 elif isinstance(event, Ready):
                     ready = event
                 elif isinstance(event, Failed):
@@ -244,12 +252,13 @@ def _open(session: Session) -> Ready:
                 elif isinstance(event, Done) and call.resident and event.timings.get("target_load"):
                     render.stays_loaded(event.model, session.keep_alive)
     except ServiceLost:
+        bars.stop()
         sys.exit(render.service_lost())
     except KeyboardInterrupt as stop:
+        bars.stop()
         click.echo(render.stop_word(stop), err=True)
         call.abandon(render.exit_status(stop))
         sys.exit(render.exit_status(stop))
-    assert ready is not None
     return ready
 
 

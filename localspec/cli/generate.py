@@ -175,7 +175,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     """
     started = time.time()
     config = DEFAULTS
-    with render.stop_signals():
+    with render.stop_signals(), render.load_bars() as bars:  # a load in this process: its bar on a terminal
         try:
             keep_alive = options.pop("keep_alive")
             cache = calls.prompt_cache(options.pop("prompt_cache", None))
@@ -196,7 +196,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
             _stopped_before_output(stop, as_json, model or "", config, prompt_tokens=0, resident=False)
         code = _follow(call, config, pair.target_name, as_json=as_json, usage=usage,
                        colour=render.colours(show_drafts) and not as_json, started=started, tools_file=tools_file,
-                       keep_alive=keep_alive)
+                       keep_alive=keep_alive, bars=bars)
     if code:
         sys.exit(code)
 
@@ -212,8 +212,9 @@ def _stopped_before_output(stop: BaseException | str | None, as_json: bool, mode
 
 
 def _follow(call: Any, config: GenerationConfig, model: str, *, as_json: bool, usage: bool, colour: bool,
-            started: float, tools_file: str | None, keep_alive: float) -> int:
-    """Print the call's events as they come, then its report; the exit status."""
+            started: float, tools_file: str | None, keep_alive: float, bars: render.LoadBars) -> int:
+    """Print the call's events as they come, then its report; the exit status (`bars`: the load's
+    progress, cleared when the text begins)."""
     from localspec.resident.client import ServiceLost
 
     parts: list[str] = []
@@ -223,8 +224,9 @@ def _follow(call: Any, config: GenerationConfig, model: str, *, as_json: bool, u
         with render.stopping(call, lambda: bool(parts)):
             for event in call.events():
                 if isinstance(event, Note):
-                    click.echo(event.text, err=True)
+                    bars.note(event.text)
                 elif isinstance(event, Text):
+                    bars.stop()
                     parts.append(event.text)
                     if not as_json:
                         render.write_text(event.text, event.drafted, colour)
@@ -233,8 +235,10 @@ def _follow(call: Any, config: GenerationConfig, model: str, *, as_json: bool, u
                 elif isinstance(event, Done):
                     done = event
     except ServiceLost:
+        bars.stop()
         return render.service_lost()
     except KeyboardInterrupt as stop:  # before any output, or a second Ctrl-C: leave now
+        bars.stop()
         code = render.exit_status(stop)
         click.echo(("\n" if parts else "") + render.stop_word(stop), err=True)
         if as_json:
@@ -243,6 +247,7 @@ def _follow(call: Any, config: GenerationConfig, model: str, *, as_json: bool, u
         return code
     finally:
         unregister()
+        bars.stop()
     if done is None:
         return render.service_lost()
     if done.error is not None:

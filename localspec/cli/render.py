@@ -9,10 +9,11 @@ the events, wherever they were made.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
 import click
 
@@ -114,3 +115,85 @@ def stays_loaded(name: str, keep_alive: float) -> None:
     click.echo(f"localspec: {display_name(name)} stays loaded for {format_duration(keep_alive)} after each call, so the "
                "next one starts at once (localspec ps lists it, localspec stop ends it; --keep-alive 0 or "
                "LOCALSPEC_KEEP_ALIVE=0 runs without)", err=True)
+
+
+class LoadBars:
+    """The bars of the models a call loads in this process before its first output, on stderr when
+    it is a terminal (the watcher of localspec.llama.progress.watching: a load in the call's worker
+    thread draws one). :meth:`stop` clears them for good: output begins, or the command ends (an
+    error's message then starts on a clean line)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self._bars: list[Any] = []
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def __call__(self, name: str) -> Callable[[float], bool] | None:
+        from tqdm import tqdm
+
+        with self._lock:
+            if self._stopped:
+                return None
+            bar = tqdm(total=100, desc=f"loading {name}", unit="%", file=self.stream, leave=False,
+                       **_screen(self.stream), bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}")
+            self._bars.append(bar)
+
+        def report(fraction: float) -> bool:
+            with self._lock:
+                if not bar.disable:
+                    bar.update(round(100 * fraction) - bar.n)
+                    if fraction >= 1.0:  # shown done, then cleared
+                        bar.refresh()
+                        bar.close()
+            return True
+
+        return report
+
+    def note(self, text: str) -> None:
+        """A line on stderr, above the bars being drawn (they are drawn again below it)."""
+        with self._lock:
+            if any(not bar.disable for bar in self._bars):
+                self._bars[0].write(text, file=self.stream)
+                return
+        click.echo(text, err=True)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            for bar in self._bars:
+                bar.close()
+            self._bars.clear()
+
+
+def _screen(stream: IO[str]) -> dict[str, int]:
+    """The terminal's size for tqdm; 80 × 24 where it says none (a pseudo-terminal whose size nobody
+    set reports 0 × 0, in which tqdm draws nothing)."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return {"ncols": 80, "nrows": 24}
+    return {"ncols": size.columns or 80, "nrows": size.lines or 24}
+
+
+@contextlib.contextmanager
+def load_bars(stream: IO[str] | None = None) -> Iterator[LoadBars]:
+    """Within the block, a model this process loads shows its bar (see LoadBars) when `stream`
+    (stderr) is a terminal; the bars are cleared when it ends. Without a terminal: nothing."""
+    stream = stream or sys.stderr
+    bars = LoadBars(stream)
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    if not terminal:
+        bars.stop()
+        yield bars
+        return
+    from localspec.llama.progress import watching
+
+    try:
+        with watching(bars):
+            yield bars
+    finally:
+        bars.stop()

@@ -54,11 +54,13 @@ def response_json(text: str, finish: str | None, stats: Any, model: str, config:
                   timings: dict | None = None, constraint_satisfied: bool | None = None,
                   tool_calls: list[dict] | None = None) -> dict:
     """The --json object; with a constraint, "constraint_satisfied" says whether the text is a
-    complete answer of it (false: truncated); with tools, "tool_calls" (OpenAI's shape)."""
+    complete answer of it (false: truncated); with tools, "tool_calls" (OpenAI's shape).
+    "timings": where the call's time went (seconds: loads, prefill, decode, ...) and llama-server's
+    timings of the generation (their own names and units: GenerationStats.timings)."""
     out = {"model": model, "text": text, "finish_reason": finish, "settings": config.options(),
            "usage": {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
                      "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}},
-           "stats": stats.as_dict(), "timings": timings or {}}
+           "stats": stats.as_dict(), "timings": {**(timings or {}), **stats.timings()}}
     if config.constraint is not None:
         out["constraint_satisfied"] = bool(constraint_satisfied)
     if tool_calls is not None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from localspec.errors import Cancelled
+from localspec.errors import Cancelled  # a call stopped before it had its pair (Cancel.reason says why)
 
-__all__ = ["STOPS", "Cancel", "Cancelled"]  # Cancelled: a call stopped before it had its pair (Cancel.reason says why)
+__all__ = ["STOPS", "Cancel", "Cancelled"]
 
 STOPS = ("interrupted", "terminated")  # reasons a user stops a call (Ctrl-C, SIGTERM)
 
@@ -42,4 +42,3 @@ class Cancel:
 
     def wait(self, timeout: float | None) -> bool:
         return self._event.wait(timeout)
-

@@ -38,7 +38,7 @@ from typing import Any, Generator, Protocol, Sequence
 
 from localspec.decoding import passes
 from localspec.decoding.passes import Decoded, Fill, Request, Turn
-from localspec.errors import Cancelled, RequestError
+from localspec.errors import Cancelled, LocalspecError, RequestError
 from localspec.llama.sequence import Part, common_prefix
 
 log = logging.getLogger(__name__)
@@ -267,7 +267,10 @@ class Scheduler:
             self._end(slot, None)
         except Cancelled:
             self._end(slot, None, cancelled=True)
-        except BaseException as exc:  # noqa: BLE001 - the call's failure ends its slot only
+        except LocalspecError as exc:  # the call's failure (its input, its model): it ends its slot only
+            self._end(slot, exc)
+        except BaseException as exc:  # noqa: BLE001 - a bug: logged with its traceback, its slot ends
+            log.exception("a call failed")
             self._end(slot, exc)
 
     def _draft_requests(self, filled: set[Slot]) -> dict[int, list[Slot]]:

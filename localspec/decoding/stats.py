@@ -67,6 +67,25 @@ class GenerationStats:
                 "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
                 "verify_seconds": self.verify_seconds}
 
+    def timings(self) -> dict:
+        """llama-server's ``timings`` object of this generation, its names and units (its
+        ``result_timings``): ``cache_n`` prompt tokens the KV cache held already, ``prompt_n`` those
+        processed, in ``prompt_ms`` milliseconds; ``predicted_n`` tokens generated in
+        ``predicted_ms``; per token (ms) and per second of each; ``draft_n`` tokens drafted and
+        ``draft_n_accepted`` of them accepted, only when something was drafted (as llama-server).
+        A rate over no tokens or no time is 0.0 (JSON carries no infinity)."""
+        prompt_n = self.prompt_tokens - self.cached_tokens
+        prompt_ms, predicted_ms = 1e3 * self.prompt_seconds, 1e3 * self.elapsed_seconds
+        out: dict[str, Any] = {
+            "cache_n": self.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": _ratio(prompt_ms, prompt_n), "prompt_per_second": _ratio(1e3 * prompt_n, prompt_ms),
+            "predicted_n": self.generated_tokens, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": _ratio(predicted_ms, self.generated_tokens),
+            "predicted_per_second": _ratio(1e3 * self.generated_tokens, predicted_ms)}
+        if self.drafted_tokens > 0:
+            out.update(draft_n=self.drafted_tokens, draft_n_accepted=self.accepted_tokens)
+        return out
+
     def to_json(self) -> dict:
         """Every field as JSON values (from_json reads it back exactly)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -89,6 +108,10 @@ class GenerationStats:
                 raise ValueError(f"{f.name} is not a number of seconds")
             values[f.name] = value
         return cls(**values)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 0.0
 
 
 def _items(value: Any) -> list:

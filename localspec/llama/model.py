@@ -26,6 +26,7 @@ from localspec.settings.models import ModelOptions
 from localspec.errors import Cancelled, ContextFull, ModelError, RemoteError
 from localspec.llama import backend, buffer_types, host, kernels, rpc
 from localspec.llama.batch import AbortFlag, Batch
+from localspec.llama import progress as progress_
 from localspec.llama.logits import LogitsPointer
 from localspec.llama.sequence import KVSequence, Part
 from localspec.llama.vocab import Vocabulary
@@ -56,19 +57,25 @@ def check_gguf_file(path: Path) -> None:
 
 
 class Model(Vocabulary):
-    """A loaded GGUF model with its context. Use as a context manager or call close()."""
+    """A loaded GGUF model with its context. Use as a context manager or call close(). `progress`:
+    called with the fraction loaded, 0 to 1; returning False stops the load (see llama.progress)."""
 
-    def __init__(self, path: str | os.PathLike, options: ModelOptions | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, options: ModelOptions | None = None,
+                 progress: progress_.Callback | progress_.Span | None = None) -> None:
         self._unloaded(path, options)
+        self._progress = progress_.span_of(progress) or progress_.watched(self.path.name)
         started = time.perf_counter()
-        self._load_model()
         try:
+            self._load_model()
             self._check_rollback()
             self._create_context()
             self._alloc_batch()
-        except Exception:
+            progress_.reach(self._progress, 1.0, f"the load of {self.path.name}")
+        except BaseException:  # an error, or the caller's stop: nothing of the load is kept
             self.close()
             raise
+        finally:
+            self._progress = None  # the callback is the caller's: not kept with the model
         self.load_seconds = time.perf_counter() - started  # weights and context
 
     # ------------------------------------------------------------------ lifecycle
@@ -101,6 +108,7 @@ class Model(Vocabulary):
         self.grammar_tokenizer: Any = None
         self.load_seconds: float | None = None
         self.weight_buffers: dict[str, float] = {}
+        self._progress = None  # while loading: where its progress goes (a progress_.Span)
 
     def _load_model(self, vocab_only: bool = False) -> None:
         """Load the weights (or only the vocabulary). A CPU kernel configuration checked for the
@@ -143,7 +151,8 @@ class Model(Vocabulary):
             model, lines = lc.llama_model_load_from_file(os.fsencode(self.path), params), []
         else:
             with backend.capture_log() as lines:
-                model = lc.llama_model_load_from_file(os.fsencode(self.path), params)
+                model = progress_.load_weights(self._progress, params, lambda: lc.llama_model_load_from_file(
+                    os.fsencode(self.path), params), f"the load of {self.path.name}")
         del keep_alive  # llama.cpp reads the overrides during the load only
         self.weight_buffers = buffer_types.weight_buffers(lines)
         if not model:

