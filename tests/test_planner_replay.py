@@ -134,8 +134,8 @@ class NoCompletionPlanner(Planner):
     """The planner as it was: it learns from the levels it drafted only (negative control)."""
 
     def observe(self, kind, depth, n_accepted, n_target_tokens, target_seconds, offered=(), new=(),
-                draft_seconds=0.0) -> None:
-        super().observe(kind, depth, n_accepted, n_target_tokens, target_seconds, (), new, draft_seconds)
+                draft_seconds=0.0, pass_tokens=None) -> None:
+        super().observe(kind, depth, n_accepted, n_target_tokens, target_seconds, (), new, draft_seconds, pass_tokens)
 
 
 def copy_then_break(seed: int = 3) -> tuple[list[int], list[int], int]:

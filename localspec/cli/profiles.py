@@ -14,12 +14,15 @@ log = logging.getLogger(__name__)
 def describe(profile: Any) -> list[str]:
     """A profile in a few lines: what it is for and what it measured."""
     from localspec.decoding.acceptance import Acceptance
+    from localspec.decoding.costs import implausible_costs
 
     ident = profile.identity
     costs = ", ".join(f"c({n})={s * 1e3:.1f}" for n, s in sorted(profile.costs.items())) or "none yet"
     lines = [f"{profile.name}  ({ident.get('threads')} threads, {ident.get('cache_type')} KV, "
              f"{ident.get('n_gpu_layers')} GPU layers, key {profile.key})",
              f"  step costs ms: {costs}"]
+    for reason in implausible_costs(profile.costs).values():
+        lines.append(f"  thrown out, measured again at the next run: {reason}")
     if profile.prefill:
         lines.append(f"  prefill: {profile.prefill * 1e3:.2f} ms/token")
     if profile.load:

@@ -141,7 +141,7 @@ def rows(statuses: list[CoreStatus]) -> list[dict[str, Any]]:
              "memory_bytes": p.memory_bytes, "idle_seconds": round(p.idle_seconds, 1),
              "left_seconds": None if p.left_seconds is None else round(p.left_seconds, 1),
              "keep_alive_seconds": p.keep_alive_seconds, "queued": p.queued, "calls": p.calls,
-             "last_call_seconds": p.last_call_seconds, "pid": s.pid}
+             "last_call_seconds": p.last_call_seconds, "slots": p.slots, "generating": p.generating, "pid": s.pid}
             for s in statuses for p in s.pairs]
 
 
@@ -156,11 +156,16 @@ def table_of_rows(found: list[dict[str, Any]]) -> list[str]:
 
     if not found:
         return ["no resident models (a call keeps its models loaded for --keep-alive, default 5m)"]
-    lines = [f"{'MODEL':<28} {'DRAFT':<22} {'MEMORY':>9} {'IDLE':>7} {'LEFT':>7} {'CALLS':>5}  PID"]
-    for r in found:
-        draft = display_name(r["draft"]) + ("" if r["draft_loaded"] else " (not loaded)") if r["draft"] else "-"
+    drafts = [display_name(r["draft"]) + ("" if r["draft_loaded"] else " (not loaded)") if r["draft"] else "-"
+              for r in found]
+    wide, dwide = max(5, *(len(r["model"]) for r in found)), max(5, *(len(d) for d in drafts))
+    lines = [f"{'MODEL':<{wide}}  {'DRAFT':<{dwide}}  {'MEMORY':>9} {'SLOTS':>5} {'QUEUE':>5} {'IDLE':>7} "
+             f"{'LEFT':>7} {'CALLS':>5}  PID"]
+    for r, draft in zip(found, drafts):
         left = r["state"] if r["state"] != "idle" else "forever" if r["left_seconds"] is None else \
             format_duration(round(r["left_seconds"]))
-        lines.append(f"{r['model'][:28]:<28} {draft[:22]:<22} {_size(r['memory_bytes']):>9} "
-                     f"{format_duration(round(r['idle_seconds'])):>7} {left:>7} {r['calls']:>5}  {r['pid']}")
+        slots = f"{r.get('generating', 0)}/{r.get('slots', 1)}"
+        lines.append(f"{r['model']:<{wide}}  {draft:<{dwide}}  {_size(r['memory_bytes']):>9} {slots:>5} "
+                     f"{r['queued']:>5} {format_duration(round(r['idle_seconds'])):>7} {left:>7} {r['calls']:>5}  "
+                     f"{r['pid']}")
     return lines

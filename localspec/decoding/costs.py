@@ -1,5 +1,7 @@
 """What a target (or draft) pass costs: seconds per decode call by the number of tokens in it,
-learned from every pass (:class:`CostTable`), and which recorded costs are too implausible to keep.
+learned from every pass (:class:`CostTable`: the median of its recent passes of each size), and
+which recorded costs are too implausible to keep (:func:`plausible_costs`: a pass of n tokens
+dearer than n passes of one, or than a longer pass).
 
 A size never measured is first estimated optimistically (from c(1) and the prompt prefill's rate),
 so the planner (localspec.decoding.planner) tries it once and measures it. The tables start from
@@ -9,10 +11,13 @@ the models' cost profiles (localspec.decoding.profiles); the planner writes them
 from __future__ import annotations
 
 import bisect
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-EMA = 0.2  # weight of a new cost observation
+EMA = 0.2  # weight of a new observation of a rate (a prefill's per-token cost)
+WINDOW = 7  # the cost of a pass size: the median of its last WINDOW passes (the recorded cost counts as one)
 UNMEASURED_SLOPE = 0.5  # an unmeasured pass of n tokens is first taken to cost c(1)·(1 + 0.5 (n - 1))
 
 
@@ -35,16 +40,22 @@ class CostTable:
     _prefill_measured: bool = field(default=False, repr=False)  # a prefill was measured since the table was made
     _sizes: list[int] = field(default_factory=list, repr=False)  # sorted keys of `seconds`
     _measured: set[int] = field(default_factory=set, repr=False)  # sizes observed since the table was made
+    _recent: dict[int, deque] = field(default_factory=dict, repr=False)  # each size's last passes
 
     def observe(self, n: int, secs: float) -> None:
-        """A pass of n tokens took `secs`. A new c(1) moves the sizes not measured since this
-        table was made (recorded by earlier runs) with it: they are measured only when drafts that
-        size are made, so a curve recorded while the machine was busier would otherwise keep them
-        dear while c(1) recovers, and no draft would pay again. The shape of the curve is the
-        machine's; its level is now's. The prefill rate moves with it too until a prefill is
-        measured (:meth:`prefill_rate`)."""
+        """A pass of n tokens took `secs`: its size's cost is the median of its last WINDOW passes
+        (one pass slowed by other work on the machine moves nothing). A new c(1) moves the sizes
+        not measured since this table was made (recorded by earlier runs) with it: they are
+        measured only when drafts that size are made, so a curve recorded while the machine was
+        busier would otherwise keep them dear while c(1) recovers, and no draft would pay again.
+        The shape of the curve is the machine's; its level is now's. The prefill rate moves with
+        it too until a prefill is measured (:meth:`prefill_rate`)."""
         old = self.seconds.get(n)
-        self.seconds[n] = secs if old is None else (1 - EMA) * old + EMA * secs
+        recent = self._recent.get(n)
+        if recent is None:
+            recent = self._recent[n] = deque([] if old is None else [old], maxlen=WINDOW)
+        recent.append(secs)
+        self.seconds[n] = statistics.median(recent)
         self._measured.add(n)
         if n == 1 and old:
             scale = self.seconds[1] / old
@@ -97,15 +108,32 @@ class CostTable:
 
 
 IMPLAUSIBLE = 1.5  # a pass of n tokens recorded as costing more than this many times n·c(1) is forgotten
+SLACK = 1.25  # ... or as costing more than this many times a longer pass (equal costs are noise, not a fault)
+
+
+def implausible_costs(costs: dict[int, float]) -> dict[int, str]:
+    """The pass sizes of a recorded curve that no real pass can have cost, and why: more than
+    IMPLAUSIBLE·n·c(1) (one pass of n tokens never costs more than n passes of one), or more than
+    a longer pass (a pass never gets cheaper with more tokens in it: e.g. c(4) = 395 ms beside
+    c(16) = 184 ms). Load on the machine only ever makes a pass dearer, so of two that disagree
+    the dearer one goes."""
+    out: dict[int, str] = {}
+    c1 = costs.get(1)
+    sizes = sorted(costs)
+    for i, n in enumerate(sizes):
+        longer = [m for m in sizes[i + 1:] if SLACK * costs[m] < costs[n]]
+        if c1 and costs[n] > IMPLAUSIBLE * n * c1:
+            out[n] = f"c({n}) = {costs[n] * 1e3:.1f} ms is more than {IMPLAUSIBLE:g}·{n}·c(1)"
+        elif longer:
+            m = longer[-1]
+            out[n] = f"c({n}) = {costs[n] * 1e3:.1f} ms is more than c({m}) = {costs[m] * 1e3:.1f} ms"
+    return out
 
 
 def plausible_costs(costs: dict[int, float]) -> dict[int, float]:
-    """A profile's costs without the pass sizes recorded as costing more than IMPLAUSIBLE·n·c(1):
-    one pass of n tokens never costs more than n passes of one, but a run under heavy load (a
-    compiler on every core) records c(n) seconds-long, and c(1) recovers at the next run's first
+    """A profile's costs without the implausible ones (implausible_costs): a run under heavy load
+    (a compiler on every core) records c(n) seconds-long, and c(1) recovers at the next run's first
     steps while c(n) is only measured again by a draft that those costs forbid. Forgotten, the size
     is measured again (the prompt prefill measures CURVE_SIZES; others, by drafts)."""
-    c1 = costs.get(1)
-    if not c1:
-        return dict(costs)
-    return {n: c for n, c in costs.items() if c <= IMPLAUSIBLE * n * c1}
+    dropped = implausible_costs(costs)
+    return {n: c for n, c in costs.items() if n not in dropped}

@@ -216,7 +216,7 @@ class Engine:
         if self.structured is not None:
             self._counters.constraint_s = self.structured.seconds
         if decoded is not None:  # a step that used the prefill's logits decoded nothing: no cost to learn
-            self.policy.observe_step(draft, verdict.n_accepted, decoded.seconds, new, decoded.tokens)
+            self.policy.observe_step(draft, verdict.n_accepted, decoded.timed, new, decoded.tokens)
         else:
             self.policy.observe_step(draft, verdict.n_accepted, None, new)
         return new

@@ -58,17 +58,28 @@ class Turn:
     room: int | None = None
 
 
+ON_CPU = 0.5  # a decode whose threads got less than this share of its wall time was not on the CPU
+
+
 @dataclass(frozen=True)
 class Decoded:
     """A request's decode ran: the tokens the whole decode held (this request's and the other
-    calls'), and its wall time (seconds)."""
+    calls'), its wall time (seconds) and the share of that time its threads ran on the CPU
+    (the process's CPU time over wall time × threads; None: not known, e.g. layers on a GPU)."""
 
     tokens: int
     seconds: float
+    cpu_share: float | None = None
 
     def alone(self, own: int) -> bool:
         """Whether the decode held only `own` tokens (its time is the cost of that many)."""
         return self.tokens == own
+
+    @property
+    def timed(self) -> float | None:
+        """Its seconds, as a cost to learn: None where the process was off the CPU for much of it
+        (other work on the machine took the cores: its time says nothing of the model's cost)."""
+        return None if self.cpu_share is not None and self.cpu_share < ON_CPU else self.seconds
 
 
 T = TypeVar("T")
@@ -80,18 +91,20 @@ def decode(model: object, parts: list[Part], requests: list[Request]) -> Decoded
     their sequences. A decode that fails leaves the requests' sequences as they were before it."""
     for r in requests:
         r.sequence.begin()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         model.decode_parts(parts)  # type: ignore[attr-defined]
     except BaseException:
         for r, p in zip(requests, parts):
             r.sequence.abandon(p)
         raise
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     for r, p in zip(requests, parts):
         if isinstance(r, Fill):
             r.sequence.filled(p)
-    return Decoded(sum(len(p.tokens) for p in parts), seconds)
+    threads = getattr(model, "cpu_threads", None)
+    share = cpu / (seconds * threads) if threads and seconds > 0 else None
+    return Decoded(sum(len(p.tokens) for p in parts), seconds, share)
 
 
 def run_alone(steps: Steps[T]) -> T:

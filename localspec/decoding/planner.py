@@ -22,10 +22,12 @@ beats the target alone by a margin.
   rest of such a draft's proposal (a deterministic one: the n-gram drafter's) is compared with
   the tokens that follow, and the draft counts as drafted that deep
   (localspec.decoding.acceptance.Censored).
-* Deep drafts are paid for: a draft deeper than FIRST_TRY levels is made only when its worst case
-  (every token rejected: its cost less c(1)) fits in what this generation has saved so far plus
-  a small allowance (LOSS_ALLOWANCE of the generation's length at c(1)), so a warm profile whose
-  copies ran long elsewhere cannot cost a prompt whose copies break more than that allowance.
+* Drafts are paid for: a draft is made only when its worst case (every token rejected: its cost
+  less c(1)) fits in what this generation's drafts have saved so far plus an allowance of the
+  generation's length at c(1): LOSS_ALLOWANCE for a draft deeper than FIRST_TRY levels, FLOOR for
+  a shallower one. So a warm profile whose copies ran long elsewhere cannot cost a prompt whose
+  drafts are rejected more than that: once its allowance is spent, a generation drafts only where
+  its own drafts have paid (never below 1 - FLOOR of the target alone's speed).
 * A draft model that is not loaded is loaded only when, at α = 1 and with measured target costs,
   its best case over the tokens still to generate repays loading it and prefilling the prompt.
 
@@ -65,6 +67,7 @@ CURVE_SIZES = (16,)  # pass sizes the prompt prefill measures, once (others: by 
 PREFILL_WARM_UP = 4  # prompt tokens decoded before a measured chunk, unmeasured (a cold first decode is slow)
 SAMPLED = "@sampled"  # suffix of a kind's profile entry when the target samples (temperature > 0)
 LOSS_ALLOWANCE = 0.01  # of a generation's tokens at c(1): what deep drafts may lose before they have saved anything
+FLOOR = 0.03  # ... and what any drafts may lose: a generation's drafts never cost it more than 3 %
 MIN_TOKEN_SHARE = 0.05  # of c(1): the least a token adds to a pass where no prefill rate is known
 MAX_CENSORED = 64  # drafts whose outcome past their depth is still open (each settles within its proposal's length)
 
@@ -87,7 +90,8 @@ class Planner:
         self._acceptance: dict[str, Acceptance] = {}
         self._draft_costs: dict[str, tuple[Profile, CostTable]] = {}
         self._censored: list[Censored] = []  # whole drafts whose proposals are still being compared
-        self.saved: float | None = None  # seconds this generation's drafts saved, with the allowance (None: not started)
+        self.saved: float | None = None  # seconds this generation's drafts saved (None: not started)
+        self.length = 0  # tokens the generation may make (its allowances are fractions of them at c(1))
 
     # ------------------------------------------------------------------ the policy (localspec.decoding.policy)
 
@@ -110,9 +114,12 @@ class Planner:
         return None if best is None else (best[2], best[1])
 
     def begin(self, remaining: int) -> None:
-        """A generation of up to `remaining` tokens starts (at its first step): what deep drafts may
-        lose before they have saved anything."""
-        self.saved = LOSS_ALLOWANCE * remaining * self._measured_c1()
+        """A generation of up to `remaining` tokens starts (at its first step): nothing saved yet."""
+        self.saved, self.length = 0.0, remaining
+
+    def allowance(self, depth: int) -> float:
+        """What drafts `depth` levels deep may lose beyond what this generation's drafts saved."""
+        return (LOSS_ALLOWANCE if depth > FIRST_TRY else FLOOR) * self.length * self._measured_c1()
 
     def prefill(self, sequence: KVSequence, upto: int) -> Steps[None]:
         """Decode the prompt up to `upto`: chunks of the pass sizes whose cost is unknown are
@@ -125,13 +132,13 @@ class Planner:
             yield from passes.fill(sequence, sequence.n_cached + PREFILL_WARM_UP)
         for n in sizes:
             decoded = yield passes.Fill(sequence, sequence.n_cached + n, outputs="all", measure=True)
-            if decoded.alone(n):
-                self.target_cost.observe(n, decoded.seconds)
+            if decoded.alone(n) and decoded.timed is not None:
+                self.target_cost.observe(n, decoded.timed)
         rest, t0, shared = upto - sequence.n_cached, time.perf_counter(), False
         while sequence.n_cached < upto:
             before = sequence.n_cached
             decoded = yield passes.Fill(sequence, upto)
-            shared = shared or not decoded.alone(sequence.n_cached - before)
+            shared = shared or not decoded.alone(sequence.n_cached - before) or decoded.timed is None
         if not shared:
             self.observe_prefill(self.profile, rest, time.perf_counter() - t0)
 
@@ -231,7 +238,7 @@ class Planner:
         (Acceptance.explored_depth: a first try is cheap, later ones double). With `batch`
         tokens of other calls in the pass, a step costs what its tokens add to the pass
         (speculation and batching compete for the same spare compute: Su et al., "The synergy of
-        speculative decoding and batching", Sec. 3), and so does the step it would replace."""
+        speculative decoding and batching", arXiv 2310.18813), and so does the step it would replace."""
         c1 = self._measured_c1()
         if available <= 0 or c1 <= 0:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
@@ -241,12 +248,12 @@ class Planner:
         limit = min(available, acc.explored_depth())
         expected = acc.expectations(limit)
         certain = acc.prior == 0.0 and not any(acc.rejected)  # forced tokens: nothing to lose
-        saved = float("inf") if certain or self.saved is None else self.saved
+        held = not certain and self.saved is not None  # drafts are held to what the generation may lose
         best, best_rate = 0, self.margin / c1
         for d in range(1, limit + 1):
             cost = self.step_cost(drafter, d, lag, batch)
-            if d > FIRST_TRY and cost - c1 > saved:
-                continue  # its worst case is more than this generation has saved: not yet
+            if held and cost - c1 > self.saved + self.allowance(d):  # type: ignore[operator]
+                continue  # its worst case is more than this generation may lose: not (yet)
             rate = expected[d] / cost
             if rate > best_rate:
                 best, best_rate = d, rate

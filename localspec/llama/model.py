@@ -434,6 +434,11 @@ class Model(Vocabulary):
         return lc.llama_state_seq_set_data(self._ctx, buf, len(data), seq) > 0
 
     @property
+    def cpu_threads(self) -> int | None:
+        """The threads its decodes run on this machine's CPU (None: its layers are elsewhere)."""
+        return None if self._gpu_layers() else (self.options.threads or os.cpu_count() or 1)
+
+    @property
     def sequence(self) -> KVSequence:
         """The first slot's sequence (a program generating one call at a time uses only it)."""
         return self.sequences[0]
