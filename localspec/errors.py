@@ -93,7 +93,9 @@ class ModelNotFound(LocalspecError, ValueError):
 
 
 class DependencyError(LocalspecError, RuntimeError):
-    """An optional dependency (an extra such as ``localspec[server]``) is not installed."""
+    """A dependency is missing (an extra such as ``localspec[server]``, a backend of the
+    llama.cpp build) or outside the versions localspec was tested with
+    (:mod:`localspec.dependencies`); the message says what to install."""
 
 
 class Cancelled(LocalspecError):

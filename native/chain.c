@@ -12,6 +12,14 @@ static int32_t child_with_token(const ls_ctx *c, int32_t r, int32_t x)
     return -1;
 }
 
+/* the verdict: the path from the root to row r, then token y */
+static int ends(const ls_ctx *c, int32_t r, int32_t y, ls_verdict *out)
+{
+    ls_emit_path(c, r, out);
+    out->token = y;
+    return LS_OK;
+}
+
 /* greedy: follow the child equal to the target argmax; the argmax is the extra token */
 int ls_greedy(ls_ctx *c, ls_verdict *out)
 {
@@ -22,11 +30,8 @@ int ls_greedy(ls_ctx *c, ls_verdict *out)
         if (st != LS_OK)
             return st;
         const int32_t next = child_with_token(c, r, y);
-        if (next < 0) {
-            ls_emit_path(c, r, out);
-            out->token = y;
-            return LS_OK;
-        }
+        if (next < 0)
+            return ends(c, r, y, out);
         r = next;
     }
 }
@@ -41,32 +46,34 @@ int ls_match(ls_ctx *c, ls_verdict *out)
         int32_t y;
         TRY_ROW(ls_view_sample(c, &v, 1.0, 0, 1.0, c->u[r], &y), r);
         const int32_t next = child_with_token(c, r, y);
-        if (next < 0) {
-            ls_emit_path(c, r, out);
-            out->token = y;
-            return LS_OK;
-        }
+        if (next < 0)
+            return ends(c, r, y, out);
         r = next;
     }
 }
 
-/* the correction token at row r from max(a * t - d, 0) (mass w, computed when w < 0), or the
- * bonus token from t at a leaf */
-static int finish(ls_ctx *c, int32_t r, double a, int residual, double w, ls_verdict *out)
+/* the correction token at row r from max(a * t - d, 0) under the view v of the row (mass w,
+ * computed when w < 0), the final draw u[n]; the path ends at r */
+static int correct(ls_ctx *c, int32_t r, ls_view *v, double a, double w, ls_verdict *out)
+{
+    int32_t y;
+    if (w < 0.0)
+        TRY_ROW(ls_view_sum(c, v, a, &w), r);
+    TRY_ROW(ls_sample_final(c, v, a, w, c->u[c->n], &y), r);
+    return ends(c, r, y, out);
+}
+
+/* the correction token at row r from max(t - d, 0) (residual) or the bonus token from t at a
+ * leaf, drawn with u[n]; the path ends at r */
+static int finish(ls_ctx *c, int32_t r, int residual, ls_verdict *out)
 {
     TRY_ROW(ls_row_prepare(c, r), r);
     ls_view v = ls_view_plain(c, r);
+    if (residual)
+        return correct(c, r, &v, 1.0, -1.0, out);
     int32_t y;
-    if (residual) {
-        if (w < 0.0)
-            TRY_ROW(ls_view_sum(c, &v, a, &w), r);
-        TRY_ROW(ls_sample_final(c, &v, a, w, c->u[c->n], &y), r);
-    } else {
-        TRY_ROW(ls_view_sample(c, &v, 1.0, 0, 1.0, c->u[c->n], &y), r);
-    }
-    ls_emit_path(c, r, out);
-    out->token = y;
-    return LS_OK;
+    TRY_ROW(ls_view_sample(c, &v, 1.0, 0, 1.0, c->u[c->n], &y), r);
+    return ends(c, r, y, out);
 }
 
 /* target and draft probability of row r's child token x */
@@ -78,11 +85,8 @@ static int child_probs(ls_ctx *c, int32_t r, int32_t x, double *t, double *d)
     return LS_OK;
 }
 
-/* Token verification, block paper Alg. 1 (residual Eq. 3). With lenience eps > 0 the acceptance
- * is Yin et al.'s b(x) = min{1, (target + eps) / draft}; their Thm 4 optimal residual
- * P* = [A]_+, A ∝ max(target - draft, -eps), is again norm(max(target - draft, 0)). With masks,
- * a token its row's mask forbids gets b(x) = 0: the lossy mode never breaks the constraint. */
-int ls_token(ls_ctx *c, ls_verdict *out)
+/* token and block verification take one chain: no node branches, the root included */
+static int require_one_chain(ls_ctx *c)
 {
     const int st = ls_require_chain_below_root(c);
     if (st != LS_OK)
@@ -91,6 +95,18 @@ int ls_token(ls_ctx *c, ls_verdict *out)
         c->error_index = ls_child(c, 0, 1) - 1;
         return LS_ERR_SHAPE;
     }
+    return LS_OK;
+}
+
+/* Token verification, block paper Alg. 1 (residual Eq. 3). With lenience eps > 0 the acceptance
+ * is Yin et al.'s b(x) = min{1, (target + eps) / draft}; their Thm 4 optimal residual
+ * P* = [A]_+, A ∝ max(target - draft, -eps), is again norm(max(target - draft, 0)). With masks,
+ * a token its row's mask forbids gets b(x) = 0: the lossy mode never breaks the constraint. */
+int ls_token(ls_ctx *c, ls_verdict *out)
+{
+    const int st = require_one_chain(c);
+    if (st != LS_OK)
+        return st;
     const double eps = c->p->lenience;
     int32_t r = 0;
     while (ls_child_count(c, r) == 1) {
@@ -105,24 +121,66 @@ int ls_token(ls_ctx *c, ls_verdict *out)
             h = ratio < 1.0 ? ratio : 1.0;
         }
         if (!(c->u[node - 1] < h))
-            return finish(c, r, 1.0, 1, -1.0, out);
+            return finish(c, r, 1, out);
         r = node;
     }
-    return finish(c, r, 1.0, 0, -1.0, out);
+    return finish(c, r, 0, out);
 }
 
-/* Block verification, block paper Alg. 2: p_i (line 4), h_i (Eq. 5), residual (Eq. 4).
- * tau = max{i : eta_i < h_i}, found top-down so W_i is only computed where it can matter;
- * h_i = 1 whenever p_i = 1 (Eq. 5 with 1 - p_i = 0). */
+/* Block verification's last part, on a path of L drafted rows whose p_i are known (block paper
+ * Alg. 2; GBV's along its chosen chain): the whole path and a bonus token when eta_L < p_L,
+ * else tau = max{i < L : eta_i < h_i}, h_i = W_i / (W_i + 1 - p_i) (Eq. 5; 1 when p_i = 1), found
+ * top-down so that W_i is computed only where it can matter, and the correction token from
+ * row R_tau's residual (Eq. 4). Row R_i = rows[i - 1] (rows NULL: R_i = i), R_0 = 0; eta_i is
+ * u[R_i - 1]; view(c, i, R_i, arg, &v) gives the row's target and draft for W_i. */
+int ls_block_path(ls_ctx *c, const int32_t *rows, const double *p, int32_t L, ls_path_view view, void *arg,
+                  ls_verdict *out)
+{
+#define PATH_ROW(i) ((i) == 0 ? 0 : rows ? rows[(i) - 1] : (i))
+    if (L == 0 || c->u[PATH_ROW(L) - 1] < p[L]) /* h_L = p_L; an empty draft is tau = L = 0 */
+        return finish(c, PATH_ROW(L), 0, out);
+    int32_t tau = 0;
+    double w_tau = -1.0;
+    ls_view v;
+    for (int32_t i = L - 1; i >= 1; i--) {
+        const int32_t R = PATH_ROW(i);
+        double h = 1.0, w = -1.0;
+        if (p[i] < 1.0) {
+            TRY_ROW(view(c, i, R, arg, &v), R);
+            TRY_ROW(ls_view_sum(c, &v, p[i], &w), R);
+            const double den = w + (1.0 - p[i]);
+            h = den > 0.0 ? w / den : 1.0;
+        }
+        if (c->u[R - 1] < h) {
+            tau = i;
+            w_tau = w;
+            break;
+        }
+    }
+    const int32_t R = PATH_ROW(tau);
+    if (w_tau < 0.0) /* W_tau not computed (tau = 0, or p_tau = 1): v is not this row's view */
+        TRY_ROW(view(c, tau, R, arg, &v), R);
+    return correct(c, R, &v, p[tau], w_tau, out);
+#undef PATH_ROW
+}
+
+/* block verification's view of row R: its own target and draft */
+static int plain_view(ls_ctx *c, int32_t i, int32_t R, void *arg, ls_view *v)
+{
+    (void)i;
+    (void)arg;
+    TRY_ROW(ls_row_prepare(c, R), R);
+    *v = ls_view_plain(c, R);
+    return LS_OK;
+}
+
+/* Block verification, block paper Alg. 2: p_i (line 4), then ls_block_path (h_i, tau, the
+ * residual). */
 int ls_block(ls_ctx *c, ls_verdict *out)
 {
-    const int st = ls_require_chain_below_root(c);
+    const int st = require_one_chain(c);
     if (st != LS_OK)
         return st;
-    if (ls_child_count(c, 0) > 1) {
-        c->error_index = ls_child(c, 0, 1) - 1;
-        return LS_ERR_SHAPE;
-    }
     /* chain rows r_0 = 0, r_i = i (parents precede children, one child each) */
     const int32_t g = c->n;
     double *p = c->pr;
@@ -136,24 +194,5 @@ int ls_block(ls_ctx *c, ls_verdict *out)
         const double pi = p[i - 1] * ratio;
         p[i] = pi < 1.0 ? pi : 1.0;
     }
-    if (g == 0 || c->u[g - 1] < p[g]) /* h_gamma = p_gamma; an empty draft is tau = gamma = 0 */
-        return finish(c, g, 1.0, 0, -1.0, out);
-    int32_t tau = 0;
-    double w_tau = -1.0;
-    for (int32_t i = g - 1; i >= 1; i--) {
-        double h = 1.0, w = -1.0;
-        if (p[i] < 1.0) {
-            TRY_ROW(ls_row_prepare(c, i), i);
-            ls_view v = ls_view_plain(c, i);
-            TRY_ROW(ls_view_sum(c, &v, p[i], &w), i);
-            const double den = w + (1.0 - p[i]);
-            h = den > 0.0 ? w / den : 1.0;
-        }
-        if (c->u[i - 1] < h) {
-            tau = i;
-            w_tau = w;
-            break;
-        }
-    }
-    return finish(c, tau, p[tau], 1, w_tau, out);
+    return ls_block_path(c, NULL, p, g, plain_view, NULL, out);
 }

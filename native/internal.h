@@ -301,6 +301,12 @@ int ls_batch(ls_ctx *c, ls_verdict *out);
 int ls_rrs(ls_ctx *c, ls_verdict *out, int without_replacement);
 int ls_traversal(ls_ctx *c, ls_verdict *out);
 
+/* block verification's tau and correction on a path whose p_i are known (chain.c; block and GBV):
+ * R_i = rows[i - 1] (rows NULL: R_i = i); view gives row R_i's target and draft at depth i */
+typedef int (*ls_path_view)(ls_ctx *c, int32_t i, int32_t R, void *arg, ls_view *v);
+int ls_block_path(ls_ctx *c, const int32_t *rows, const double *p, int32_t L, ls_path_view view, void *arg,
+                  ls_verdict *out);
+
 /* ---- verify.c: tree helpers ---- */
 int32_t ls_child_count(const ls_ctx *c, int32_t r);
 int32_t ls_child(const ls_ctx *c, int32_t r, int32_t k);

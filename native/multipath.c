@@ -242,8 +242,26 @@ static int outranks(ls_ctx *c, int32_t L, int32_t a, int32_t b, int *better)
     return LS_OK;
 }
 
+/* the scaled variables of GBV's skewed draft along the chosen chain (r_i, rho_i per depth) */
+typedef struct skew {
+    const double *r;
+    const double *rho;
+    int32_t K;
+} skew;
+
+/* GBV's view of row R at depth i: its target, and its skewed draft q^Gamma(.|prefix) (c->qrow) */
+static int skewed_view(ls_ctx *c, int32_t i, int32_t R, void *arg, ls_view *v)
+{
+    const skew *sk = arg;
+    TRY_ROW(ls_row_prepare(c, R), R);
+    TRY_ROW(materialize(c, R, sk->r[i], sk->rho[i], sk->K), R);
+    *v = ls_view_plain(c, R);
+    v->draft64 = c->qrow;
+    return LS_OK;
+}
+
 /* GBV (multi-path paper Alg. 1): select the top-ranked chain, then block verification
- * (block paper Alg. 2) on it with draft values q^Gamma (Eq. 22-23). */
+ * (block paper Alg. 2, ls_block_path) on it with draft values q^Gamma (Eq. 22-23). */
 int ls_gbv(ls_ctx *c, ls_verdict *out)
 {
     int st = ls_require_chain_below_root(c);
@@ -265,7 +283,7 @@ int ls_gbv(ls_ctx *c, ls_verdict *out)
         if (better)
             best = k;
     }
-    /* block verification along the chosen chain: rows R_0 = 0, R_i = CHAIN(best, i) */
+    /* p_i along the chosen chain: rows R_0 = 0, R_i = CHAIN(best, i) */
     double *p = c->pr, *rr = c->aux, *rh = c->aux + (c->n + 1);
     p[0] = 1.0;
     rr[0] = 0.0;
@@ -284,50 +302,6 @@ int ls_gbv(ls_ctx *c, ls_verdict *out)
         rr[i] = vv > 0.0 ? u / vv : 0.0;
         rh[i] = vv > 0.0 ? rh[i - 1] * d / vv : 1.0;
     }
-    const int32_t leaf = CHAIN(best, L);
-    if (c->u[leaf - 1] < p[L]) {
-        TRY_ROW(ls_row_prepare(c, leaf), leaf);
-        const ls_view v = ls_view_plain(c, leaf);
-        int32_t y;
-        TRY_ROW(ls_view_sample(c, &v, 1.0, 0, 1.0, c->u[c->n], &y), leaf);
-        ls_emit_path(c, leaf, out);
-        out->token = y;
-        return LS_OK;
-    }
-    int32_t tau = 0, have = -1;
-    double w_tau = -1.0;
-    for (int32_t i = L - 1; i >= 1; i--) {
-        const int32_t R = CHAIN(best, i);
-        double h = 1.0, w = -1.0;
-        if (p[i] < 1.0) {
-            TRY_ROW(ls_row_prepare(c, R), R);
-            TRY_ROW(materialize(c, R, rr[i], rh[i], K), R);
-            have = i;
-            ls_view v = ls_view_plain(c, R);
-            v.draft64 = c->qrow;
-            TRY_ROW(ls_view_sum(c, &v, p[i], &w), R);
-            const double den = w + (1.0 - p[i]);
-            h = den > 0.0 ? w / den : 1.0;
-        }
-        if (c->u[R - 1] < h) {
-            tau = i;
-            w_tau = w;
-            break;
-        }
-    }
-    const int32_t R = tau == 0 ? 0 : CHAIN(best, tau);
-    TRY_ROW(ls_row_prepare(c, R), R);
-    if (have != tau || w_tau < 0.0) {
-        TRY_ROW(materialize(c, R, rr[tau], rh[tau], K), R);
-        w_tau = -1.0;
-    }
-    ls_view v = ls_view_plain(c, R);
-    v.draft64 = c->qrow;
-    if (w_tau < 0.0)
-        TRY_ROW(ls_view_sum(c, &v, p[tau], &w_tau), R);
-    int32_t y;
-    TRY_ROW(ls_sample_final(c, &v, p[tau], w_tau, c->u[c->n], &y), R);
-    ls_emit_path(c, R, out);
-    out->token = y;
-    return LS_OK;
+    skew sk = {rr, rh, K};
+    return ls_block_path(c, &CHAIN(best, 1), p, L, skewed_view, &sk, out);
 }

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from localspec.llama import buffer_types, kernel_check, kernel_verdicts, kernels
+from localspec.llama import buffer_types, compat, kernel_check, kernel_verdicts, kernels
 from localspec.cli import cli
 from localspec.settings.models import ModelOptions
 from localspec.errors import ConfigError, ModelError
@@ -43,9 +43,10 @@ def q4_0(quantized_paths: dict[str, tuple[Path, Path]]) -> Path:
 
 
 def test_repack_rule_follows_llama_cpp() -> None:
-    """ggml_repack_get_optimal_repack_type, per CPU: x86 repacks Q4_0/Q4_K/IQ4_NL in 8-row blocks
-    and nothing of Q6_K/Q8_0; Arm with int8 matmul takes those and Q6_K/Q8_0 too."""
-    rows = buffer_types.repack_rows
+    """ggml_repack_get_optimal_repack_type, per CPU (llama.compat's copy): x86 repacks
+    Q4_0/Q4_K/IQ4_NL in 8-row blocks and nothing of Q6_K/Q8_0; Arm with int8 matmul takes those
+    and Q6_K/Q8_0 too."""
+    rows = compat.repack_rows
     assert rows("Q4_K", X86_AVX512) == 8 and rows("Q4_0", X86_AVX512) == 8
     assert rows("Q2_K", X86_AVX512) == 8 and rows("Q2_K", X86_AVX512 - {"AVX512"}) is None
     assert rows("Q6_K", X86_AVX512) is None and rows("Q8_0", X86_AVX512) is None

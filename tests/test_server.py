@@ -719,7 +719,7 @@ def slow_send(conn, data: bytes) -> None:
 
 
 def test_the_head_timeout_starts_again_after_each_response_and_spares_slow_requests() -> None:
-    """The head timer (run.timed_protocol) wraps uvicorn's protocol and stops at the blank line that
+    """The head timer (compat.timed_protocol) wraps uvicorn's protocol and stops at the blank line that
     ends a head: a request running longer than header_timeout is not cut. After the response
     (run.HeadTimeoutApp finds the connection by the client's address) it starts again: a
     kept-alive connection that sends its next head a byte at a time is closed, and so is one that
@@ -1081,23 +1081,3 @@ def test_each_server_has_its_own_table_of_connections() -> None:
     assert first.app.connections is first.http.connections
     assert second.app.connections is second.http.connections
     assert first.http.connections is not second.http.connections
-
-
-def test_the_uvicorn_internals_it_uses_are_there() -> None:
-    """The server wraps uvicorn's h11 protocol and extends Server.handle_exit (docs/server.md: the
-    tested uvicorn range is pinned); a uvicorn that moves either fails here, naming it."""
-    import inspect
-    from importlib.metadata import version
-
-    import uvicorn
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    for name in ("connection_made", "data_received", "eof_received", "connection_lost", "pause_writing",
-                 "resume_writing"):
-        assert callable(getattr(H11Protocol, name, None)), f"uvicorn {version('uvicorn')}: H11Protocol.{name} is gone"
-    params = inspect.signature(H11Protocol.__init__).parameters
-    assert {"config", "server_state"} <= set(params), f"uvicorn {version('uvicorn')}: H11Protocol takes {list(params)}"
-    # uvicorn's own (self, sig, frame), or sse-starlette's wrapper of it (*args, **kwargs): called as (sig, frame)
-    inspect.signature(uvicorn.Server.handle_exit).bind(None, signal.SIGINT, None)
-    source = inspect.getsource(uvicorn.Server)
-    assert "def handle_exit(self, sig" in source, f"uvicorn {version('uvicorn')}: Server.handle_exit changed"

@@ -17,8 +17,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from benchmarks.common.host import llama_cpp_version
 from benchmarks.common.runs import Run

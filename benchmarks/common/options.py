@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def add_prompts_option(p: argparse.ArgumentParser, prompts: dict[str, str]) -> None:

@@ -14,9 +14,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 TARGET_ALONE = ("-d", "none", "-k", "0")  # localspec's arguments for the target alone
 IN_PROCESS = ("--keep-alive", "0")  # each call loads its models itself (resident models: benchmarks.process.resident)

@@ -19,14 +19,14 @@ import logging
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import numpy as np
 from tqdm import tqdm
 
-from localspec.verify import reference, verifier
 from localspec.settings.sampling import DEFAULT_SAMPLING, SamplingParams
+from localspec.verify import reference, verifier
 
 log = logging.getLogger(__name__)
 

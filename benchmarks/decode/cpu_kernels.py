@@ -19,8 +19,8 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from benchmarks.common.host import host_header
 from benchmarks.common.target import time_decode
@@ -37,11 +37,10 @@ def progress(message: str) -> None:
 def measure(path: Path, configs: Sequence[str], rounds: int, threads: int | None,
             force: bool = False) -> dict[str, dict]:
     """Per configuration: load seconds, weight buffers and the median seconds of each pass size."""
-    from localspec.settings.models import ModelOptions
     from localspec.errors import ModelError
-    from localspec.llama.model import Model
-
     from localspec.llama import buffer_types
+    from localspec.llama.model import Model
+    from localspec.settings.models import ModelOptions
 
     crashing = buffer_types.crashing_buffer_types()
     models, out = {}, {}

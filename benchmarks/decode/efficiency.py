@@ -20,20 +20,20 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 
-from localspec.verify import verifier
-from localspec.settings.generation import WITHOUT_REPLACEMENT, GenerationConfig
-from localspec.settings.sampling import SamplingParams
-from localspec.settings.shape import Shape
-from localspec.decoding.passes import resolve, run_alone
 from localspec.decoding.engine import Engine
+from localspec.decoding.passes import resolve, run_alone
 from localspec.decoding.tree import DraftTree
 from localspec.errors import ConfigError
 from localspec.llama.model import Model
+from localspec.settings.generation import WITHOUT_REPLACEMENT, GenerationConfig
+from localspec.settings.sampling import SamplingParams
+from localspec.settings.shape import Shape
+from localspec.verify import verifier
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def paired_scores(target: Model, draft: Model, contexts: Sequence[Sequence[int]]
             engine.start(ctx)
             values = score(engine, [(m.verifier, m.branch) for m in group.methods], draws)
             engine.finish()
-            for m, v in zip(group.methods, values):
+            for m, v in zip(group.methods, values, strict=True):
                 scores.setdefault(m.label, []).append(v)
             bar.update()
     bar.close()

@@ -27,8 +27,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -42,8 +43,15 @@ from benchmarks.common.options import add_prompts_option, check_prompts
 from benchmarks.common.prompts import GROUNDED, PROMPTS
 from benchmarks.common.target import chat_tokens, cost_curve
 from benchmarks.decode.efficiency import default_groups, paired_scores, target_contexts
-from benchmarks.decode.head_to_head_report import (K, Row, cost_curve_report, efficiency_report, merge_repeats,
-                                                   ngram_ceiling_report, throughput_report)
+from benchmarks.decode.head_to_head_report import (
+    K,
+    Row,
+    cost_curve_report,
+    efficiency_report,
+    merge_repeats,
+    ngram_ceiling_report,
+    throughput_report,
+)
 from benchmarks.decode.memory import memory_report
 
 log = logging.getLogger("head_to_head")
@@ -118,24 +126,25 @@ def measure_all(args: argparse.Namespace, target: Any, draft: Any, target_path: 
     total = sum(len(args.temperatures) * args.repeat * (1 + len(localspec_configs(name, args.ngram_k))
                                                         + (2 if bindir else 0)) for name in prompts)
     done = 0
+
+    def progress(run: str, what: str) -> None:
+        nonlocal done
+        done += 1
+        print(f"\r[{done}/{total}] {run} {what:<40}", end="", file=sys.stderr, flush=True)
+
     for name, prompt in prompts.items():
         text = render_messages(target, template_of(target), check_messages([{"role": "user", "content": prompt}]),
                                True, None)
         ptoks = chat_tokens(target, prompt)
         for t, rep in ((t, rep) for t in args.temperatures for rep in range(args.repeat)):
-            def progress(what: str) -> None:
-                nonlocal done
-                done += 1
-                print(f"\r[{done}/{total}] {name} T={t:g} #{rep + 1} {what:<40}", end="", file=sys.stderr,
-                      flush=True)
-
-            progress("target only")
+            run = f"{name} T={t:g} #{rep + 1}"
+            progress(run, "target only")
             r = run_localspec(target, None, ptoks, t, args.tokens, args.seed, num_draft_tokens=0)
             rows.append(Row(name, t, "localspec", "-", "target only", "-", r["tokens"], r["seconds"], 1.0,
                             None, r["verify_share"]))
             outputs.setdefault((name, t), (ptoks, r["output"]))
             for drafter, verifier, plan, k in localspec_configs(name, args.ngram_k):
-                progress(f"localspec {drafter} {verifier} {plan}")
+                progress(run, f"localspec {drafter} {verifier} {plan}")
                 r = run_localspec(target, None if drafter == "ngram" else draft, ptoks, t, args.tokens, args.seed,
                                   verifier=verifier, num_draft_tokens=k, drafter=drafter, plan=plan.split()[0])
                 rows.append(Row(name, t, "localspec", drafter, verifier, plan, r["tokens"], r["seconds"],
@@ -144,7 +153,7 @@ def measure_all(args: argparse.Namespace, target: Any, draft: Any, target_path: 
             if bindir is None:
                 continue
             for spec_type, drafter in (("draft-simple", "model"), ("ngram-mod", "ngram")):
-                progress(f"llama.cpp {spec_type}")
+                progress(run, f"llama.cpp {spec_type}")
                 r = run_llama_speculative(bindir, target_path, draft_path, text, spec_type, t, args.tokens,
                                           args.threads, args.seed)
                 steps = r["tokens"] - r["accepted"]  # each step commits its accepted tokens + one

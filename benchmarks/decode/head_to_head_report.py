@@ -6,8 +6,9 @@ paired verifier comparison.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -196,7 +197,7 @@ def what_if(rows: Sequence[Row]) -> str:
     for c in (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
         cells = []
         for key in keys:
-            best = max(((expected_tokens(alphas[key], g) / (g * c + 1), g) for g in range(1, 17)))
+            best = max((expected_tokens(alphas[key], g) / (g * c + 1), g) for g in range(1, 17))
             cells.append(f"{best[0]:.2f}× (γ={best[1]})")
         lines.append(f"| {c:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

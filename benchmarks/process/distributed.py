@@ -29,8 +29,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from localspec.decoding.acceptance import Acceptance
 from localspec.decoding.costs import CostTable
@@ -194,6 +194,15 @@ def table(rows: Sequence[dict]) -> list[str]:
     return out
 
 
+def best_depth(target: CostTable, rtt: float, alpha: float, level: float) -> tuple[int, float]:
+    """The draft depth (1-16) with the best predicted tokens per second, and that rate: each pass
+    costs the target's pass and one round trip of `rtt` seconds, each draft level `level`
+    seconds, and each level is accepted with probability `alpha`."""
+    acc = Acceptance(prior=1 - alpha)
+    rate, depth = max((acc.expected(d, 0) / (target(d + 1) + rtt + d * level), d) for d in range(1, 17))
+    return depth, rate
+
+
 def gpu_prediction(delays: Sequence[float]) -> list[str]:
     """The cost model for a remote H100 target (the default pair's measured GPU costs: target
     passes of 1/2/4/5/8/9/16 tokens = 2.3/2.5/3.0/3.3/3.7/4.7/4.6 ms; a local draft level 1.15 ms),
@@ -205,12 +214,7 @@ def gpu_prediction(delays: Sequence[float]) -> list[str]:
     for delay in delays:
         rtt = 2 * delay / 1e3
         plain = 1 / (gpu(1) + rtt)
-
-        def best(alpha: float, level: float) -> tuple[int, float]:
-            acc = Acceptance(prior=1 - alpha)
-            return max(((acc.expected(d, 0) / (gpu(d + 1) + rtt + d * level), d) for d in range(1, 17)))[::-1]
-
-        (dn, rn), (dm, rm) = best(0.9, 0.0), best(0.8, 1.15e-3)
+        (dn, rn), (dm, rm) = best_depth(gpu, rtt, 0.9, 0.0), best_depth(gpu, rtt, 0.8, 1.15e-3)
         out.append(f"| {delay:g} ms | {plain:.0f} | {dn}, {rn / plain:.2f}× | {dm}, {rm / plain:.2f}× |")
     return out
 

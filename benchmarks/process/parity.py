@@ -28,9 +28,9 @@ import os
 import shutil
 import statistics
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from benchmarks.common.host import host_header
 from benchmarks.common.llama_tools import Server, native_llama_tools
@@ -168,7 +168,7 @@ def tables(results: dict[int, dict[str, Side]], args: argparse.Namespace) -> lis
            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for n, sides in results.items():
         srv, ls = sides["llama-server"], sides["localspec"]
-        same = sum(a == b for a, b in zip(srv.texts, ls.texts))
+        same = sum(a == b for a, b in zip(srv.texts, ls.texts, strict=True))
         out.append(f"| ~{n} | {med(srv.prefill):.2f} | {med(ls.prefill):.2f} | {med(srv.prefill) / med(ls.prefill):.3f}× "
                    f"| {med(srv.decode):.2f} | {med(ls.decode):.2f} | {med(srv.decode) / med(ls.decode):.3f}× "
                    f"| {same}/{len(srv.texts)} |")

@@ -20,8 +20,8 @@ import argparse
 import shutil
 import statistics
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from benchmarks.common.host import host_header
 from benchmarks.common.llama_tools import llama_completion, native_llama_tools

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from benchmarks.common.llama_tools import Server
 from benchmarks.common.runs import Run
@@ -36,7 +36,7 @@ ITEMS = ("Ergonomic office chair (model EC-400)", "Standing desk frame (SD-2)", 
 def invoices() -> list[str]:
     """Eight invoices, each asked for as the same schema's JSON."""
     out = []
-    for i, ((name, address, currency), item) in enumerate(zip(CUSTOMERS, ITEMS)):
+    for i, ((name, address, currency), item) in enumerate(zip(CUSTOMERS, ITEMS, strict=True)):
         quantity, price = 3 + i * 2, 40 + 17 * i
         out.append(f"Extract the invoice's fields as JSON.\n\nINVOICE INV-2024-{871 + i:04d}\nDate: 2024-05-{10 + i}\n"
                    f"Bill to: {name}, {address}\nItems: {quantity} x {item} @ {price:.2f} {currency}\n"

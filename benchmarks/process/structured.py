@@ -37,9 +37,9 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from benchmarks.common.host import host_header
 from benchmarks.common.llama_tools import llama_completion, native_llama_tools
@@ -65,9 +65,9 @@ class Shares:
 def shares(task: Task, text: str) -> Shares:
     """Forced and copied tokens of an answer, and whether it is valid (parses as JSON; the grammar
     accepts it complete), replayed through the grammar on the target's vocabulary."""
-    from localspec.settings.constraints import Constraint
     from localspec.decoding.grammar.follower import GrammarFollower
     from localspec.llama.model import Model
+    from localspec.settings.constraints import Constraint
 
     vocab = Model.vocabulary(default_target())
     try:

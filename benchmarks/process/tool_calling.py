@@ -30,9 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from benchmarks.common.host import host_header
 from benchmarks.common.options import checked_args, progress, task_options

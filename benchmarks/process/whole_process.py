@@ -22,15 +22,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from benchmarks.common.host import host_header
 from benchmarks.common.options import add_prompts_option, check_prompts, progress
 from benchmarks.common.prompts import CHAT_TURNS, GROUNDED_PROMPTS, WHOLE_PROCESS as PROMPTS
 from benchmarks.common.runs import IN_PROCESS, TARGET_ALONE, Run, chat, localspec, profile_env
-from benchmarks.process.whole_tables import (ceiling_table, completion_table, kernels_table, llama_table,
-                                             resident_table)
+from benchmarks.process.whole_tables import ceiling_table, completion_table, kernels_table, llama_table, resident_table
 
 
 def ratio(default: Sequence[Run], alone: Sequence[Run], temperature: float) -> float:

@@ -12,8 +12,15 @@ import statistics
 from pathlib import Path
 
 from benchmarks.common.host import llama_cpp_version
-from benchmarks.common.llama_tools import (BENCH_CACHE, LLAMA_NGRAM_TYPES, build_llama_tools, completion_flags,
-                                           llama_completion, native_llama_tools, speculative_simple)
+from benchmarks.common.llama_tools import (
+    BENCH_CACHE,
+    LLAMA_NGRAM_TYPES,
+    build_llama_tools,
+    completion_flags,
+    llama_completion,
+    native_llama_tools,
+    speculative_simple,
+)
 from benchmarks.common.options import progress
 from benchmarks.common.prompts import GROUNDED_PROMPTS, WHOLE_PROCESS as PROMPTS
 from benchmarks.common.runs import TARGET_ALONE, Run, localspec
@@ -29,9 +36,9 @@ def ceiling_table(args: argparse.Namespace, alone_runs: dict[str, list[Run]]) ->
     from a cost curve measured now), and the whole-process ratio that decode ceiling would give
     (the target alone's other components unchanged); beside it, the same oracle for a tree of the
     proposal and first-token alternatives (an upper bound: it drafts only the branch that is right)."""
-    from localspec.llama import registry
     from localspec.api import load_model
     from localspec.decoding.costs import CostTable
+    from localspec.llama import registry
 
     progress("n-gram ceiling: cost curve and target-alone outputs")
     reg = registry.load_registry()

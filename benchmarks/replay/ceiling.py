@@ -8,7 +8,7 @@ benchmark measure planners against.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from localspec.decoding.lookup import ContextLookup
 
@@ -36,7 +36,7 @@ def first_token_alternatives(lookup: ContextLookup, exclude: int | None, limit: 
 def matched_run(proposed: Sequence[int], actual: Sequence[int]) -> int:
     """How many proposed tokens equal the actual ones, in a row from the first."""
     run = 0
-    for p, a in zip(proposed, actual):
+    for p, a in zip(proposed, actual, strict=False):  # the shorter decides
         if p != a:
             break
         run += 1

@@ -48,8 +48,11 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+
+from localspec.decoding.costs import CostTable
+from localspec.decoding.profiles import Profile
 
 from benchmarks.common.options import add_prompts_option, check_prompts
 from benchmarks.common.prompts import HELD_BACK, REPLAY_GROUNDED, REPLAY_PROMPTS
@@ -58,9 +61,6 @@ from benchmarks.replay.answers import NOMINAL_C1, Answers, parse_curve, record, 
 from benchmarks.replay.ceiling import ngram_ceiling
 from benchmarks.replay.planners import fresh_profile, self_taught, speedup, warm_profile
 from benchmarks.replay.policies import hindsight, population_speedups
-
-from localspec.decoding.costs import CostTable
-from localspec.decoding.profiles import Profile
 
 
 def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens: int, rounds: int,
@@ -105,9 +105,9 @@ def summary(label: str, cells: list[list[float]]) -> list[str]:
     """Geometric mean and worst of each column over a set of prompts (none: no lines)."""
     if not cells:
         return []
-    means = [math.exp(sum(math.log(x) for x in column) / len(column)) for column in zip(*cells)]
+    means = [math.exp(sum(math.log(x) for x in column) / len(column)) for column in zip(*cells, strict=True)]
     return [f"| {label}, geometric mean | | " + " | ".join(f"{x:.2f}×" for x in means) + " |",
-            f"| {label}, worst | | " + " | ".join(f"{min(column):.2f}×" for column in zip(*cells)) + " |"]
+            f"| {label}, worst | | " + " | ".join(f"{min(column):.2f}×" for column in zip(*cells, strict=True)) + " |"]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -163,8 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def measure(args: argparse.Namespace, prompts: dict[str, str]) -> tuple[Answers, dict[int, float], float]:
     """The default pair's target: its cost curve (or c(1) under the given ratios), prefill rate and answers."""
-    from localspec.llama import registry
     from localspec.api import load_model
+    from localspec.llama import registry
 
     reg = registry.load_registry()
     options = {"threads": args.threads} if args.threads else {}

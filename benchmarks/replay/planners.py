@@ -15,17 +15,17 @@ first draft (c(1), c(16) and the prefill rate), "warm" what replaying a set of a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Callable, Mapping, Sequence
 
-from localspec.settings.generation import GenerationConfig
-from localspec.settings.shape import Shape
 from localspec.decoding.acceptance import NO_LIMIT, Acceptance
 from localspec.decoding.costs import CostTable
 from localspec.decoding.drafters import DraftProposal
 from localspec.decoding.planner import Planner
 from localspec.decoding.profiles import Profile, Profiled, Profiles
 from localspec.decoding.state import Draft
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.shape import Shape
 
 from benchmarks.replay.ceiling import matched_run
 from benchmarks.replay.steps import replay

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Callable, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from benchmarks.replay.answers import Answers
 from benchmarks.replay.steps import replay

@@ -18,13 +18,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from benchmarks.replay.ceiling import matched_run
 from localspec.decoding.drafters import DraftProposal, NGramDrafter
 from localspec.decoding.lookup import ContextLookup
 from localspec.decoding.policy import FixedPolicy, Policy
 from localspec.decoding.state import NO_DRAFT, Draft
 from localspec.settings.generation import GenerationConfig
 from localspec.settings.sampling import SamplingParams
+
+from benchmarks.replay.ceiling import matched_run
 
 SHAPE = GenerationConfig().shape  # the engine's default draft shape (a chain)
 DEPTH = SHAPE.depth  # the engine's default draft depth

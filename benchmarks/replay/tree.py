@@ -24,17 +24,17 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+
+from localspec.decoding.costs import CostTable
+from localspec.decoding.drafters import ngram_kind
 
 from benchmarks.common.prompts import HELD_BACK, REPLAY_GROUNDED, REPLAY_PROMPTS
 from benchmarks.replay.answers import NOMINAL_C1, parse_curve, recorded
 from benchmarks.replay.ceiling import first_token_alternatives, matched_run
 from benchmarks.replay.policies import SEARCH_DEPTHS, coordinate_descent
 from benchmarks.replay.steps import DEPTH, answer_lookup
-
-from localspec.decoding.drafters import ngram_kind
-from localspec.decoding.costs import CostTable
 
 TreePolicy = Mapping[str, tuple[int, int]]  # kind of proposal: (depth, branches)
 

@@ -23,9 +23,6 @@ from localspec.errors import CheckFailed, exit_code
 
 log = logging.getLogger(__name__)
 
-# ggml's enum ggml_backend_dev_type
-DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
-
 
 def _version(package: str) -> str | None:
     try:
@@ -50,9 +47,9 @@ def _text(value: Any) -> str:
 def backend_devices() -> list[dict] | str:
     """The ggml backend devices (name, description, type, memory), or why they are unknown."""
     try:
-        from localspec.llama import ggml
+        from localspec.llama import compat
 
-        g = ggml.lib()
+        g = compat.lib()
         devices = []
         for i in range(int(g.ggml_backend_dev_count())):
             dev = g.ggml_backend_dev_get(i)
@@ -61,7 +58,7 @@ def backend_devices() -> list[dict] | str:
             dev_type = int(g.ggml_backend_dev_type(dev))
             devices.append({"name": _text(g.ggml_backend_dev_name(dev)),
                             "description": _text(g.ggml_backend_dev_description(dev)),
-                            "type": DEVICE_TYPES.get(dev_type, str(dev_type)),
+                            "type": compat.DEVICE_TYPES.get(dev_type, str(dev_type)),
                             "memory_free": int(free.value), "memory_total": int(total.value)})
         return devices
     except Exception as exc:  # a binding mismatch must not break `info`

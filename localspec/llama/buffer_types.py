@@ -5,7 +5,6 @@ configuration from these."""
 
 from __future__ import annotations
 
-import ctypes
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -42,15 +41,14 @@ def cpu_features() -> frozenset[str]:
 @lru_cache(maxsize=1)
 def extra_buffer_types() -> dict[str, int]:
     """The CPU backend's extra buffer types, in llama.cpp's order of preference: name -> handle."""
-    from localspec.llama import backend, ggml
+    from localspec.llama import backend, compat
 
     backend.init()
-    lib = ggml.lib()
-    dev = lib.ggml_backend_dev_by_type(ggml.DEVICE_CPU)
+    lib = compat.lib()
+    dev = lib.ggml_backend_dev_by_type(compat.DEVICE_CPU)
     if not dev:
         return {}
-    get = ggml.proc(lib.ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts",
-                    ctypes.POINTER(ctypes.c_void_p), [ctypes.c_void_p])
+    get = compat.proc(lib.ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts")
     if get is None:
         return {}
     array, out = get(dev), {}
@@ -91,9 +89,9 @@ class Weight:
 
 def read_weights(path: Path) -> tuple[Weight, ...]:
     """The tensors of a GGUF file, from its header (llama.cpp's gguf reader; milliseconds)."""
-    from localspec.llama import ggml
+    from localspec.llama import compat
 
-    found = ggml.tensors(str(path))
+    found = compat.tensors(str(path))
     if found is None:
         raise ModelError(f"llama.cpp could not load {path}: its header or tensor list is damaged or cut short "
                          "(an interrupted download? fetch or copy it again)")
@@ -106,29 +104,11 @@ def checked_types(weights: Sequence[Weight]) -> tuple[str, ...]:
     return tuple(sorted({w.type for w in weights if w.matmul and w.type in CHECK_FTYPES}))
 
 
-def repack_rows(weight_type: str, features: frozenset[str]) -> int | None:
-    """The row multiple CPU_REPACK needs for a weight type on this CPU, or None when it takes none.
-    (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type, at llama-cpp-python 0.3.36.)"""
-    avx2, neon = "AVX2" in features, "NEON" in features
-    i8mm, dot = neon and "MATMUL_INT8" in features, neon and "DOTPROD" in features
-    if weight_type == "Q4_0":
-        return 8 if avx2 else 4 if (i8mm or dot) else None
-    if weight_type == "Q4_K":
-        return 8 if (avx2 or i8mm or dot) else None
-    if weight_type == "Q2_K":
-        return 8 if "AVX512" in features else None
-    if weight_type in ("Q5_K", "Q6_K"):
-        return 8 if (i8mm or dot) else None
-    if weight_type in ("IQ4_NL", "MXFP4"):
-        return 8 if avx2 else 4 if dot else None
-    if weight_type in ("Q8_0", "Q1_0"):
-        return 4 if (i8mm or dot) else None
-    return None
-
-
 def repackable(weights: Sequence[Weight], features: frozenset[str]) -> list[Weight]:
     """The weights CPU_REPACK takes on this CPU: matrix weights of a type it has kernels for,
     with a row count its interleave divides."""
+    from localspec.llama.compat import repack_rows
+
     out = []
     for w in weights:
         rows = repack_rows(w.type, features) if w.matmul else None

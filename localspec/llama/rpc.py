@@ -1,8 +1,9 @@
 """llama.cpp's RPC backend: a target's layers on other machines, and the server that hosts them.
 
 llama-cpp-python's bindings expose no RPC calls, so they are reached through ctypes on the
-libraries it bundles: ``ggml_backend_reg_by_name("RPC")`` tells whether the build has the RPC
-backend (``CMAKE_ARGS="-DGGML_RPC=on"``), its ``ggml_backend_rpc_add_server`` registers a server's
+libraries it bundles (their signatures in :mod:`localspec.llama.compat`):
+``ggml_backend_reg_by_name("RPC")`` tells whether the build has the RPC backend
+(``CMAKE_ARGS="-DGGML_RPC=on"``), its ``ggml_backend_rpc_add_server`` registers a server's
 devices, and a model's ``llama_model_params.devices`` (a NULL-terminated device list) says where
 its layers go — every registered device when NULL, so models that must stay local get an
 explicit list. ``ggml_backend_rpc_start_server`` serves this machine's CPU.
@@ -26,7 +27,7 @@ import sys
 import threading
 from typing import Callable, Sequence
 
-from localspec.llama import ggml
+from localspec.llama import compat
 from localspec.settings import environment
 from localspec.errors import DependencyError, RemoteError, exit_code
 
@@ -89,7 +90,7 @@ def rebuild_command() -> str:
 
 
 def _reg() -> int | None:
-    return ggml.lib().ggml_backend_reg_by_name(b"RPC")
+    return compat.lib().ggml_backend_reg_by_name(b"RPC")
 
 
 def available() -> bool:
@@ -108,8 +109,8 @@ def require() -> int:
     return reg
 
 
-def _proc(name: str, restype: object, argtypes: list) -> Callable:
-    fn = ggml.proc(require(), name, restype, argtypes)
+def _proc(name: str) -> Callable:
+    fn = compat.proc(require(), name)
     if fn is None:
         raise DependencyError(f"this llama.cpp RPC backend has no {name}; rebuild it with:\n  "
                               + rebuild_command())
@@ -143,9 +144,9 @@ def devices(endpoints: Sequence[str]) -> list[int]:
         for endpoint in endpoints:
             if endpoint not in _servers:
                 _reachable(endpoint)
-                add_server = _proc("ggml_backend_rpc_add_server", ctypes.c_void_p, [ctypes.c_char_p])
+                add_server = _proc("ggml_backend_rpc_add_server")
                 reg = add_server(endpoint.encode())
-                g = ggml.lib()
+                g = compat.lib()
                 found = [g.ggml_backend_reg_dev_get(reg, i) for i in range(g.ggml_backend_reg_dev_count(reg))] \
                     if reg else []
                 if not found:
@@ -165,12 +166,12 @@ def in_use() -> bool:
 
 def local_devices() -> list[int]:
     """Offload devices of this machine (GPUs; not the CPU, not RPC servers)."""
-    g = ggml.lib()
+    g = compat.lib()
     out = []
     for i in range(g.ggml_backend_dev_count()):
         dev = g.ggml_backend_dev_get(i)
         reg_name = (g.ggml_backend_reg_name(g.ggml_backend_dev_backend_reg(dev)) or b"").decode()
-        if g.ggml_backend_dev_type(dev) != 0 and reg_name != "RPC":  # 0: GGML_BACKEND_DEVICE_TYPE_CPU
+        if g.ggml_backend_dev_type(dev) != compat.DEVICE_CPU and reg_name != "RPC":
             out.append(dev)
     return out
 
@@ -182,7 +183,7 @@ def device_array(devices: Sequence[int]) -> ctypes.Array:
 
 def describe(endpoints: Sequence[str]) -> list[dict]:
     """Name, description and memory of each server's devices (for `localspec info`)."""
-    g = ggml.lib()
+    g = compat.lib()
     out = []
     for endpoint in endpoints:
         for dev in devices([endpoint]):
@@ -217,8 +218,6 @@ def install_abort_handler() -> None:
     global _abort_callback
     if _abort_callback is not None:
         return
-    callback_type = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
-
     def handler(text: bytes | None) -> None:
         detail = (text or b"").decode("utf-8", "replace").strip()
         detail = re.sub(r"^\S+:\d+: ", "", detail)  # llama.cpp's "file:line: " prefix
@@ -227,11 +226,8 @@ def install_abort_handler() -> None:
                   "was generated before it did")
         sys.stderr.write(f"llama.cpp aborted: {detail}\n")
 
-    _abort_callback = callback_type(handler)
-    lib = ggml.lib()
-    lib.ggml_set_abort_callback.restype = ctypes.c_void_p
-    lib.ggml_set_abort_callback.argtypes = [callback_type]
-    lib.ggml_set_abort_callback(_abort_callback)
+    _abort_callback = compat.ABORT_CALLBACK(handler)
+    compat.lib().ggml_set_abort_callback(_abort_callback)
 
 
 class DecodeWatch:
@@ -265,10 +261,8 @@ def serve(host: str, port: int, threads: int, cache_dir: str | None) -> None:
 
     backend.init()
     require()
-    start = _proc("ggml_backend_rpc_start_server", None,
-                  [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
-                   ctypes.POINTER(ctypes.c_void_p)])
-    cpu = ggml.lib().ggml_backend_dev_by_type(ggml.DEVICE_CPU)
+    start = _proc("ggml_backend_rpc_start_server")
+    cpu = compat.lib().ggml_backend_dev_by_type(compat.DEVICE_CPU)
     devs = (ctypes.c_void_p * 1)(cpu)
     endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     start(endpoint.encode(), os.fsencode(cache_dir) if cache_dir else None, threads, 1, devs)

@@ -7,35 +7,30 @@ Two details decide how the server behaves on a real network:
   keep-alive response waits for the client's delayed ACK (~40 ms on Linux);
 * uvicorn times out idle keep-alive connections but not a client that connects and sends
   nothing, or sends its request head a byte at a time, and it has no setting for that. uvicorn's
-  ``http`` setting takes a protocol class: :func:`timed_protocol` gives one that holds uvicorn's
-  h11 protocol (composition, every call passed on) and closes a connection whose request head
-  is not complete within ``header_timeout`` seconds, telling the head's end from the bytes
-  themselves (the blank line that ends it, as h11 reads it). :class:`HeadTimeoutApp`, an ASGI
-  middleware, starts the timer again when a response is complete, finding the connection by the
-  request's ``client`` address (the ASGI scope's, with uvicorn's proxy headers off so a client
-  cannot rename itself); where it cannot, the response closes its connection
+  ``http`` setting takes a protocol class: ``compat.timed_protocol`` gives one that holds
+  uvicorn's h11 protocol (composition, every call passed on) and closes a connection whose
+  request head is not complete within ``header_timeout`` seconds, telling the head's end from
+  the bytes themselves (the blank line that ends it, as h11 reads it). :class:`HeadTimeoutApp`,
+  an ASGI middleware, starts the timer again when a response is complete, finding the
+  connection by the request's ``client`` address (the ASGI scope's, with uvicorn's proxy headers
+  off so a client cannot rename itself); where it cannot, the response closes its connection
   (``Connection: close``), so no second head can follow. The body's time is bounded by the app
   (``body_timeout``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import re
 import socket
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from localspec.settings.generation import DEFAULTS, GenerationConfig
 from localspec.errors import ConfigError
 from localspec.server import ServerLimits
 from localspec.server.app import create_app
+from localspec.server.compat import HeadDeadline, StoppingServer, timed_protocol
 from localspec.server.jobs import Pair
-
-log = logging.getLogger(__name__)
+from localspec.settings.generation import DEFAULTS, GenerationConfig
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -62,102 +57,12 @@ def base_url(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
-HEAD_END = re.compile(rb"\n\r?\n")  # the blank line that ends a request head (h11 takes \n or \r\n lines)
-MAX_HEAD_BYTES = 64 * 1024  # a head is watched this far; h11 refuses longer ones (16 KiB by default) itself
-
-
-class _HeadDeadline(asyncio.Protocol):
-    """One connection: uvicorn's own HTTP protocol inside (every asyncio.Protocol call is passed
-    on to it), and a timer that closes the connection when a request head is not complete within
-    `header_timeout` seconds of connecting or of the end of the previous response.
-
-    The timer stops when the bytes received hold the end of a head (blank lines before a head
-    are no head: a client cannot keep a connection with them), and starts again when
-    :class:`HeadTimeoutApp` says the response is complete."""
-
-    header_timeout: float = 10.0
-    inner_protocol: type[asyncio.Protocol] = H11Protocol
-    connections: dict[tuple[Any, ...], "_HeadDeadline"]  # open ones by client address: each server's own (timed_protocol)
-
-    def __init__(self, **kwargs: Any) -> None:  # what uvicorn passes its protocol class
-        self.inner = self.inner_protocol(**kwargs)
-        self.transport: asyncio.BaseTransport | None = None
-        self.peer: tuple[Any, ...] | None = None
-        self.head: bytearray | None = bytearray()  # the head so far (None: complete, the timer stopped)
-        self._timer: asyncio.TimerHandle | None = None
-
-    def arm(self) -> None:
-        """Time the next request head (from now)."""
-        self.disarm()
-        self.head = bytearray()
-        if self.transport is not None and not self.transport.is_closing():
-            self._timer = asyncio.get_running_loop().call_later(self.header_timeout, self._expire)
-
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _expire(self) -> None:
-        self._timer = None
-        if self.head is not None and self.transport is not None and not self.transport.is_closing():
-            log.info("closing a connection whose request head did not arrive within %g s", self.header_timeout)
-            self.transport.close()
-
-    def _watch(self, data: bytes) -> None:
-        """The next bytes of a head being timed: stop the timer once it is complete."""
-        assert self.head is not None
-        if len(self.head) < MAX_HEAD_BYTES:
-            self.head += data[: MAX_HEAD_BYTES - len(self.head)]
-        start = len(self.head) - len(self.head.lstrip(b"\r\n"))
-        if HEAD_END.search(self.head, start):
-            self.head = None
-            self.disarm()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        peer = transport.get_extra_info("peername")
-        self.peer = tuple(peer[:2]) if isinstance(peer, (tuple, list)) and len(peer) >= 2 else None
-        if self.peer is not None:
-            self.connections[self.peer] = self
-        self.inner.connection_made(transport)
-        self.arm()
-
-    def data_received(self, data: bytes) -> None:
-        if self.head is not None:
-            self._watch(data)
-        self.inner.data_received(data)  # type: ignore[attr-defined]
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()  # type: ignore[attr-defined]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.disarm()
-        if self.peer is not None and self.connections.get(self.peer) is self:
-            del self.connections[self.peer]
-        self.inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-
-def timed_protocol(header_timeout: float) -> type[_HeadDeadline]:
-    """The protocol class for uvicorn's `http` setting: its h11 protocol, in connections that
-    close when a request head takes longer than `header_timeout` seconds (with HeadTimeoutApp,
-    given its `connections`); each call makes a class with its own table of connections, so two
-    servers in one process never see each other's."""
-    return type("HeadDeadlineH11", (_HeadDeadline,), {"header_timeout": header_timeout, "connections": {}})
-
-
 class HeadTimeoutApp:
-    """ASGI middleware that starts a connection's head timer (timed_protocol) again when its
-    response is complete, finding the connection by the request's client address; a response
+    """ASGI middleware that starts a connection's head timer (compat.timed_protocol) again when
+    its response is complete, finding the connection by the request's client address; a response
     whose connection it cannot find closes the connection (``Connection: close``)."""
 
-    def __init__(self, app: Any, connections: dict[tuple[Any, ...], _HeadDeadline]) -> None:
+    def __init__(self, app: Any, connections: dict[tuple[Any, ...], HeadDeadline]) -> None:
         self.app = app
         self.connections = connections  # the server's open connections (its timed_protocol's)
 
@@ -195,13 +100,11 @@ def serve(pair: Pair, *, model_id: str, sock: socket.socket, defaults: Generatio
     app = create_app(pair, model_id=model_id, defaults=defaults, limits=limits)
     residency = pair.residency
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            residency.end("the server is stopping")  # open responses end after the current step, with what they have
-            super().handle_exit(sig, frame)
+    def stopping() -> None:  # open responses end after the current step, with what they have
+        residency.end("the server is stopping")
 
     try:
-        Server(uvicorn_config(app, limits, verbose)).run(sockets=[sock])
+        StoppingServer(uvicorn_config(app, limits, verbose), stopping).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass
     finally:

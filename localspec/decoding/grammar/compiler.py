@@ -176,9 +176,7 @@ class _Bytes:
 def byte_tokenizer() -> llguidance.LLTokenizer:
     """A tokenizer of single bytes, which spells any text: to follow a grammar's start before
     any model is loaded."""
-    from llguidance._tokenizer import TokenizerWrapper
-
-    return llguidance.LLTokenizer(TokenizerWrapper(_Bytes()))
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
 
 
 def _to_grammar(c: Constraint) -> str:

@@ -22,6 +22,7 @@ import llama_cpp as lc
 import llguidance
 
 from localspec.errors import ModelError
+from localspec.llama import compat
 from localspec.llama.model import Model
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def build_tokenizer(model: VocabModel) -> llguidance.LLTokenizer:
         raise ModelError("the model's vocabulary has no end-of-generation token; a constrained "
                          "generation could never end")
     pieces = token_pieces(vocab, model.n_vocab)
-    tokenize = ctypes.cast(lc.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+    tokenize = compat.tokenize_address()
     tokenizer = llguidance.LLTokenizer.from_llamacpp(tokens=pieces, vocab_ptr=vocab, tokenize_fptr=tokenize,
                                                      eos_token=ends)
     log.debug("llguidance tokenizer for %d tokens (ends %s) in %.2f s", model.n_vocab, ends,
