@@ -37,9 +37,9 @@ def request_for(args: list[str], text: str, kind: str = "generate", **settings: 
                    60.0, 3)
 
 
-def spec_of(path: Path, ctx: int = 512) -> PairSpec:
+def spec_of(path: Path, ctx: int = 512, parallel: int | None = None) -> PairSpec:
     return PairSpec(ModelFile.at(path), None, str(path), False,
-                    PairOptions.from_flags({"ctx_size": ctx, "threads": 1, "cache_type": "f32"}))
+                    PairOptions.from_flags({"ctx_size": ctx, "threads": 1, "cache_type": "f32", "parallel": parallel}))
 
 
 def hold(residency: Residency, spec: PairSpec, **kw: Any) -> tuple[threading.Event, threading.Thread, list]:
@@ -155,8 +155,9 @@ def _lease(residency: Residency, spec: PairSpec, cancel: Cancel, notes: list[str
 
 
 def test_a_queued_call_is_cancelled_at_once(tiny_paths: tuple[Path, Path]) -> None:
+    """A call waiting for a pair whose one slot is taken ends at once when cancelled."""
     residency = Residency()
-    spec = spec_of(tiny_paths[0])
+    spec = spec_of(tiny_paths[0], parallel=1)
     release, thread, _ = hold(residency, spec)
     cancel = Cancel()
     outcome: list[Any] = []

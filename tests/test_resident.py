@@ -323,19 +323,36 @@ def test_concurrent_first_calls_start_one_service(pair: list[str], round_: int, 
 
 def test_calls_on_other_pairs_do_not_wait(pair: list[str], services: None) -> None:
     """While a long call generates on one pair, a call on another pair of the same service runs at
-    once; negative control: a call on the busy pair waits its turn, and is told why."""
+    once; negative control: a call on the busy pair, whose one slot (--parallel 1) the long call
+    holds, waits its turn, and is told why."""
     other = [*pair[:-6], "--ctx-size", "512", "--prompt-cache", "off"]
+    one = [*pair, "--parallel", "1"]
     assert localspec(*other, "-n", "4", "hi").returncode == 0  # both pairs loaded
-    assert localspec(*pair, "-n", "4", "hi").returncode == 0
-    long = start(*pair, *LONG, "hi")
+    assert localspec(*one, "-n", "4", "hi").returncode == 0
+    long = start(*one, *LONG, "hi")
     busy_pid()
     quick = localspec(*other, "-n", "4", "hi")
     assert quick.returncode == 0 and "waiting" not in quick.stderr
     assert long.poll() is None  # it ran beside the long call
-    waits = localspec(*pair, "-n", "4", "hi")
+    waits = localspec(*one, "-n", "4", "hi")
     assert waits.returncode == 0 and "waiting for 1 earlier call on tiny-target-s0" in waits.stderr
     long.communicate(timeout=60)
     assert len(live()) == 1
+
+
+def test_calls_on_one_pair_generate_at_once(pair: list[str], services: None) -> None:
+    """Two calls on one pair in the service: the second starts while the first generates (each a
+    slot of the pair's step loop: ps shows 2 generating), and each prints what it prints alone."""
+    args = [*pair, "--raw", "-t", "0", "-k", "0"]
+    alone = localspec(*args, "-n", "12", "ab")
+    assert alone.returncode == 0
+    long = start(*args, *LONG, "hi")
+    busy_pid()
+    beside = localspec(*args, "-n", "12", "ab")
+    assert beside.returncode == 0 and "waiting" not in beside.stderr and beside.stdout == alone.stdout
+    assert long.poll() is None and pairs()[0].generating >= 1
+    long.send_signal(signal.SIGINT)
+    long.communicate(timeout=30)
 
 
 def test_least_recently_used_idle_pair_makes_room(pair: list[str], services: None) -> None:
@@ -390,8 +407,9 @@ def test_a_closed_pipe_stops_the_generation(pair: list[str], services: None) -> 
 
 @pytest.mark.parametrize("how, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stop_while_queued_ends_the_call_at_once(pair: list[str], how: int, code: int, services: None) -> None:
-    """A call waiting for the pair ends at once on Ctrl-C or SIGTERM (the long call goes on);
-    negative control: unstopped, it keeps waiting."""
+    """A call waiting for the pair (its one slot taken: --parallel 1) ends at once on Ctrl-C or
+    SIGTERM (the long call goes on); negative control: unstopped, it keeps waiting."""
+    pair = [*pair, "--parallel", "1"]
     assert localspec(*pair, "-n", "4", "hi").returncode == 0
     long = start(*pair, *LONG, "hi")
     busy_pid()
@@ -444,6 +462,7 @@ def test_a_stop_while_the_service_starts_and_loads(pair: list[str], services: No
 def test_a_service_killed_mid_answer_or_while_a_call_waits(pair: list[str], services: None) -> None:
     """Both clients print what they received, say what happened, and exit 3; the next call starts
     a new service."""
+    pair = [*pair, "--parallel", "1"]  # the second call waits for the pair's one slot
     assert localspec(*pair, "-n", "4", "hi").returncode == 0
     long = start(*pair, *LONG, "hi")
     pid = busy_pid()

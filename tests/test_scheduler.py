@@ -263,38 +263,54 @@ def test_more_calls_than_slots_wait_their_turn(pair: tuple[Model, Model], tolera
                             tol=tolerance)
 
 
-def test_a_cancel_during_a_long_prefill_stops_it_at_once(tiny_dir: Path) -> None:
+def test_a_cancel_during_a_long_prefill_stops_it_at_once(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A prompt's prefill stops within a graph node once its cancel is set (llama.cpp's abort
     callback), and the slot is usable right after; stopping only between decodes (negative
-    control) takes the whole chunk."""
+    control) waits for the whole chunk."""
     import tiny_models as tiny
 
-    path = tiny.write_tiny_model(tiny_dir / "wide.gguf", seed=5, n_embd=512, n_layer=8, n_head=8, n_ff=1536)
-    with load(path, n_ctx=4096, batch_size=4096, threads=2) as model:
-        prompt = [3 + (i * 7) % 300 for i in range(3000)]
-        took_alone = _timed_prefill(model, prompt, None)
-        assert took_alone > 0.4, "the prefill is too fast to tell"
-        stopped_after = _timed_prefill(model, prompt, 0.1)
-        assert stopped_after < 0.5 and stopped_after < took_alone
+    path = tiny.write_tiny_model(tiny_dir / "wide.gguf", seed=5, n_embd=512, n_layer=4, n_head=8, n_ff=1536)
+    with load(path, n_ctx=2048, batch_size=2048, threads=2) as model:
+        prompt = [3 + (i * 7) % 300 for i in range(1900)]
+        took_alone = _timed_prefill(model, prompt, monkeypatch, cancel=False)
+        assert took_alone > 0.5, "the prefill is too fast to tell"
+        stopped_after = _timed_prefill(model, prompt, monkeypatch, cancel=True)
+        assert stopped_after < 0.5, (stopped_after, took_alone)
         assert generate(model, None, prompt[:50], max_tokens=3, temperature=0)  # the slot is usable again
-        model.stop_decoding, real = (lambda: None), model.stop_decoding  # type: ignore[method-assign]
-        try:
-            late = _timed_prefill(model, prompt, 0.1)
-        finally:
-            model.stop_decoding = real  # type: ignore[method-assign]
-        assert late > 0.5 or late >= 0.9 * took_alone
+        monkeypatch.setattr(model, "stop_decoding", lambda: None)
+        late = _timed_prefill(model, prompt, monkeypatch, cancel=True)
+        assert late > 0.5 or late > 0.5 * took_alone, (late, took_alone)
 
 
-def _timed_prefill(model: Model, prompt: list[int], cancel_after: float | None) -> float:
-    """Seconds from the cancel (or the start, with None) to the generation's end."""
-    stop = threading.Event()
+def _timed_prefill(model: Model, prompt: list[int], monkeypatch: pytest.MonkeyPatch, cancel: bool) -> float:
+    """Seconds from the start of the prompt's long decode, plus 0.1 s, to the generation's end when
+    its cancel is set then (`cancel`), else the whole generation's seconds."""
+    stop, long_decode = threading.Event(), threading.Event()
+    real = Model.decode_parts
+
+    def decode_parts(m: Model, parts: list[Part]) -> int:
+        if m is model and sum(len(p.tokens) for p in parts) > 1000:
+            long_decode.set()
+        return real(m, parts)
+
+    monkeypatch.setattr(Model, "decode_parts", decode_parts)
     model.clear()
+    cancelled_at: list[float] = []
+
+    def cancel_soon() -> None:
+        long_decode.wait(60)
+        time.sleep(0.1)
+        cancelled_at.append(time.perf_counter())
+        stop.set()
+
+    if cancel:
+        threading.Thread(target=cancel_soon, daemon=True).start()
     t0 = time.perf_counter()
-    if cancel_after is not None:
-        threading.Timer(cancel_after, stop.set).start()
-    last = list(stream_generate(model, None, prompt, max_tokens=1, temperature=0, cancel=stop, prompt_cache=False))
-    took = time.perf_counter() - t0
-    if cancel_after is None:
-        return took
+    last = list(stream_generate(model, None, prompt, max_tokens=1, temperature=0, cancel=stop, prompt_cache=False,
+                                plan="fixed"))
+    ended = time.perf_counter()
+    monkeypatch.setattr(Model, "decode_parts", real)
+    if not cancel:
+        return ended - t0
     assert last[-1].finish_reason == "cancelled"
-    return took - cancel_after
+    return ended - cancelled_at[0]

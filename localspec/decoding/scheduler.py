@@ -39,6 +39,7 @@ from typing import Any, Generator, Protocol, Sequence
 from localspec.decoding import passes
 from localspec.decoding.passes import Decoded, Fill, Request, Turn
 from localspec.errors import Cancelled, LocalspecError, RequestError
+from localspec.llama.parked import PARK_MEMORY, Parked
 from localspec.llama.sequence import Part, common_prefix
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class Slot:
     pending: Any = None  # what its program yielded last (a request, or a Turn)
     last_used: float = 0.0
     admitted: int = 0  # admission order: prompts are prefilled first come, first served
+    models: set = field(default_factory=set)  # the models whose sequences of this slot its calls used
 
     def release(self) -> None:
         self.call = self.program = self.pending = None
@@ -105,6 +107,7 @@ class Scheduler:
         self._running: Running | None = None
         self._admissions = 0
         self.closed = False
+        self.parked = Parked(PARK_MEMORY)
         self.rounds = 0  # rounds run (diagnostics, tests)
         self.decodes: collections.Counter[int] = collections.Counter()  # target decodes by slots served
 
@@ -210,17 +213,31 @@ class Scheduler:
         return min(free, key=lambda s: s.last_used)
 
     def _shared(self, slot: Slot, prompt: Sequence[int]) -> int:
+        """What the slot holds of `prompt`: in its cells, or parked from it in memory."""
         seq = self.target.sequences[slot.index]
-        return common_prefix(seq.tokens[: seq.n_cached], prompt[: len(prompt) - 1])
+        return max(common_prefix(seq.tokens[: seq.n_cached], prompt[: len(prompt) - 1]),
+                   self.parked.shared(slot.index, prompt, self.target))
 
     def _start(self, slot: Slot, call: Call) -> None:
         self._admissions += 1
         slot.call, slot.admitted, slot.pending = call, self._admissions, None
         try:
+            self._park_idle(slot)
+            self.parked.restore(slot.index, call.prompt, self.target)
             call.bind(slot.index)
             slot.program = call.program()
         except BaseException as exc:  # noqa: BLE001 - the call's own failure
             self._end(slot, exc)
+
+    # ------------------------------------------------------------------ idle slots' cells
+
+    def _park_idle(self, taken: Slot) -> None:
+        """Idle slots' cells go to memory before another call runs: one unified cache attends over
+        every used cell, so cells an idle slot holds slow each step of every other call (its
+        earlier context comes back from memory in milliseconds when a call needs it)."""
+        for slot in self.slots:
+            if slot is not taken and slot.call is None:
+                self.parked.park(slot.index, [self.target, *slot.models])
 
     # ------------------------------------------------------------------ a round
 
@@ -318,6 +335,7 @@ class Scheduler:
         served, parts = [], []
         for slot in slots:
             request = slot.pending
+            slot.models.add(request.sequence.model)
             if isinstance(request, Fill):
                 if (budget <= 0 and parts) or (request.measure and len(request.part(budget).tokens) > room):
                     continue  # its prompt goes on next round
@@ -387,6 +405,8 @@ class Scheduler:
     def _end(self, slot: Slot, error: BaseException | None, cancelled: bool = False) -> None:
         call = slot.call
         slot.release()
+        if any(s.call is not None for s in self.slots):  # others run on: its cells would slow them
+            self.parked.park(slot.index, [self.target, *slot.models])
         if call is None:
             return
         try:

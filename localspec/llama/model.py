@@ -444,7 +444,9 @@ class Model(Vocabulary):
         return self.sequences[0]
 
     def clear(self) -> None:
-        """Empty the KV cache and every slot's sequence."""
+        """Empty the KV cache, every slot's sequence and the states its idle slots parked."""
+        if self.scheduler is not None:
+            self.scheduler.parked.clear()
         self.clear_memory()
         for seq in self.sequences:
             seq.clear()
