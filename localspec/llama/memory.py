@@ -246,9 +246,9 @@ def kv_bytes(facts: ModelFacts, options: ModelOptions) -> int:
     ggml_row_size of n_embd_k_gqa, n_embd_v_gqa per cell and layer)."""
     s, (block_bytes, block) = facts.shape, CACHE_BYTES[options.cache_type]
     if block > 1 and (s.head_dim_k % block or s.head_dim_v % block):
-        raise ModelError(f"cache_type {options.cache_type} stores {block} values a block and {facts.path.name}'s "
-                         f"attention heads have {s.head_dim_k}/{s.head_dim_v}; llama.cpp cannot create its "
-                         "context: use --cache-type f16")
+        raise ModelError(f"cache_type {options.cache_type} stores values in blocks of {block}, which do not divide "
+                         f"{facts.path.name}'s attention heads ({s.head_dim_k} key and {s.head_dim_v} value "
+                         "dimensions): llama.cpp cannot create its context; use --cache-type f16")
     per_cell = sum(h * (s.head_dim_k + s.head_dim_v) for h in s.n_head_kv) // block * block_bytes
     return cells(options) * per_cell
 
@@ -274,9 +274,9 @@ def estimate_memory(target: str | os.PathLike, draft: str | os.PathLike | None =
                     parallel: int | None = None, cache_type: str | None = None, batch_size: int | None = None,
                     n_seq_max: int | None = None, flash_attn: str | None = None, load_mode: str | None = None,
                     cpu_kernels: str | None = None) -> MemoryEstimate:
-    """The bytes a target and its draft (GGUF paths) will take once loaded: weights, KV cache,
-    compute and output buffers of each, from the files' headers alone (a fraction of a second; no
-    model is loaded). The keywords are ``load_model``'s (None: the default), applied over `options`
+    """The bytes a target and its draft (GGUF paths; ``localspec.llama.registry.resolve(name)`` gives
+    a registry model's) will take once loaded: weights, KV cache, compute and output buffers of
+    each, from the files' headers alone (a fraction of a second; no model is loaded). The keywords are ``load_model``'s (None: the default), applied over `options`
     (a ModelOptions for both models, or a PairOptions); ConfigError for a bad value, ModelError
     naming a file that cannot be estimated.
 
