@@ -225,21 +225,26 @@ def _shorten(text: str, width: int = 100) -> str:
 
 def describe_memory(path: Path, load: dict) -> dict:
     """What the model will take once loaded with these load options (ctx_size, parallel,
-    cache_type; None: the default): localspec.llama.memory's estimate, and the options it is for."""
-    from localspec.errors import LocalspecError
+    cache_type; None: the default): localspec.llama.memory's estimate and the options it is for,
+    or why the file cannot be estimated ({"error": ...}). Bad options are the command's error."""
+    from localspec.errors import ConfigError, ModelError
     from localspec.llama.memory import estimate_model
     from localspec.settings.models import ModelOptions
 
     try:
         options = ModelOptions.from_options({k: v for k, v in load.items() if v is not None})
-        estimate = estimate_model(path, options)
-    except LocalspecError as exc:
+    except ConfigError as exc:
         raise LocalspecClickError(exc) from None
-    return {**estimate.as_dict(), "ctx_size": options.ctx_size, "parallel": options.slots,
-            "cache_type": options.cache_type}
+    shown = {"ctx_size": options.ctx_size, "parallel": options.slots, "cache_type": options.cache_type}
+    try:
+        return {**estimate_model(path, options).as_dict(), **shown}
+    except ModelError as exc:
+        return {"error": str(exc), **shown}
 
 
 def _memory_line(m: dict) -> str:
+    if "error" in m:
+        return f"not estimated: {m['error']}"
     return (f"{human_size(m['total'])}: weights {human_size(m['weights'])}, KV cache {human_size(m['kv_cache'])} "
             f"({m['parallel']} × {m['ctx_size']:,} tokens, {m['cache_type']}), compute {human_size(m['compute'])}, "
             f"output {human_size(m['output'])}")

@@ -57,7 +57,7 @@ class Tensor:
 
     __slots__ = ("op", "size", "src", "view_of", "layout", "external", "input", "output")
 
-    def __init__(self, op: str, size: int, src: Sequence["Tensor"] = (), view_of: "Tensor | None" = None,
+    def __init__(self, op: str, size: int, src: Sequence[Tensor] = (), view_of: Tensor | None = None,
                  layout: tuple = (), external: bool = False, input: bool = False, output: bool = False) -> None:
         self.op, self.size, self.src, self.view_of, self.layout = op, size, tuple(src), view_of, layout
         self.external, self.input, self.output = external, input, output
@@ -98,7 +98,7 @@ class Graph:
 def rotation_block(head_dim: int) -> int:
     """The Walsh-Hadamard block a quantized K cache is rotated with (llama-kv-cache.cpp attn_rot_k:
     the largest power of two up to head_dim that divides it, 0 where 64 does not divide head_dim)."""
-    if head_dim % 64:
+    if head_dim <= 0 or head_dim % 64:
         return 0
     block = 64
     while head_dim % (block * 2) == 0:

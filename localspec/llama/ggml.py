@@ -11,7 +11,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 DEVICE_CPU = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
 LIBRARY_NAMES = ("libggml.so", "libggml.dylib", "ggml.dll")  # in llama-cpp-python's lib directory
@@ -48,7 +48,7 @@ _SIGNATURES: tuple[tuple[str, object, list], ...] = (
     ("gguf_get_tensor_offset", _sz, [_vp, ctypes.c_int64]), ("gguf_get_tensor_size", _sz, [_vp, ctypes.c_int64]),
 )
 # gguf.h's enum gguf_type -> the ctypes type of a scalar or array element (8: STRING, 9: ARRAY)
-GGUF_SCALARS = {0: ctypes.c_uint8, 1: ctypes.c_int8, 2: ctypes.c_uint16, 3: ctypes.c_int16, 4: ctypes.c_uint32,
+GGUF_SCALARS: dict[int, Any] = {0: ctypes.c_uint8, 1: ctypes.c_int8, 2: ctypes.c_uint16, 3: ctypes.c_int16, 4: ctypes.c_uint32,
                 5: ctypes.c_int32, 6: ctypes.c_float, 7: ctypes.c_bool, 10: ctypes.c_uint64, 11: ctypes.c_int64,
                 12: ctypes.c_double}
 GGUF_STRING, GGUF_ARRAY = 8, 9

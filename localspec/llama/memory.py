@@ -33,7 +33,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 from localspec.errors import ModelError
 from localspec.llama import backend, buffer_types, ggml
@@ -124,23 +124,24 @@ class ModelFacts:
 def _needed(path: Path, metadata: Mapping[str, object], key: str) -> object:
     if key not in metadata:
         raise ModelError(f"{path} has no {key!r} in its metadata, which a memory estimate needs: is it a "
-                         "complete llama.cpp model file? (`localspec models inspect` shows what it holds)")
+                         "complete llama.cpp model file of a transformer?")
     return metadata[key]
 
 
 def _per_layer(path: Path, value: object, key: str, n_layer: int) -> tuple[int, ...]:
     """A hyper-parameter as one value per layer (GGUF stores either one number or an array)."""
-    values = tuple(int(v) for v in value) if isinstance(value, tuple) else (int(value),) * n_layer  # type: ignore[arg-type]
-    if len(values) != n_layer or any(v < 0 for v in values):
-        raise ModelError(f"{path}: {key} {value!r} does not give one value per layer ({n_layer} layers)")
-    return values
+    values = value if isinstance(value, tuple) else (value,) * n_layer
+    if len(values) != n_layer or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ModelError(f"{path}: {key} is {value!r}, not a count (or one per layer, {n_layer} layers)")
+    return tuple(cast(int, v) for v in values)
 
 
-def _positive(path: Path, metadata: Mapping[str, object], key: str) -> int:
-    value = _needed(path, metadata, key)
+def _count(path: Path, metadata: Mapping[str, object], key: str, default: object = None) -> int:
+    """A positive whole number of the metadata (the largest, where it gives one per layer)."""
+    value = metadata.get(key, default) if default is not None else _needed(path, metadata, key)
     value = max(value) if isinstance(value, tuple) and value else value
-    if not isinstance(value, int) or value <= 0:
-        raise ModelError(f"{path}: {key} is {value!r}; a memory estimate needs a positive number")
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ModelError(f"{path}: {key} is {value!r}; a memory estimate needs a positive whole number")
     return value
 
 
@@ -166,16 +167,16 @@ def read_facts(path: str | os.PathLike) -> ModelFacts:
 
 
 def _graph_shape(path: Path, metadata: Mapping[str, object], arch: str,
-                 tensors: tuple[ggml.TensorInfo, ...]) -> GraphShape:
-    n_layer = _positive(path, metadata, f"{arch}.block_count")
-    n_embd = _positive(path, metadata, f"{arch}.embedding_length")
-    n_head = _positive(path, metadata, f"{arch}.attention.head_count")
+                 tensors: Sequence[ggml.TensorInfo]) -> GraphShape:
+    n_layer = _count(path, metadata, f"{arch}.block_count")
+    n_embd = _count(path, metadata, f"{arch}.embedding_length")
+    n_head = _count(path, metadata, f"{arch}.attention.head_count")
     kv_key = f"{arch}.attention.head_count_kv"
     n_head_kv = _per_layer(path, metadata.get(kv_key, n_head), kv_key, n_layer)
     ff_key = f"{arch}.feed_forward_length"
     n_ff = _per_layer(path, _needed(path, metadata, ff_key), ff_key, n_layer)
-    head_k = int(metadata.get(f"{arch}.attention.key_length", n_embd // n_head))  # type: ignore[arg-type]
-    head_v = int(metadata.get(f"{arch}.attention.value_length", n_embd // n_head))  # type: ignore[arg-type]
+    head_k = _count(path, metadata, f"{arch}.attention.key_length", max(n_embd // n_head, 1))
+    head_v = _count(path, metadata, f"{arch}.attention.value_length", max(n_embd // n_head, 1))
     by_name = {t.name: t for t in tensors}
     output = by_name.get("output.weight") or by_name.get("token_embd.weight")
     if output is None:
@@ -285,7 +286,7 @@ def estimate_memory(target: str | os.PathLike, draft: str | os.PathLike | None =
     """
     pair = options if isinstance(options, PairOptions) else PairOptions(options or ModelOptions(),
                                                                         options or ModelOptions())
-    given = {k: v for k, v in (("ctx_size", ctx_size), ("parallel", parallel), ("cache_type", cache_type),
+    given: dict[str, Any] = {k: v for k, v in (("ctx_size", ctx_size), ("parallel", parallel), ("cache_type", cache_type),
                                ("batch_size", batch_size), ("n_seq_max", n_seq_max), ("flash_attn", flash_attn),
                                ("load_mode", load_mode), ("cpu_kernels", cpu_kernels)) if v is not None}
     pair = PairOptions(dataclasses.replace(pair.target, **given), dataclasses.replace(pair.draft, **given))
