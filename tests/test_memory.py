@@ -225,7 +225,8 @@ def test_metadata_that_is_not_a_count_is_a_model_error(tmp_path: Path) -> None:
         writer.add_head_count(4)
         writer.add_feed_forward_length(128)
         writer.add_token_list(["a", "b", "c"])
-        writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY if isinstance(value, list) else gguf.GGUFValueType.UINT32)
+        kind = gguf.GGUFValueType.ARRAY if isinstance(value, list) else gguf.GGUFValueType.UINT32
+        writer.add_key_value(key, value, kind)
         return tiny.write_file(path, writer, {"token_embd.weight": np.zeros((3, 64), np.float32)})
 
     fine = model("fine.gguf", "llama.attention.key_length", 16)
@@ -272,7 +273,8 @@ def test_models_inspect_shows_the_estimate_for_the_flags(models: dict[str, Path]
     assert shown["total"] == expected.total and shown["kv_cache"] == expected.kv_cache
     assert (shown["ctx_size"], shown["parallel"], shown["cache_type"]) == (1000, 2, "f32")
     result = CliRunner().invoke(cli, ["models", "inspect", str(path), "--parallel", "99"])
-    assert result.exit_code != 0 and "Invalid value for --parallel" in result.output and "Traceback" not in result.output
+    assert result.exit_code != 0 and "Invalid value for --parallel" in result.output
+    assert "Traceback" not in result.output
     result = CliRunner().invoke(cli, ["models", "inspect", str(path), "--cache-type", "q8_0"])
     assert result.exit_code == 0 and "architecture:    llama" in result.output  # the rest is shown
     assert "memory loaded:   not estimated: cache_type q8_0 stores values in blocks of 32" in result.output

@@ -31,7 +31,7 @@ from typing import Sequence
 
 ALIGNMENT = 32  # the CPU buffer type's alignment (ggml-backend.cpp TENSOR_ALIGNMENT)
 TYPE_BYTES = {"f32": 4, "f16": 2, "i32": 4, "i64": 8}
-# ggml-alloc.c ggml_op_can_inplace: the ops that may overwrite a source of the same layout
+# ggml-alloc.c ggml_op_can_inplace, those of this graph: the ops that may overwrite a source of the same layout
 IN_PLACE = frozenset({"ADD", "MUL", "SCALE", "ROPE", "RMS_NORM", "SOFT_MAX", "UNARY"})
 VIEW = "VIEW"
 

@@ -42,15 +42,16 @@ _SIGNATURES: tuple[tuple[str, object, list], ...] = (
     ("ggml_get_tensor", _vp, [_vp, _cp]), ("ggml_n_dims", ctypes.c_int, [_vp]),
     ("ggml_nrows", ctypes.c_int64, [_vp]), ("ggml_type_name", _cp, [ctypes.c_int]), ("ggml_free", None, [_vp]),
     ("gguf_get_n_kv", ctypes.c_int64, [_vp]), ("gguf_get_key", _cp, [_vp, ctypes.c_int64]),
-    ("gguf_get_kv_type", ctypes.c_int, [_vp, ctypes.c_int64]), ("gguf_get_arr_type", ctypes.c_int, [_vp, ctypes.c_int64]),
+    ("gguf_get_kv_type", ctypes.c_int, [_vp, ctypes.c_int64]),
+    ("gguf_get_arr_type", ctypes.c_int, [_vp, ctypes.c_int64]),
     ("gguf_get_arr_n", _sz, [_vp, ctypes.c_int64]), ("gguf_get_arr_data", _vp, [_vp, ctypes.c_int64]),
     ("gguf_get_val_data", _vp, [_vp, ctypes.c_int64]), ("gguf_get_val_str", _cp, [_vp, ctypes.c_int64]),
     ("gguf_get_tensor_offset", _sz, [_vp, ctypes.c_int64]), ("gguf_get_tensor_size", _sz, [_vp, ctypes.c_int64]),
 )
 # gguf.h's enum gguf_type -> the ctypes type of a scalar or array element (8: STRING, 9: ARRAY)
-GGUF_SCALARS: dict[int, Any] = {0: ctypes.c_uint8, 1: ctypes.c_int8, 2: ctypes.c_uint16, 3: ctypes.c_int16, 4: ctypes.c_uint32,
-                5: ctypes.c_int32, 6: ctypes.c_float, 7: ctypes.c_bool, 10: ctypes.c_uint64, 11: ctypes.c_int64,
-                12: ctypes.c_double}
+GGUF_SCALARS: dict[int, Any] = {
+    0: ctypes.c_uint8, 1: ctypes.c_int8, 2: ctypes.c_uint16, 3: ctypes.c_int16, 4: ctypes.c_uint32, 5: ctypes.c_int32,
+    6: ctypes.c_float, 7: ctypes.c_bool, 10: ctypes.c_uint64, 11: ctypes.c_int64, 12: ctypes.c_double}
 GGUF_STRING, GGUF_ARRAY = 8, 9
 
 

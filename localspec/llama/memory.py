@@ -277,18 +277,20 @@ def estimate_memory(target: str | os.PathLike, draft: str | os.PathLike | None =
                     cpu_kernels: str | None = None) -> MemoryEstimate:
     """The bytes a target and its draft (GGUF paths; ``localspec.llama.registry.resolve(name)`` gives
     a registry model's) will take once loaded: weights, KV cache, compute and output buffers of
-    each, from the files' headers alone (a fraction of a second; no model is loaded). The keywords are ``load_model``'s (None: the default), applied over `options`
-    (a ModelOptions for both models, or a PairOptions); ConfigError for a bad value, ModelError
-    naming a file that cannot be estimated.
+    each, from the files' headers alone (a fraction of a second; no model is loaded). The keywords
+    are ``load_model``'s (None: the default), applied over `options` (a ModelOptions for both
+    models, or a PairOptions); ConfigError for a bad value, ModelError naming a file that cannot be
+    estimated.
 
         estimate = estimate_memory(target_path, draft_path, ctx_size=8192, parallel=2)
         print(estimate.total / 2**20, "MiB")
     """
     pair = options if isinstance(options, PairOptions) else PairOptions(options or ModelOptions(),
                                                                         options or ModelOptions())
-    given: dict[str, Any] = {k: v for k, v in (("ctx_size", ctx_size), ("parallel", parallel), ("cache_type", cache_type),
-                               ("batch_size", batch_size), ("n_seq_max", n_seq_max), ("flash_attn", flash_attn),
-                               ("load_mode", load_mode), ("cpu_kernels", cpu_kernels)) if v is not None}
+    keywords = (("ctx_size", ctx_size), ("parallel", parallel), ("cache_type", cache_type), ("batch_size", batch_size),
+                ("n_seq_max", n_seq_max), ("flash_attn", flash_attn), ("load_mode", load_mode),
+                ("cpu_kernels", cpu_kernels))
+    given: dict[str, Any] = {k: v for k, v in keywords if v is not None}
     pair = PairOptions(dataclasses.replace(pair.target, **given), dataclasses.replace(pair.draft, **given))
     return MemoryEstimate(estimate_model(target, pair.target),
                           estimate_model(draft, pair.draft) if draft is not None else None)
