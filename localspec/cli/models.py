@@ -9,7 +9,9 @@ from typing import Any
 
 import click
 
+from localspec.cli.options import EnvOption, LocalspecClickError
 from localspec.settings import environment
+from localspec.settings.models import CACHE_TYPES, MODEL_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +223,33 @@ def _shorten(text: str, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def describe_memory(path: Path, load: dict) -> dict:
+    """What the model will take once loaded with these load options (ctx_size, parallel,
+    cache_type; None: the default): localspec.llama.memory's estimate and the options it is for,
+    or why the file cannot be estimated ({"error": ...}). Bad options are the command's error."""
+    from localspec.errors import ConfigError, ModelError
+    from localspec.llama.memory import estimate_model
+    from localspec.settings.models import ModelOptions
+
+    try:
+        options = ModelOptions.from_options({k: v for k, v in load.items() if v is not None})
+    except ConfigError as exc:
+        raise LocalspecClickError(exc) from None
+    shown = {"ctx_size": options.ctx_size, "parallel": options.slots, "cache_type": options.cache_type}
+    try:
+        return {**estimate_model(path, options).as_dict(), **shown}
+    except ModelError as exc:
+        return {"error": str(exc), **shown}
+
+
+def _memory_line(m: dict) -> str:
+    if "error" in m:
+        return f"not estimated: {m['error']}"
+    return (f"{human_size(m['total'])}: weights {human_size(m['weights'])}, KV cache {human_size(m['kv_cache'])} "
+            f"({m['parallel']} × {m['ctx_size']:,} tokens, {m['cache_type']}), compute {human_size(m['compute'])}, "
+            f"output {human_size(m['output'])}")
+
+
 def _print_description(d: dict) -> None:
     def params(n: int) -> str:
         return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n / 1e3:.1f} K"
@@ -237,6 +266,7 @@ def _print_description(d: dict) -> None:
         ("EOS", f"{d['eos']['id']} {d['eos']['text']!r}"),
         ("chat template", f"yes: {_shorten(d['chat_template_first_line'] or '')}" if d["chat_template"]
          else "no (use `localspec generate --raw`; `localspec chat` needs one)"),
+        ("memory loaded", _memory_line(d["memory"])),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -245,19 +275,33 @@ def _print_description(d: dict) -> None:
 
 @models.command()
 @click.argument("model", metavar="GGUF|NAME")
+@click.option("--ctx-size", type=int, default=MODEL_DEFAULTS.ctx_size, show_default=True,
+              help="Context length in tokens of one call, for the memory estimate.")
+@click.option("--parallel", type=int, cls=EnvOption, envvar="LOCALSPEC_NUM_PARALLEL", default=None,
+              help="Calls generating at once (slots), for the memory estimate (default: as a load would "
+                   "choose; env LOCALSPEC_NUM_PARALLEL).")
+@click.option("--cache-type", type=click.Choice(CACHE_TYPES), default=MODEL_DEFAULTS.cache_type, show_default=True,
+              cls=EnvOption, envvar="LOCALSPEC_CACHE_TYPE",
+              help="KV cache type, for the memory estimate (env LOCALSPEC_CACHE_TYPE).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def inspect(model: str, as_json: bool) -> None:
-    """Show a model's architecture, size, vocabulary and chat template.
+def inspect(model: str, ctx_size: int, parallel: int | None, cache_type: str, as_json: bool) -> None:
+    """Show a model's architecture, size, vocabulary, chat template and memory.
 
     GGUF|NAME is a GGUF file or a registry model name; a name must be cached
     already (inspect never downloads; `localspec models fetch NAME` does).
+    "memory loaded" is what the model will take once loaded with these
+    options (weights, KV cache, compute and output buffers), estimated from
+    the file's header.
 
     \b
     localspec models inspect model.gguf
+    localspec models inspect model.gguf --ctx-size 16384 --parallel 1 --cache-type q8_0
     localspec models inspect qwen2.5-coder-0.5b-instruct-q4_k_m --json
     """
-    with _open(_resolve_local(model)) as m:
-        d = describe_model(m)
+    path = _resolve_local(model)
+    memory = describe_memory(path, {"ctx_size": ctx_size, "parallel": parallel, "cache_type": cache_type})
+    with _open(path) as m:
+        d = describe_model(m) | {"memory": memory}
     if as_json:
         click.echo(json.dumps(d, indent=2))
     else:

@@ -4,16 +4,18 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localspec.core.cancel import Cancel
 from localspec.core.pairs import ModelFile, PairSpec
 from localspec.core.status import PairStatus, display_name
 from localspec.decoding.history import History
+from localspec.settings.models import ModelOptions
 
-MEMORY_MARGIN = 1.15  # a model needs about its file's size, plus its context and compute buffers
+MEMORY_MARGIN = 1.15  # a file that cannot be estimated: about its size, plus its context and compute buffers
 
 
 @dataclass(eq=False)
@@ -75,13 +77,35 @@ class Entry:
                           slots=self.slots, generating=len(self.holders))
 
 
-def model_bytes(file: ModelFile | None) -> int:
-    return int(MEMORY_MARGIN * file.size) if file is not None else 0
+def model_bytes(file: ModelFile | None, options: ModelOptions) -> int:
+    """What a model file will take once loaded with `options` (0 for none): the estimate from its
+    header (localspec.llama.memory: weights, KV cache, compute and output buffers). A file that
+    cannot be estimated counts its size × MEMORY_MARGIN: its load says what is wrong with it."""
+    if file is None:
+        return 0
+    try:
+        return _estimated(file.path, file.identity, options)
+    except Exception:  # noqa: BLE001 - a damaged or unsupported file: its load reports why
+        return int(MEMORY_MARGIN * file.size)
 
 
 def loaded_bytes(model: Any) -> int:
-    """A loaded model's memory: its weights and its KV cache."""
+    """A loaded model's memory (what `ps` shows): the estimate for its file under the options and
+    the CPU kernels it was loaded with; a closed model counts nothing."""
     try:
-        return int(model.size_bytes) + int(model.kv_bytes(model.n_ctx))
-    except Exception:  # noqa: BLE001 - an estimate for `ps`; a closed model counts nothing
+        model.size_bytes  # noqa: B018 - a ModelError once the model is closed
+        options = model.options
+        if getattr(model, "kernels", None) is not None:
+            options = replace(options, cpu_kernels=model.kernels.config)
+        file = ModelFile.at(model.path)
+        return _estimated(file.path, file.identity, options)
+    except Exception:  # noqa: BLE001 - an estimate for `ps`; a closed or replaced model counts nothing
         return 0
+
+
+@functools.lru_cache(maxsize=64)
+def _estimated(path: str, identity: tuple, options: ModelOptions) -> int:
+    """The estimate's total, once per file (its identity: a replaced file is estimated again) and options."""
+    from localspec.llama.memory import estimate_model
+
+    return estimate_model(path, options).total

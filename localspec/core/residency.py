@@ -236,7 +236,7 @@ class Residency:
         """Before a load: unload idle pairs, the least recently used first, while the new one would
         not fit the memory available or max_loaded; wait (told why) while what is in the way is
         busy; load anyway where nothing else is loaded (the load says if it cannot)."""
-        need = model_bytes(spec.target)
+        need = model_bytes(spec.target, spec.options.target)
         told = None
         while True:
             self._check(ticket)

@@ -25,14 +25,14 @@ LOG_ENV = "LOCALSPEC_LLAMA_LOG"  # a boolean: llama.cpp's lines at debug level
 _init_lock = threading.Lock()
 _ready = False
 _callback = None  # keeps the ctypes callback alive
-_capture_lock = threading.Lock()  # one capture at a time, so its lines are its own
-_captured: list[str] | None = None
+_capture_lock = threading.RLock()  # one thread's captures at a time, so their lines are its own
+_captures: list[list[str]] = []  # the captures under way (nested ones in one thread: each gets every line)
 
 
 def _log_line(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", "replace")
-    if _captured is not None:
-        _captured.append(line)
+    for lines in _captures:
+        lines.append(line)
     if _log_wanted():
         log.debug("llama.cpp: %s", line.rstrip())
 
@@ -62,12 +62,13 @@ def init() -> None:
 
 @contextlib.contextmanager
 def capture_log() -> Iterator[list[str]]:
-    """llama.cpp's log lines while the block runs (blocks run one at a time)."""
-    global _captured
+    """llama.cpp's log lines while the block runs. Blocks of different threads run one at a time;
+    a block within another (a load inside a measurement of it) gets its lines, and so does the outer."""
     init()
     with _capture_lock:
-        _captured = lines = []
+        lines: list[str] = []
+        _captures.append(lines)
         try:
             yield lines
         finally:
-            _captured = None
+            del _captures[next(i for i, other in enumerate(_captures) if other is lines)]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,13 @@ _SIGNATURES: tuple[tuple[str, Any, list[Any]], ...] = (  # libggml's own exports
     ("gguf_get_tensor_type", ctypes.c_int, [_vp, ctypes.c_int64]),
     ("ggml_get_tensor", _vp, [_vp, _cp]), ("ggml_n_dims", ctypes.c_int, [_vp]),
     ("ggml_nrows", ctypes.c_int64, [_vp]), ("ggml_type_name", _cp, [ctypes.c_int]), ("ggml_free", None, [_vp]),
+    ("gguf_get_n_kv", ctypes.c_int64, [_vp]), ("gguf_get_key", _cp, [_vp, ctypes.c_int64]),
+    ("gguf_get_kv_type", ctypes.c_int, [_vp, ctypes.c_int64]),
+    ("gguf_get_arr_type", ctypes.c_int, [_vp, ctypes.c_int64]),
+    ("gguf_get_arr_n", ctypes.c_size_t, [_vp, ctypes.c_int64]), ("gguf_get_arr_data", _vp, [_vp, ctypes.c_int64]),
+    ("gguf_get_val_data", _vp, [_vp, ctypes.c_int64]), ("gguf_get_val_str", _cp, [_vp, ctypes.c_int64]),
+    ("gguf_get_tensor_offset", ctypes.c_size_t, [_vp, ctypes.c_int64]),
+    ("gguf_get_tensor_size", ctypes.c_size_t, [_vp, ctypes.c_int64]),
 )
 PROCS: dict[str, tuple[Any, list[Any]]] = {  # a backend's own functions (ggml_backend_reg_get_proc_address)
     "ggml_backend_dev_get_extra_bufts": (ctypes.POINTER(_vp), [_vp]),  # the CPU backend's
@@ -98,25 +104,11 @@ def proc(reg: int, name: str) -> Any | None:
 
 def tensors(path: str) -> list[tuple[str, str, int, int]] | None:
     """(name, type name, dimensions, rows) of each tensor of a GGUF file, from its header alone
-    (gguf_init_from_file with no_alloc); None when llama.cpp cannot read the file."""
-    g = lib()
-    context = ctypes.c_void_p()
-    params = GGUFInitParams(True, ctypes.pointer(context))
-    gguf = g.gguf_init_from_file(os.fsencode(path), params)
-    if not gguf:
-        return None
-    try:
-        out = []
-        for i in range(g.gguf_get_n_tensors(gguf)):
-            name = g.gguf_get_tensor_name(gguf, i)
-            tensor = g.ggml_get_tensor(context, name)
-            out.append((name.decode(), g.ggml_type_name(g.gguf_get_tensor_type(gguf, i)).decode(),
-                        g.ggml_n_dims(tensor), g.ggml_nrows(tensor)))
-        return out
-    finally:
-        g.gguf_free(gguf)
-        if context:
-            g.ggml_free(context)
+    (localspec.llama.gguf_header); None when llama.cpp cannot read the file."""
+    from localspec.llama.gguf_header import header
+
+    found = header(path)
+    return None if found is None else [(t.name, t.type, t.dims, t.rows) for t in found.tensors]
 
 
 def tokenize_address() -> int:
