@@ -343,10 +343,10 @@ def test_calls_on_other_pairs_do_not_wait(pair: list[str], services: None) -> No
 def test_calls_on_one_pair_generate_at_once(pair: list[str], services: None) -> None:
     """Two calls on one pair in the service: the second starts while the first generates (each a
     slot of the pair's step loop: ps shows 2 generating), and each prints what it prints alone."""
-    args = [*pair, "--raw", "-t", "0", "-k", "0"]
+    args = [*pair, "--ctx-size", "8192", "--raw", "-t", "0", "-k", "0"]  # room for a call that outlasts the other
     alone = localspec(*args, "-n", "12", "ab")
     assert alone.returncode == 0
-    long = start(*args, *LONG, "hi")
+    long = start(*args, "-t", "1", "--seed", "3", "-n", "8000", "--regex", "[a-z ]{9000,}", "hi")
     busy_pid()
     beside = localspec(*args, "-n", "12", "ab")
     assert beside.returncode == 0 and "waiting" not in beside.stderr and beside.stdout == alone.stdout

@@ -91,7 +91,9 @@ def read_weights(path: Path) -> tuple[Weight, ...]:
     """The tensors of a GGUF file, from its header (llama.cpp's gguf reader; milliseconds)."""
     from localspec.llama import compat
 
-    found = compat.tensors(str(path))
+    from localspec.llama.gguf_header import tensors
+
+    found = tensors(str(path))
     if found is None:
         raise ModelError(f"llama.cpp could not load {path}: its header or tensor list is damaged or cut short "
                          "(an interrupted download? fetch or copy it again)")

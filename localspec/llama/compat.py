@@ -102,15 +102,6 @@ def proc(reg: int, name: str) -> Any | None:
     return ctypes.CFUNCTYPE(restype, *argtypes)(address) if address else None
 
 
-def tensors(path: str) -> list[tuple[str, str, int, int]] | None:
-    """(name, type name, dimensions, rows) of each tensor of a GGUF file, from its header alone
-    (localspec.llama.gguf_header); None when llama.cpp cannot read the file."""
-    from localspec.llama.gguf_header import header
-
-    found = header(path)
-    return None if found is None else [(t.name, t.type, t.dims, t.rows) for t in found.tensors]
-
-
 def tokenize_address() -> int:
     """The address of libllama's ``llama_tokenize``, for native code that calls it (llguidance's
     tokenizer): the binding ``llama_cpp.llama_tokenize`` is the ctypes function itself."""

@@ -80,3 +80,10 @@ def header(path: str) -> Header | None:
         g.gguf_free(gguf)
         if context:
             g.ggml_free(context)
+
+
+def tensors(path: str) -> list[tuple[str, str, int, int]] | None:
+    """(name, type name, dimensions, rows) of each tensor of a GGUF file, from its header alone;
+    None when llama.cpp cannot read the file."""
+    found = header(path)
+    return None if found is None else [(t.name, t.type, t.dims, t.rows) for t in found.tensors]

@@ -343,8 +343,7 @@ class Model(Vocabulary):
         return sum(p.n_outputs for p in parts)
 
     def stop_decoding(self) -> None:
-        """Stop the decode running now, from any thread (its decode_parts raises Cancelled); every
-        later decode stops too until resume_decoding."""
+        """Stop the decode running now, from any thread (decode_parts raises Cancelled), and every later one."""
         self._abort.set()
 
     def resume_decoding(self) -> None:
@@ -385,8 +384,7 @@ class Model(Vocabulary):
         lc.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def seq_pos_max(self, seq: int) -> int:
-        """The largest position sequence `seq` holds in the cache (-1: none)."""
-        self._live()
+        self._live()  # the largest position sequence `seq` holds in the cache (-1: none)
         return int(lc.llama_memory_seq_pos_max(self._mem, seq))
 
     def clear_memory(self) -> None:
