@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
-from localspec.decoding.engine import Engine
+from localspec.decoding.engine import Engine, check_prompt
 from localspec.decoding.history import History
 from localspec.decoding.passes import Turn
 from localspec.decoding.profiles import Profiles
@@ -28,7 +28,7 @@ from localspec.decoding.scheduler import Program, Scheduler
 from localspec.decoding.stats import GenerationStats
 from localspec.decoding.text import StopScanner
 from localspec.decoding.drafters import make_drafters
-from localspec.errors import ConfigError, ModelError, PromptError
+from localspec.errors import ConfigError, ModelError
 from localspec.llama.model import Model
 from localspec.llama.prompt_cache import PromptCache
 from localspec.prompt import Prompt, prompt_tokens, supports_tools
@@ -119,9 +119,7 @@ class Generation:
         self._owns_profiles = profiles is None
         self.profiles = Profiles() if profiles is None else profiles
         self.prompt = prompt_tokens(target, prompt, tools.specs() if tools is not None else None)
-        if len(self.prompt) >= target.n_ctx:
-            raise PromptError(f"the prompt has {len(self.prompt)} tokens but the context holds {target.n_ctx}; "
-                              "shorten the prompt or raise --ctx-size")
+        check_prompt(self.prompt, target.n_ctx)
         self.history = history
         self.engine = Engine(target, make_drafters(target, draft, self.config, history), self.config, self.profiles)
         parser = self._parser

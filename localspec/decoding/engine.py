@@ -84,6 +84,15 @@ class _Counters:
         self.verify_s += seconds[2]
 
 
+def check_prompt(prompt: Sequence[int], n_ctx: int) -> None:
+    """A PromptError unless the prompt has tokens and leaves room in a context of n_ctx."""
+    if not prompt:
+        raise PromptError("the prompt is empty (no tokens to condition on)")
+    if len(prompt) >= n_ctx:
+        raise PromptError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}; "
+                          "shorten the prompt or raise --ctx-size")
+
+
 def _plain_prefill(sequence: KVSequence, upto: int) -> Steps[None]:
     return passes.fill(sequence, upto)
 
@@ -157,11 +166,7 @@ class Engine:
 
     def start_steps(self, prompt: Sequence[int]) -> Steps[None]:
         """The prompt into the target's KV (its decodes as requests: localspec.decoding.passes)."""
-        if not prompt:
-            raise PromptError("the prompt is empty (no tokens to condition on)")
-        if len(prompt) >= self.target.n_ctx:
-            raise PromptError(f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
-                             "shorten the prompt or raise --ctx-size")
+        check_prompt(prompt, self.target.n_ctx)
         self._counters = _Counters(prompt_tokens=len(prompt))
         self.finish_reason = None
         t0 = time.perf_counter()
