@@ -151,9 +151,9 @@ def test_cmake_arguments_for_each_build() -> None:
     assert pip[3:] == ["-DCUDA_cublas_LIBRARY=/w/cublas/lib/libcublas.so",
                        "-DCUDA_cublasLt_LIBRARY=/w/cublas/lib/libcublasLt.so",
                        "-DCMAKE_CUDA_FLAGS=-I/w/cublas/include", "-DCMAKE_CXX_FLAGS=-I/w/cublas/include"]
-    cmd = build.pip_command(Path("/w/site"), "--no-build-isolation", Path("/src"))
-    assert cmd[:4] == [sys.executable, "-m", "pip", "install"] and cmd[-2:] == ["--no-build-isolation", "/src"]
-    assert {"--no-index", "--no-deps", "--upgrade"} <= set(cmd) and cmd[cmd.index("--target") + 1] == "/w/site"
+    cmd = build.pip_command(Path("/w/venv/bin/python"), "--no-build-isolation", Path("/src"))
+    assert cmd[:4] == ["/w/venv/bin/python", "-m", "pip", "install"] and cmd[-2:] == ["--no-build-isolation", "/src"]
+    assert {"--no-index", "--no-deps", "--ignore-installed"} <= set(cmd)  # nothing fetched, the build's own copy
 
 
 def test_cublas_from_the_toolkit_else_from_the_pip_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,12 +2,12 @@
 
 :func:`install` checks the bundle and unpacks its source into WORK, finds the toolchain (nvcc, the
 card's compute capability, cuBLAS: the toolkit's, else the ``nvidia-cublas`` package of PyTorch
-images), installs the bundle's wheels into WORK/site and compiles localspec's C verifier in this
-tree; :func:`build_llama_cpp` builds llama-cpp-python from the source into WORK/site, its CMake
-tree kept in WORK so that a second run on the same machine compiles only what is left. The
-check's processes then run this Python with WORK/site and the tree on PYTHONPATH. What was done
-with the same inputs (a stamp file says so) is not done again.
-"""
+installs), makes a virtual environment WORK/venv that also sees the packages of the Python
+running the check (the machine's numpy, pip, pytest, scikit-build-core), installs the bundle's
+wheels there and localspec from this tree, editable (its C verifier compiled);
+:func:`build_llama_cpp` builds llama-cpp-python there from the source, its CMake tree kept in
+WORK so that a second run on the same machine compiles only what is left. What was done with the
+same inputs (a stamp file says so) is not done again."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import sysconfig
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.gpu import bundle
+from benchmarks.gpu import bundle, report
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_ROOTS = ("/usr/local/cuda",)  # where a toolkit's libraries are, besides the folder above nvcc's
@@ -131,16 +132,6 @@ def driver_option(roots: list[Path]) -> tuple[str, ...]:
     return (f"-DCUDA_cuda_driver_LIBRARY={found[0]}",) if found else ("-DGGML_CUDA_NO_VMM=ON",)
 
 
-def gpu_arch() -> str:
-    """The first card's compute capability as CMake writes it (90), else "native"."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return "native"
-    return out[0].replace(".", "") if out else "native"
-
-
 def toolchain(work: Path, cuda: bool) -> tuple[list[str], dict[str, str], dict]:
     """(CMake options, environment, facts for the report) of this machine's build."""
     missing = [t for t in ("cmake", "ninja") if shutil.which(t) is None and importlib.util.find_spec(t) is None]
@@ -153,18 +144,19 @@ def toolchain(work: Path, cuda: bool) -> tuple[list[str], dict[str, str], dict]:
     if nvcc is None:
         raise BuildFailed("no nvcc on PATH or in /usr/local/cuda/bin: a CUDA toolkit is needed (or --cpu)")
     roots = [Path(nvcc).resolve().parent.parent, *map(Path, CUDA_ROOTS)]  # nvcc may be a wrapper script
-    cublas, arch = find_cublas(roots, work), gpu_arch()
+    cublas, arch = find_cublas(roots, work), report.gpus(("compute_cap",))[:1]
+    arch = arch[0].replace(".", "") if arch else "native"  # the first card's compute capability: 90
     env = {"PATH": f"{Path(nvcc).parent}{os.pathsep}{os.environ.get('PATH', '')}", "CUDACXX": nvcc}
     if cublas["from"] == "pip":
-        env["LD_LIBRARY_PATH"] = f"{cublas['lib']}{os.pathsep}{os.environ.get('LD_LIBRARY_PATH', '')}"
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, (cublas["lib"], os.environ.get("LD_LIBRARY_PATH"))))
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     facts = {"nvcc": version[-1] if version else "?", "arch": arch, "cublas": cublas["from"]}
     return cmake_args(arch, cublas, driver_option(roots)), env, facts
 
 
-def pip_command(target: Path, *args: str | Path) -> list[str]:
-    """pip install into the folder `target`, with nothing fetched: the given files and folders only."""
-    return [sys.executable, "-m", "pip", "install", "--target", str(target), "--upgrade", "--no-index", "--no-deps",
+def pip_command(python: Path, *args: str | Path) -> list[str]:
+    """pip install into `python`'s environment with nothing fetched: the given files and folders only."""
+    return [str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--ignore-installed",
             "--disable-pip-version-check", *map(str, args)]
 
 
@@ -175,34 +167,45 @@ def once(stamp: Path, value: str, action: Callable[[], None]) -> None:
         stamp.write_text(value)
 
 
-def install(bundle_dir: Path, work: Path, cuda: bool) -> tuple[dict[str, str], list[str], dict]:
-    """Everything before llama.cpp's compile (the module's docstring): (the environment of the check's
-    processes, llama.cpp's CMake options, the toolchain's facts)."""
+def venv(work: Path) -> Path:
+    """WORK/venv, which also sees the site folders of the Python running the check (a .pth)."""
+    python = work / "venv" / "bin" / "python"
+    if not python.exists():
+        run([sys.executable, "-m", "venv", "--without-pip", work / "venv"], work / "venv.log")
+    dirs = [d for d in dict.fromkeys(site.getsitepackages()) if Path(d).is_dir()]
+    pth = Path(sysconfig.get_path("purelib", "venv", {"base": str(work / "venv")})) / "_gpu_check_base.pth"
+    pth.write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in dirs))
+    return python
+
+
+def install(bundle_dir: Path, work: Path, cuda: bool) -> tuple[Path, dict[str, str], list[str], dict]:
+    """Everything before llama.cpp's compile (the module's docstring): (the environment's Python, what
+    its processes need in their environment, llama.cpp's CMake options, the toolchain's facts)."""
     bundle.unpack(bundle_dir, work)
     args, env, facts = toolchain(work, cuda)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(work / "site"), str(ROOT), os.environ.get("PYTHONPATH"))))
+    python = venv(work)
     wheels = [bundle_dir / bundle.WHEELS_DIR / w["file"] for w in bundle.manifest_of(bundle_dir)["wheels"]]
-    once(work / "wheels.stamp", json.dumps(sorted(p.name for p in wheels)),
-         lambda: run(pip_command(work / "site", *wheels), work / "wheels.log"))
-    native = hashlib.sha256(b"".join(p.read_bytes() for p in sorted((ROOT / "native").glob("*.[ch]")))).hexdigest()
+    once(work / "venv" / ".wheels", json.dumps(sorted(p.name for p in wheels)),
+         lambda: run(pip_command(python, *wheels), work / "wheels.log"))
+    sources = sorted((ROOT / "native").glob("*.[ch]")) + [ROOT / "setup.py", ROOT / "pyproject.toml"]
     if not (ROOT / "localspec" / f"_verifier{sysconfig.get_config_var('EXT_SUFFIX')}").exists():
-        (work / "verifier.stamp").unlink(missing_ok=True)
-    once(work / "verifier.stamp", native, lambda: run([sys.executable, ROOT / "native" / "build_verifier.py"],
-                                                      work / "verifier.log", {**os.environ, **env}))
-    return env, args, facts
+        (work / "venv" / ".localspec").unlink(missing_ok=True)
+    once(work / "venv" / ".localspec", hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest(),
+         lambda: run(pip_command(python, "--no-build-isolation", "-e", ROOT), work / "localspec.log"))
+    return python, env, args, facts
 
 
-def build_llama_cpp(work: Path, env: dict[str, str], args: list[str], deadline: float) -> float | None:
-    """llama-cpp-python from the bundle's source into WORK/site; seconds it took (None: built before)."""
+def build_llama_cpp(python: Path, work: Path, env: dict[str, str], args: list[str], deadline: float) -> float | None:
+    """llama-cpp-python from the bundle's source into the environment; seconds it took (None: built before)."""
     source = next((work / "src").iterdir())  # bundle.unpack's
-    value = json.dumps([(work / "src.sha256").read_text(), args])
-    if (work / "llama_cpp.stamp").exists() and (work / "llama_cpp.stamp").read_text() == value:
+    value, stamp = json.dumps([(work / "src.sha256").read_text(), args]), work / "venv" / ".llama_cpp"
+    if stamp.exists() and stamp.read_text() == value:
         return None
     env = {**os.environ, **env, "CMAKE_ARGS": " ".join(args), "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1)}
     log.info("compiling llama.cpp (log: %s)", work / "llama_cpp_build.log")
     t0 = time.time()
-    run(pip_command(work / "site", "--no-build-isolation", "-v", "-C",
+    run(pip_command(python, "--no-build-isolation", "-v", "-C",
                     f"build-dir={work / ('build-cuda' if '-DGGML_CUDA=on' in args else 'build-cpu')}", source),
         work / "llama_cpp_build.log", env, deadline)
-    (work / "llama_cpp.stamp").write_text(value)
+    stamp.write_text(value)
     return time.time() - t0

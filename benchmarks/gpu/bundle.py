@@ -117,15 +117,6 @@ def extract(archive: Path, into: Path) -> Path:
     return into / tops.pop()
 
 
-def installed_versions(names: Iterable[str] = WHEELS) -> dict[str, str]:
-    """The version of each distribution installed here (the tested set)."""
-    try:
-        return {name: metadata.version(name) for name in names}
-    except metadata.PackageNotFoundError as exc:
-        raise BundleError(f"{exc.name} is not installed here; install localspec with its test extras "
-                          "(pip install -e '.[test,server]') before --prepare") from None
-
-
 def normal(name: str) -> str:
     return name.lower().replace("-", "_").replace(".", "_")
 
@@ -147,7 +138,11 @@ def prepare(dest: Path, version: str | None = None, sdist: Path | None = None,
                 sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
             prefix = f"llama-cpp-python-{version}"
             source = pack_source(extract(sdist, Path(tmp) / "x"), work / f"{prefix}-src.tar.gz", prefix)
-        versions = installed_versions() if wheels is None else wheels
+        try:
+            versions = {name: metadata.version(name) for name in WHEELS} if wheels is None else wheels
+        except metadata.PackageNotFoundError as exc:
+            raise BundleError(f"{exc.name} is not installed here: install localspec with its test and server extras "
+                              "(pip install -e '.[test,server]') before --prepare") from None
         if versions:
             (work / WHEELS_DIR).mkdir()
             subprocess.run(download_command(work / WHEELS_DIR, [f"{n}=={v}" for n, v in versions.items()],
@@ -210,7 +205,6 @@ def unpack(bundle: Path, work: Path) -> Path:
 
 
 def summary(manifest: dict) -> str:
-    s, wheels = manifest["source"], manifest["wheels"]
-    total = s["bytes"] + sum(w["bytes"] for w in wheels)
-    return (f"llama-cpp-python {manifest['llama_cpp_python']} source: {s['files']} files, {s['bytes'] / 2**20:.1f} MiB "
-            f"packed; {len(wheels)} wheels, {sum(w['bytes'] for w in wheels) / 2**20:.1f} MiB; total {total / 2**20:.1f} MiB")
+    s, wheels = manifest["source"], sum(w["bytes"] for w in manifest["wheels"]) / 2**20
+    return (f"llama-cpp-python {manifest['llama_cpp_python']} source: {s['files']} files, {s['bytes'] / 2**20:.1f} MiB; "
+            f"{len(manifest['wheels'])} wheels, {wheels:.1f} MiB; total {s['bytes'] / 2**20 + wheels:.1f} MiB")

@@ -61,24 +61,24 @@ def failure(what: str, rc: int | None, log_path: Path) -> str:
     return f"{what}: {how} (log: {log_path.name})"
 
 
-def build_step(args: argparse.Namespace, work: Path, env: dict, deadline: float, result: dict) -> bool:
-    """The build, while a child writes the pair's F32 files; whether it succeeded."""
+def build_step(args: argparse.Namespace, work: Path, env: dict, deadline: float, result: dict) -> Path | None:
+    """The build, while a child writes the pair's F32 files: the Python of the other steps (None: failed)."""
     if args.no_build:
         result["build"] = {"installed": True}
-        return True
+        return Path(sys.executable)
     writer = None
     try:
-        extra, cmake_args, facts = build.install(args.bundle.resolve(), work, cuda=not args.cpu)
+        python, extra, cmake_args, facts = build.install(args.bundle.resolve(), work, cuda=not args.cpu)
         env.update(extra)
         with (work / "writer.log").open("w") as sink:
-            writer = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu.measure", str(work / "models"), "--shapes",
-                                       args.shapes, "--write-only"], stdout=sink, stderr=sink, cwd=ROOT, env=env)
-        seconds = build.build_llama_cpp(work, env, cmake_args, deadline)
+            writer = subprocess.Popen([python, "-m", "benchmarks.gpu.measure", work / "models", "--shapes", args.shapes,
+                                       "--write-only"], stdout=sink, stderr=sink, cwd=ROOT, env=env)
+        seconds = build.build_llama_cpp(python, work, env, cmake_args, deadline)
         result["build"] = {"seconds": seconds, "cmake_args": cmake_args, **facts}
-        return True
+        return python
     except (build.BuildFailed, bundle.BundleError) as exc:
         result["problems"].append(f"build: {exc}")
-        return False
+        return None
     finally:
         if writer is not None:  # done before the measurement writes the same files
             try:
@@ -88,10 +88,11 @@ def build_step(args: argparse.Namespace, work: Path, env: dict, deadline: float,
                 writer.wait()
 
 
-def measure_step(args: argparse.Namespace, work: Path, out: Path, env: dict, deadline: float, result: dict) -> dict | None:
+def measure_step(python: Path, args: argparse.Namespace, work: Path, out: Path, env: dict, deadline: float,
+                 result: dict) -> dict | None:
     path = work / "measure.json"
     path.unlink(missing_ok=True)
-    rc = build.run_logged([sys.executable, "-m", "benchmarks.gpu.measure", work / "models", "--shapes", args.shapes,
+    rc = build.run_logged([python, "-m", "benchmarks.gpu.measure", work / "models", "--shapes", args.shapes,
                            "--json", path], out / "measure.log", env, deadline)
     if rc != 0:
         result["problems"].append(failure("the cost curve", rc, out / "measure.log"))
@@ -105,13 +106,13 @@ def measure_step(args: argparse.Namespace, work: Path, out: Path, env: dict, dea
     return m
 
 
-def bench_step(args: argparse.Namespace, m: dict, work: Path, out: Path, env: dict, deadline: float,
+def bench_step(python: Path, args: argparse.Namespace, m: dict, work: Path, out: Path, env: dict, deadline: float,
                result: dict) -> None:
     from localspec.settings.generation import VERIFIERS
 
     shutil.rmtree(work / "bench", ignore_errors=True)
     bench = shlex.split(args.bench) if args.bench is not None else ["--verifiers", ",".join(VERIFIERS), *BENCH.split()]
-    cmd = [sys.executable, "-m", "localspec", "bench", "-m", m["target"], "-d", m["draft"], "--n-gpu-layers", "-1",
+    cmd = [python, "-m", "localspec", "bench", "-m", m["target"], "-d", m["draft"], "--n-gpu-layers", "-1",
            *bench, "--out", work / "bench"]
     rc = build.run_logged(cmd, out / "bench.log", env, deadline, stdout=work / "bench.md")
     if rc != 0:
@@ -122,11 +123,12 @@ def bench_step(args: argparse.Namespace, m: dict, work: Path, out: Path, env: di
     result["bench"] = {"args": bench, "table": table, "results": rows}
 
 
-def tests_step(args: argparse.Namespace, out: Path, env: dict, deadline: float, result: dict) -> None:
+def tests_step(python: Path, args: argparse.Namespace, out: Path, env: dict, deadline: float, result: dict) -> None:
     workers = min(12, (os.cpu_count() or 1) - 2)  # pytest-xdist, where the machine has it
     xdist = ["-n", str(workers)] if find_spec("xdist") is not None and workers >= 2 else []
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *xdist, *shlex.split(args.tests)]
-    env = {**env, "TESTS_N_GPU_LAYERS": "-1", "TESTS_SKIP_REAL_MODELS": "1"}
+    cmd = [python, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "--continue-on-collection-errors", *xdist,
+           *shlex.split(args.tests)]
+    env = {**env, "TESTS_N_GPU_LAYERS": "-1", "TESTS_SKIP_REAL_MODELS": "1", "COLUMNS": "240"}  # whole FAILED lines
     rc = build.run_logged(cmd, out / "tests.log", env, deadline - build.GRACE - 5, interrupt=True)
     t = result["tests"] = report.pytest_summary((out / "tests.log").read_text(errors="replace"), rc is None)
     if rc != 0:
@@ -150,18 +152,18 @@ def check_main(args: argparse.Namespace) -> int:
         (out / "gpu_check.md").write_text(report.render(result))
         log.info("%s done, %.0f s left", step, deadline - time.time())
 
-    built = build_step(args, work, env, deadline, result)
+    python = build_step(args, work, env, deadline, result)
     save("build")
-    if not built:
+    if python is None:
         for path in work.glob("*.log"):  # the logs come back with the report
             shutil.copy(path, out / path.name)
     else:
-        m = measure_step(args, work, out, env, deadline, result)
+        m = measure_step(python, args, work, out, env, deadline, result)
         save("the cost curve")
         if m is not None:
-            bench_step(args, m, work, out, env, deadline, result)
+            bench_step(python, args, m, work, out, env, deadline, result)
             save("localspec bench")
-        tests_step(args, out, env, deadline, result)
+        tests_step(python, args, out, env, deadline, result)
         save("the test suite")
     print(report.render(result), end="", flush=True)
     return 1 if result["problems"] else 0

@@ -116,8 +116,9 @@ def measure(target_path: Path, draft_path: Path, rounds: int = ROUNDS) -> dict:
         curve = cost_curve(target, sizes=CURVE, rounds=rounds)
         draft_c1 = cost_curve(draft, sizes=(1,), rounds=rounds)[1]
         weights = {"target": target.weight_buffers, "draft": draft.weight_buffers}
-    return {"target": str(target_path), "draft": str(draft_path), "curve": curve, "draft_c1": draft_c1,
-            "weights_mib": weights, "rounds": rounds, "agreement": AGREEMENT, "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()), **machine()}
+    return {"target": str(target_path), "draft": str(draft_path), "curve": curve, "draft_c1": draft_c1, "rounds": rounds,
+            "weights_mib": weights, "agreement": AGREEMENT, "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+            **machine()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

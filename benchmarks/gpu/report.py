@@ -11,18 +11,22 @@ import subprocess
 COUNTS = r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)\b"
 
 
+def gpus(fields: tuple[str, ...] = ("name", "driver_version", "memory.total", "compute_cap")) -> list[str]:
+    """A line of `fields` for each GPU nvidia-smi sees (none without it)."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
 def host() -> dict:
-    """The CPU, cores, memory and Python of this machine, and the GPUs nvidia-smi sees."""
+    """The CPU, cores, memory and Python of this machine, and its GPUs."""
     from localspec.llama.host import cpuinfo
 
-    try:
-        gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap",
-                               "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        gpus = ""
     return {"cpu": cpuinfo("model name") or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
-            "gpus": [g.strip() for g in gpus.splitlines() if g.strip()]}
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30), "gpus": gpus()}
 
 
 def pytest_summary(output: str, stopped: bool) -> dict:
@@ -41,10 +45,11 @@ def _mib(buffers: dict[str, float]) -> str:
 
 def _curve(m: dict) -> list[str]:
     curve = {int(n): s for n, s in m["curve"].items()}
+    pair = "The default pair's shapes" if m["shapes"] == "default" else "A small pair (a dry run)"
     lines = ["## Cost of one target pass", "",
-             f"{'The default pair' if m['shapes'] == 'default' else 'A small pair (a dry run)'}'s shapes, Q4_K_M, every layer offloaded (target weights: {_mib(m['weights_mib']['target'])}; "
-             f"draft: {_mib(m['weights_mib']['draft'])}). c(n): one pass of n tokens with every row's logits, what "
-             f"verifying n - 1 drafted tokens costs; the median of {m['rounds']}.", "",
+             f"{pair}, Q4_K_M, every layer offloaded (target weights: {_mib(m['weights_mib']['target'])}; draft: "
+             f"{_mib(m['weights_mib']['draft'])}). c(n): one pass of n tokens with every row's logits, what verifying "
+             f"n - 1 drafted tokens costs; the median of {m['rounds']}.", "",
              "| n | c(n) | c(n)/c(1) |", "| ---: | ---: | ---: |"]
     lines += [f"| {n} | {s * 1e3:.2f} ms | {s / curve[1]:.2f} |" for n, s in sorted(curve.items())]
     return lines + ["", f"The draft's c(1): {m['draft_c1'] * 1e3:.2f} ms, {m['draft_c1'] / curve[1]:.2f} of the target's."]
@@ -70,7 +75,7 @@ def render(result: dict) -> str:
     t = result.get("tests")
     if t:
         lines += ["## The test suite, every layer offloaded", "",
-                  (t["line"] or "no summary") + (" (stopped at the time limit: the rest did not run)" if t["stopped"] else ""),
+                  (t["line"] or "no summary") + (" (stopped at the time limit: the rest did not run)" * t["stopped"]),
                   "", *(f"- {line}" for line in t["failed"]), ""]
     if result["problems"]:
         lines += ["## Problems", "", *(f"- {p}" for p in result["problems"]), ""]
