@@ -76,7 +76,7 @@ def build_step(args: argparse.Namespace, work: Path, env: dict, deadline: float,
         seconds = build.build_llama_cpp(python, work, env, cmake_args, deadline)
         result["build"] = {"seconds": seconds, "cmake_args": cmake_args, **facts}
         return python
-    except (build.BuildFailed, bundle.BundleError) as exc:
+    except (build.BuildFailed, bundle.BundleError, OSError) as exc:  # OSError: a tool that would not start
         result["problems"].append(f"build: {exc}")
         return None
     finally:
