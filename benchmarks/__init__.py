@@ -6,7 +6,7 @@
   (target), the host header, the shared options;
 * replay: recorded answers decoded again through the engine's policy interface with the real
   planner, its variants or fixed policies, and the n-gram ceiling (no model, no timing noise);
-* gpu: the GPU check (build, bundle, steps, measurements, report) and the prediction from it;
+* gpu: the GPU check (its bundle, the CUDA build, the shaped pair and its cost curve, the report);
 * decode: measurements in this process on the real pair (head to head with llama.cpp, paired
   verifier efficiency, CPU kernel configurations, the verifier micro-benchmark);
 * process: whole-process measurements, each figure a fresh process (the default against the

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import pytest
 
@@ -17,6 +18,20 @@ import tiny_models as tiny
 
 # exact, deterministic logits: F32 KV cache, flash attention off, one thread
 EXACT = dict(cache_type="f32", flash_attn="off", threads=1)
+GPU_LAYERS_ENV = "TESTS_N_GPU_LAYERS"
+
+
+def gpu_layers(environ: Mapping[str, str] = os.environ) -> int:
+    """The layers load() and the tiny-model fixtures offload: TESTS_N_GPU_LAYERS (-1: all; unset: 0),
+    so the suite runs offloaded on a GPU build (benchmarks/gpu_check.py sets it to -1)."""
+    text = (environ.get(GPU_LAYERS_ENV) or "0").strip()
+    if not re.fullmatch(r"-1|\d+", text):
+        raise pytest.UsageError(f"{GPU_LAYERS_ENV} must be -1 (every layer) or a number of layers, got {text!r}")
+    return int(text)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    gpu_layers()  # a bad value is a usage error before any test runs
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -111,7 +126,7 @@ def quantized_paths(tiny_dir: Path) -> dict[str, tuple[Path, Path]]:
 
 
 def load(path: Path, n_ctx: int = 512, **options) -> Model:
-    return Model(path, ModelOptions(ctx_size=n_ctx, **{"batch_size": 256, **EXACT, **options}))
+    return Model(path, ModelOptions(ctx_size=n_ctx, **{"batch_size": 256, **EXACT, "n_gpu_layers": gpu_layers(), **options}))
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 from localspec.bench.prompts import PROMPTS as NAMED
 
 HEAD_TO_HEAD_NAMES = ("code", "prose", "code-edit", "summarise")
-PROMPTS = {name: NAMED[name] for name in HEAD_TO_HEAD_NAMES}  # head_to_head's (and the traces', the A/B's)
+PROMPTS = {name: NAMED[name] for name in HEAD_TO_HEAD_NAMES}  # head_to_head's (and the A/B's)
 GROUNDED = ("code-edit", "summarise")  # input-grounded prompts of PROMPTS: the answer repeats the prompt
 WHOLE_PROCESS = {**PROMPTS, "rename": NAMED["rename"]}  # whole_process's (and distributed's, the replays')
 GROUNDED_PROMPTS = (*GROUNDED, "rename")

@@ -1,5 +1,3 @@
-"""The GPU check: one prepared command that builds, tests and measures localspec on a CUDA machine
-(check: the steps' runner; build, bundle: offline from a carried bundle; steps, features,
-measure: what it checks and measures; models: the shaped pair; report: its state and table), and
-the GPU speedups predicted from what it measured and acceptance traces recorded on a CPU
-(predict, traces, decisions). docs/gpu.md."""
+"""The GPU check (benchmarks/gpu_check.py, docs/gpu.md): check runs it; bundle makes what travels to
+an offline CUDA machine; build builds llama-cpp-python with CUDA there from it; measure writes a
+pair shaped like the default one and measures its target's cost curve; report writes the result."""

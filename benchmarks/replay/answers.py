@@ -57,7 +57,7 @@ def recorded(saved: Path | None, prompts: dict[str, str], max_tokens: int) -> An
 
 def parse_curve(text: str) -> dict[int, float]:
     """`2:1.76,4:3.02,...` as {1: 1.0, 2: 1.76, 4: 3.02, ...}, checked (an argparse type: --curve of
-    the replays and of benchmarks.gpu.predict)."""
+    the replays)."""
     curve = {1: 1.0}
     for item in text.replace(" ", "").split(","):
         n, _, ratio = item.partition(":")

@@ -354,15 +354,15 @@ def write_check_model(path: str | Path) -> Path:
     return write_llama(Path(path), tensors, shape, vocab, name="tiny-llama-spm406-s0-n0")
 
 
-def quantize(source: str | Path, dest: str | Path, ftype: int) -> Path:
+def quantize(source: str | Path, dest: str | Path, ftype: int, threads: int = 1) -> Path:
     """Quantize a GGUF file with llama.cpp's own quantizer (``llama_model_quantize``, milliseconds
-    for a tiny model) to a ``llama_ftype``. Matrices whose rows the type's blocks do not divide
-    fall back to another type, as in llama-quantize."""
+    for a tiny model) to a ``llama_ftype``, on `threads` CPU threads. Matrices whose rows the
+    type's blocks do not divide fall back to another type, as in llama-quantize."""
     import llama_cpp as lc
 
     params = lc.llama_model_quantize_default_params()
     params.ftype = ftype
-    params.nthread = 1
+    params.nthread = threads
     dest = Path(dest)
     if lc.llama_model_quantize(os.fsencode(source), os.fsencode(dest), ctypes.byref(params)) != 0:
         dest.unlink(missing_ok=True)

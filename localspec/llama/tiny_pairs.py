@@ -1,6 +1,6 @@
 """Tiny random-weight target/draft pairs (llama architecture, F32) on the vocabularies of
-:mod:`localspec.llama.tiny_model`: the models of the test suite (tests/tiny_models.py) and of the
-GPU check (benchmarks/gpu), which both write them from here.
+:mod:`localspec.llama.tiny_model`: the models of the test suite (tests/tiny_models.py), which
+writes them from here.
 
 Draft models are the target's weights plus Gaussian noise (``noise`` × the standard deviation of
 each tensor, drawn from a separate random stream), which makes their next-token distributions

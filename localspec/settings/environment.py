@@ -31,9 +31,9 @@ LOCALSPEC_CPU_KERNELS (``--cpu-kernels``), LOCALSPEC_RPC (``--rpc``), LOCALSPEC_
 (``serve --api-key``) and LOCALSPEC_PROMPT_CACHE (``--prompt-cache``, also read by the Python API).
 
 Read when the C verifier is built (``native/build_verifier.py``): LOCALSPEC_CFLAGS, LOCALSPEC_LDFLAGS.
-The tests' own variables are not localspec's (TESTS_REQUIRE_RPC, TESTS_SKIP_REAL_MODELS: tests/). Any other LOCALSPEC_* variable
-is reported by the command line as unknown (with the closest known name: a typo would otherwise
-be ignored).
+The tests' own variables are not localspec's (TESTS_REQUIRE_RPC, TESTS_SKIP_REAL_MODELS,
+TESTS_N_GPU_LAYERS: tests/). Any other LOCALSPEC_* variable is reported by the command line as
+unknown (with the closest known name: a typo would otherwise be ignored).
 
 Sizes are bytes with an optional K, M, G or T suffix (powers of 1024; B and iB are allowed);
 durations are seconds, or a number with a unit (h, m, s, ms) per part in that order: 1h30m, 2m30s;
