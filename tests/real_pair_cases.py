@@ -59,3 +59,24 @@ def test_the_real_template_keeps_message_text_as_text(pair: tuple[Model, Model])
     assert chat_tokens(target, injected).count(im_start) == plain
     naive = target.tokenize(render_chat(target, injected), add_special=True, parse_special=True)
     assert naive.count(im_start) == plain + 1  # negative control: the injected turn became one
+
+
+def test_the_readmes_app_example_runs_as_written(tmp_path) -> None:
+    """README's "Embed it in an app" Python block, run as a user runs it (its own process): the
+    estimate, the load with progress, two async streams at once on the default pair."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Embed it in an app", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    script = tmp_path / "app.py"
+    script.write_text(code.group(1), encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "GiB once loaded" in done.stdout and "loading 100%" in done.stdout
+    assert done.stdout.count("\n---\n") == 2 and "def" in done.stdout

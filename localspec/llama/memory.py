@@ -145,12 +145,24 @@ def _count(path: Path, metadata: Mapping[str, object], key: str, default: object
     return value
 
 
+def model_path(model: str | os.PathLike) -> Path:
+    """A GGUF path as it is; a registry model's name: its file, fetched first if it is not cached
+    (as load_model fetches it: the header is in the file)."""
+    from localspec.llama import registry
+
+    path = Path(model).expanduser()
+    if path.exists() or str(model) not in registry.load_registry().models:
+        return path
+    return registry.resolve(str(model))
+
+
 def read_facts(path: str | os.PathLike) -> ModelFacts:
-    """The facts of the GGUF file at `path`; a ModelError naming the file when it is missing, not a
-    GGUF file, cut short, or without the metadata of a transformer's attention."""
+    """The facts of the GGUF file at `path` (or a fetched registry model's); a ModelError naming the
+    file when it is missing, not a GGUF file, cut short, or without the metadata of a transformer's
+    attention."""
     from localspec.llama.model import check_gguf_file
 
-    path = Path(path).expanduser()
+    path = model_path(path)
     check_gguf_file(path)
     backend.init()  # llama.cpp's reader logs through localspec's log callback
     found = gguf_header.header(str(path))
@@ -270,14 +282,14 @@ def estimate_model(path: str | os.PathLike, options: ModelOptions | None = None,
                        output_bytes(facts, options), cells(options), options.n_sequences)
 
 
-def estimate_memory(target: str | os.PathLike, draft: str | os.PathLike | None = None, *,
+def estimate_memory(target: str | os.PathLike | None = None, draft: str | os.PathLike | None = None, *,
                     options: ModelOptions | PairOptions | None = None, ctx_size: int | None = None,
                     parallel: int | None = None, cache_type: str | None = None, batch_size: int | None = None,
                     n_seq_max: int | None = None, flash_attn: str | None = None, load_mode: str | None = None,
                     cpu_kernels: str | None = None) -> MemoryEstimate:
-    """The bytes a target and its draft (GGUF paths; ``localspec.llama.registry.resolve(name)`` gives
-    a registry model's) will take once loaded: weights, KV cache, compute and output buffers of
-    each, from the files' headers alone (a fraction of a second; no model is loaded). The keywords
+    """The bytes a target and its draft (GGUF paths or registry models' names, fetched if they are not
+    cached; None: the default pair) will take once loaded: weights, KV cache, compute and output buffers of each,
+    from the files' headers alone (a fraction of a second; no model is loaded). The keywords
     are ``load_model``'s (None: the default), applied over `options` (a ModelOptions for both
     models, or a PairOptions); ConfigError for a bad value, ModelError naming a file that cannot be
     estimated.
@@ -285,6 +297,11 @@ def estimate_memory(target: str | os.PathLike, draft: str | os.PathLike | None =
         estimate = estimate_memory(target_path, draft_path, ctx_size=8192, parallel=2)
         print(estimate.total / 2**20, "MiB")
     """
+    if target is None:
+        from localspec.llama import registry
+
+        default = registry.load_registry()
+        target, draft = default.pairs[default.default_pair].target, default.pairs[default.default_pair].draft
     pair = options if isinstance(options, PairOptions) else PairOptions(options or ModelOptions(),
                                                                         options or ModelOptions())
     keywords = (("ctx_size", ctx_size), ("parallel", parallel), ("cache_type", cache_type), ("batch_size", batch_size),
