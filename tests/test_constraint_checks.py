@@ -105,7 +105,7 @@ def test_refused_at_the_call_before_any_decoding(tiny_target: Model, monkeypatch
     def no_decoding(*args: Any, **kw: Any) -> None:
         raise AssertionError("decoded before the constraint was checked")
 
-    monkeypatch.setattr(tiny_target.sequence, "fill", no_decoding)
+    monkeypatch.setattr(Model, "decode_parts", no_decoding)
     with pytest.raises(ConfigError) as err:
         stream_generate(tiny_target, None, PROMPT, max_tokens=8, profiles=Profiles.in_memory(), **options)
     assert err.value.param == param and fragment in str(err.value), str(err.value)

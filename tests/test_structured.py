@@ -298,7 +298,7 @@ def test_bad_constraints_fail_before_decoding(tiny_target: Model, options: dict,
     def no_decoding(*args, **kw):
         raise AssertionError("decoded before the constraint was checked")
 
-    monkeypatch.setattr(tiny_target.sequence, "fill", no_decoding)
+    monkeypatch.setattr(Model, "decode_parts", no_decoding)
     with pytest.raises(ConfigError) as err:
         stream_generate(tiny_target, None, PROMPT, max_tokens=8, **options)
     assert err.value.param == param, err.value
@@ -321,10 +321,10 @@ def test_no_constraint_loads_no_grammar(tiny_target: Model) -> None:
     assert g.engine.structured is None and not any(isinstance(d, type) for d in g.engine.drafters)
     satisfied = [r.constraint_satisfied for r in g]  # a random seed: the model may end before 4 tokens
     assert satisfied and all(s is None for s in satisfied)
-    assert not any(isinstance(f, F.GrammarFollower) for f in tiny_target.sequence.followers)
+    assert not any(isinstance(f, F.GrammarFollower) for seq in tiny_target.sequences for f in seq.followers)
 
 
 def test_grammar_stops_following_after_the_generation(tiny_target: Model) -> None:
     generate(tiny_target, None, PROMPT, max_tokens=6, regex="[a-z]{1,20}", profiles=Profiles.in_memory())
-    assert not any(isinstance(f, F.GrammarFollower) for f in tiny_target.sequence.followers)
+    assert not any(isinstance(f, F.GrammarFollower) for seq in tiny_target.sequences for f in seq.followers)
     generate(tiny_target, None, PROMPT, max_tokens=6, profiles=Profiles.in_memory())  # free text again

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 PREFILL_CHUNK = 256  # prompt tokens a round's target decode takes while other slots generate
 DEFAULT_MAX_QUEUE = 64  # calls that may wait for a slot (beyond them: RequestError, a 503 for a server)
 WATCH = 0.05  # seconds between checks, during a decode, of whether its calls were all cancelled
+SIMILAR = 0.5  # of a slot's context a prompt must continue to take that slot (llama-server's default similarity)
+IDLE_EXIT = 30.0  # seconds a loop waits for a call before its thread ends (and lets go of the model)
 
 Program = Generator[Request | Turn, Any, None]
 
@@ -157,20 +159,28 @@ class Scheduler:
                                    daemon=True)
         watcher.start()
         try:
-            while self._admit():
-                self._round()
+            while True:
+                with self._cond:  # idle: the thread (and llama.cpp's thread team under it) waits for a call
+                    if not self._cond.wait_for(lambda: self.closed or bool(self._waiting)
+                                               or any(s.call is not None for s in self.slots), IDLE_EXIT):
+                        self._thread = None  # decided under the lock: the next submit starts a loop again
+                        self._cond.notify_all()
+                        return
+                if self._admit():
+                    self._round()
+                elif self.closed:
+                    return
         except BaseException:  # noqa: BLE001 - a bug in the loop: every call ends with it
             log.exception("the step loop failed")
             self._fail_all(RuntimeError("localspec's step loop failed (see the log)"))
         finally:
             with self._cond:
-                if self._thread is threading.current_thread():  # it failed: the next submit starts another
+                if self._thread is threading.current_thread():  # closed, or it failed: a submit starts another
                     self._thread = None
                 self._cond.notify_all()
 
     def _admit(self) -> bool:
-        """Cancelled calls end, waiting ones take free slots; False when nothing is left to run
-        (the loop ends; the next submit starts it again)."""
+        """Cancelled calls end, waiting ones take free slots; whether a call is running."""
         with self._cond:
             waiting = list(self._waiting)
         for call in waiting:
@@ -186,11 +196,7 @@ class Scheduler:
                 if slot is None:
                     break
                 self._start(slot, self._waiting.popleft())
-            going = any(s.call is not None for s in self.slots) or bool(self._waiting and not self.closed)
-            if not going:  # decided under the lock: a call submitted after this starts a new loop
-                self._thread = None
-                self._cond.notify_all()
-            return going
+            return any(s.call is not None for s in self.slots)
 
     def _remove_waiting(self, call: Call) -> None:
         with self._cond:
@@ -201,8 +207,10 @@ class Scheduler:
         return [s for s in self.slots if s.call is None]
 
     def _slot_for(self, call: Call) -> Slot | None:
-        """The free slot whose cached tokens share the longest prefix with the call's prompt (at
-        least one token), else the one used least recently."""
+        """The free slot whose context (in its cells, or parked from it) the call's prompt
+        continues — the longest shared prefix, at least SIMILAR of that context, as llama-server's
+        slot similarity — else the one used least recently (a prompt sharing only a chat
+        template's first lines with another conversation does not overwrite it)."""
         free = self._free_slots()
         if not free:
             return None
@@ -213,10 +221,12 @@ class Scheduler:
         return min(free, key=lambda s: s.last_used)
 
     def _shared(self, slot: Slot, prompt: Sequence[int]) -> int:
-        """What the slot holds of `prompt`: in its cells, or parked from it in memory."""
+        """The prefix of `prompt` the slot holds, in its cells or parked from it in memory, when it
+        is at least SIMILAR of what it holds there (else 0)."""
         seq = self.target.sequences[slot.index]
-        return max(common_prefix(seq.tokens[: seq.n_cached], prompt[: len(prompt) - 1]),
-                   self.parked.shared(slot.index, prompt, self.target))
+        held = common_prefix(seq.tokens[: seq.n_cached], prompt[: len(prompt) - 1])
+        cells = held if held >= SIMILAR * seq.n_cached else 0
+        return max(cells, self.parked.shared(slot.index, prompt, self.target, SIMILAR))
 
     def _start(self, slot: Slot, call: Call) -> None:
         self._admissions += 1
@@ -376,15 +386,15 @@ class Scheduler:
         return None
 
     def _watch(self, loop: threading.Thread) -> None:
-        """While the loop runs: stop a decode whose calls were all cancelled (the abort flag)."""
+        """While the loop runs: stop a decode whose calls were all cancelled (the abort flag). A
+        call's cancel is any object with is_set() (a threading.Event), which calls nobody when it
+        is set: while a decode runs, it is looked at every WATCH seconds; between decodes, nothing."""
         while True:
             with self._cond:
+                self._cond.wait_for(lambda: self._running is not None or self._thread is not loop)
                 if self._thread is not loop:
                     return
                 running = self._running
-                if running is None:
-                    self._cond.wait(1.0)
-                    continue
             if running.calls and all(c.cancelled() for c in running.calls) or self.closed:
                 with self._cond:
                     if self._running is running:

@@ -59,10 +59,16 @@ class Parked:
         while total > self.limit and self._states:
             total -= len(self._states.popitem(last=False)[1][2])
 
-    def shared(self, slot: int, prompt: Sequence[int], model: Any) -> int:
-        """The most tokens of `prompt` (but its last) a state parked from `slot` of `model` holds."""
-        return max((common_prefix(tokens, prompt[: len(prompt) - 1]) for (mid, tokens), (_, parked, _) in
-                    self._states.items() if mid == id(model) and parked == slot), default=0)
+    def shared(self, slot: int, prompt: Sequence[int], model: Any, similar: float = 0.0) -> int:
+        """The most tokens of `prompt` (but its last) a state parked from `slot` of `model` holds,
+        where that is at least `similar` of the state's tokens."""
+        best = 0
+        for (mid, tokens), (_, parked, _) in self._states.items():
+            if mid == id(model) and parked == slot:
+                n = common_prefix(tokens, prompt[: len(prompt) - 1])
+                if n >= similar * len(tokens):
+                    best = max(best, n)
+        return best
 
     def restore(self, slot: int, prompt: Sequence[int], target: Any) -> None:
         """Into the slot, each model's parked state sharing the longest prefix with `prompt`, where
