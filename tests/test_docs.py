@@ -162,14 +162,8 @@ def internal_references(text: str) -> list[str]:
     return problems
 
 
-# Known failures, each to be removed once the file is fixed: the README is edited by the project's
-# lead alongside this test. {file: {check: what is wrong}}
-KNOWN = {
-    "README.md": {
-        "paths": "README.md names `localspec/environment.py`, which moved to localspec/settings/environment.py",
-        "internal": "README.md's speed section says 'run in the same session' (session history)",
-    },
-}
+# Known failures, each to be removed once the file is fixed. {file: {check: what is wrong}}
+KNOWN: dict[str, dict[str, str]] = {}
 
 
 def params(check: str) -> list[object]:

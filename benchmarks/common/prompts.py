@@ -77,7 +77,7 @@ _EMAIL = ("Hi Sam, thanks for sending the draft contract. Legal has two changes:
           "send an updated version by Friday? We would like to sign it at the meeting on the 14th. Best, Ana")
 _CONFIG = ('{"server": {"host": "localhost", "port": 8080, "workers": 4}, "database": {"url": '
            '"postgres://db/app", "pool": 10}, "logging": {"level": "info", "file": "app.log"}}')
-HELD_BACK = {  # issue 36's held-back set: grounded prompts written before that round's tuning, never changed
+HELD_BACK = {  # the held-back set: grounded prompts written before the planner's tuning, never changed
     "go-rename": "Rename `counts` to `frequencies` in this Go function and show the whole code:\n\n" + _GO,
     "go-comment": "Add a doc comment to this Go function and show the whole code:\n\n" + _GO,
     "sql-alias": "Rewrite this SQL query with the table aliases c and o and show the whole query:\n\n" + _SQL,

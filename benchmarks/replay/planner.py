@@ -35,7 +35,7 @@ gap between it and these is what knowing the answer is worth, which no planner h
 Prompts (benchmarks.common.prompts): whole_process's; HELD_OUT, six grounded prompts that no
 planner setting was tuned on; MORE, twelve grounded prompts added later (other code, another
 language, other prose work), on which, with HELD_OUT, candidate rules are compared (the savings
-rule in docs/whole-process.md); HELD_BACK, issue 36's held-back set.
+rule in docs/whole-process.md); HELD_BACK, the held-back set.
 
 `--shadow` replays a variant planner that, besides the drafts it makes, learns from every
 proposal it did not draft (or drafted only in part), comparing it with the tokens that
@@ -96,7 +96,7 @@ def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens:
         rows[name] = cells
         label = f"{name} (grounded)" if name in REPLAY_GROUNDED else name
         lines.append(f"| {label} | {len(output)} | " + " | ".join(f"{x:.2f}×" for x in cells) + " |")
-    for label, names in (("grounded", REPLAY_GROUNDED), ("held back (issue 36)", HELD_BACK), ("every prompt", rows)):
+    for label, names in (("grounded", REPLAY_GROUNDED), ("held back", HELD_BACK), ("every prompt", rows)):
         lines += summary(label, [cells for name, cells in rows.items() if name in names])
     return lines
 

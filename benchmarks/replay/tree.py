@@ -93,7 +93,7 @@ def table(answers: Mapping[str, tuple[list[int], list[int]]], cost: Callable[[in
         label = f"{name} (grounded)" if name in REPLAY_GROUNDED else name
         lines.append(f"| {label} | {len(output)} | {chains[name]:.3f}× | {trees[name]:.3f}× | "
                      f"{', '.join(map(str, used))} |")
-    for label, names in (("grounded", REPLAY_GROUNDED), ("held back (issue 36)", HELD_BACK), ("every prompt", answers)):
+    for label, names in (("grounded", REPLAY_GROUNDED), ("held back", HELD_BACK), ("every prompt", answers)):
         chosen = [n for n in answers if n in names]
         if chosen:
             lines.append(f"| {label}, geometric mean | | {geometric_mean([chains[n] for n in chosen]):.3f}× | "
