@@ -206,6 +206,31 @@ def test_a_generation_stops_between_steps(tiny_paths: tuple[Path, Path]) -> None
     assert residency.close()
 
 
+def test_a_seeded_fixed_plan_call_repeats_whatever_the_pair_served(tiny_paths: tuple[Path, Path],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """--seed with --plan fixed: the same sampled text however many times the pair served the
+    same call before (the earlier calls' drafts are the planner's only). Negative control: drafts
+    from the earlier calls under the fixed plan change the draws, and the text."""
+    from localspec.core import run as run_module
+
+    def texts(residency: Residency) -> list[str]:
+        out = []
+        for _ in range(3):
+            events: list[Any] = []
+            run(residency, request_for(["-m", str(tiny_paths[0]), "-d", str(tiny_paths[1])], "the quick brown fox",
+                                       max_tokens=40, temperature=0.8, seed=11, plan="fixed", num_draft_tokens=4),
+                Cancel(), events.append)
+            out.append("".join(e.text for e in events if isinstance(e, Text)))
+        residency.close()
+        return out
+
+    first, *again = texts(Residency())
+    assert again == [first, first]
+    monkeypatch.setattr(run_module, "shared_history", lambda residency, spec, config: residency.history(spec))
+    control = texts(Residency())
+    assert control[1:] != [control[0], control[0]]
+
+
 def test_unload_stops_the_call_using_the_pair(tiny_paths: tuple[Path, Path]) -> None:
     args = ["-m", str(tiny_paths[0]), "-d", "none"]
     residency = Residency()

@@ -83,61 +83,61 @@ class Residency:
         ending."""
         started = time.monotonic()
         with self._cond:
-            resident, ticket = self._join(spec, cancel, max_queue)
+            entry, ticket = self._join(spec, cancel, max_queue)
         try:
             with self._cond:
-                self._wait_turn(resident, ticket, notify)
-            seconds = self._ensure_target(resident, spec, grammar, max_loaded, ticket, notify)
-            draft, draft_seconds = self._draft(resident, spec, need_draft, lazy_draft)
+                self._wait_turn(entry, ticket, notify)
+            seconds = self._ensure_target(entry, spec, grammar, max_loaded, ticket, notify)
+            draft, draft_seconds = self._draft(entry, spec, need_draft, lazy_draft)
             with self._cond:
-                self._wait_cores(ticket, resident, spec, notify)
-            yield Loaded(resident.target, draft, spec.target_name, (seconds, draft_seconds))
+                self._wait_cores(ticket, entry, spec, notify)
+            yield Loaded(entry.target, draft, spec.target_name, (seconds, draft_seconds))
         finally:
             with self._cond:
-                self._leave(resident, ticket, keep_alive, started)
+                self._leave(entry, ticket, keep_alive, started)
 
     def _join(self, spec: PairSpec, cancel: Cancel, max_queue: int | None) -> tuple[Entry, Ticket]:
         if self.ending is not None:
             raise RequestError(f"localspec is ending ({self.ending}); this call was not started", status=503)
         self._forget_replaced(spec)
-        resident = self._residents.get(spec.target_key)
-        if resident is None:
-            resident = self._residents[spec.target_key] = Entry(spec)
-        if max_queue is not None and len(resident.queue) >= max_queue:
+        entry = self._residents.get(spec.target_key)
+        if entry is None:
+            entry = self._residents[spec.target_key] = Entry(spec)
+        if max_queue is not None and len(entry.queue) >= max_queue:
             raise RequestError(f"the server is busy: {max_queue} requests are waiting; retry later", status=503)
-        resident.spec = spec
+        entry.spec = spec
         ticket = Ticket(cancel)
-        resident.queue.append(ticket)
+        entry.queue.append(ticket)
         self._held.append(cancel)
         cancel.wake(self._wake)
-        return resident, ticket
+        return entry, ticket
 
     def _wake(self) -> None:
         """A call's cancel was set: whatever waits looks again."""
         with self._cond:
             self._cond.notify_all()
 
-    def _wait_turn(self, resident: Entry, ticket: Ticket, notify: Notify) -> None:
+    def _wait_turn(self, entry: Entry, ticket: Ticket, notify: Notify) -> None:
         """Until the ticket is first in its pair's queue and one of the pair's slots is free (while
         it loads, none is), told once why."""
         told = False
-        while resident.queue[0] is not ticket or resident.loading or len(resident.holders) >= resident.slots:
+        while entry.queue[0] is not ticket or entry.loading or len(entry.holders) >= entry.slots:
             self._check(ticket)
-            if not told and resident.target is not None and not resident.loading:
-                ahead = resident.queue.index(ticket) + len(resident.holders)
+            if not told and entry.target is not None and not entry.loading:
+                ahead = entry.queue.index(ticket) + len(entry.holders)
                 notify(f"localspec: waiting for {ahead} earlier call{'s' if ahead > 1 else ''} on "
-                       f"{display_name(resident.spec.target_name)} ({resident.slots} generate at once: --parallel)")
+                       f"{display_name(entry.spec.target_name)} ({entry.slots} generate at once: --parallel)")
                 told = True
             self._cond.wait()
         self._check(ticket)
-        resident.queue.remove(ticket)
-        resident.holders.add(ticket)
+        entry.queue.remove(ticket)
+        entry.holders.add(ticket)
 
     def _check(self, ticket: Ticket) -> None:
         if ticket.cancel.is_set():
             raise Cancelled(ticket.cancel.reason)
 
-    def _wait_cores(self, ticket: Ticket, resident: Entry, spec: PairSpec, notify: Notify) -> None:
+    def _wait_cores(self, ticket: Ticket, entry: Entry, spec: PairSpec, notify: Notify) -> None:
         """Until the cores the pair's generations use are free (the first waiting call first): two
         pairs generating with threads that together outnumber the cores spin against each other
         in llama.cpp's thread pools (measured on 2 cores: 8× slower each, not 2×); one whose
@@ -170,54 +170,54 @@ class Residency:
         finally:
             self._waiting_cores.remove(ticket)
 
-    def _leave(self, resident: Entry, ticket: Ticket, keep_alive: float | None, started: float) -> None:
+    def _leave(self, entry: Entry, ticket: Ticket, keep_alive: float | None, started: float) -> None:
         if ticket.computing is not None and ticket.computing in self._computing:
             need, calls = self._computing[ticket.computing]
             if calls <= 1:
                 del self._computing[ticket.computing]
             else:
                 self._computing[ticket.computing] = (need, calls - 1)
-        if ticket in resident.queue:
-            resident.queue.remove(ticket)
-        if ticket in resident.holders:
-            resident.holders.discard(ticket)
-            resident.calls += 1
-            resident.last_used = time.monotonic()
-            resident.last_call_seconds = resident.last_used - started
-            resident.keep_alive = keep_alive  # each call sets its pair's anew
+        if ticket in entry.queue:
+            entry.queue.remove(ticket)
+        if ticket in entry.holders:
+            entry.holders.discard(ticket)
+            entry.calls += 1
+            entry.last_used = time.monotonic()
+            entry.last_call_seconds = entry.last_used - started
+            entry.keep_alive = keep_alive  # each call sets its pair's anew
         if ticket.cancel in self._held:
             self._held.remove(ticket.cancel)
-        if resident.target is None and not resident.loading and not resident.queue and not resident.busy:
-            self._residents.pop(resident.spec.target_key, None)  # its load failed, or it was never tried
+        if entry.target is None and not entry.loading and not entry.queue and not entry.busy:
+            self._residents.pop(entry.spec.target_key, None)  # its load failed, or it was never tried
         self._cond.notify_all()
 
     def _forget_replaced(self, spec: PairSpec) -> None:
         """Idle targets whose file at the same path is another file now can never be used again."""
-        for key, resident in list(self._residents.items()):
-            if key != spec.target_key and resident.idle and resident.spec.target.path == spec.target.path \
-                    and resident.target is not None and not resident.spec.target.is_current():
-                log.info("unloading %s: its file was replaced", resident.spec.target.path)
-                self._unload(resident)
+        for key, entry in list(self._residents.items()):
+            if key != spec.target_key and entry.idle and entry.spec.target.path == spec.target.path \
+                    and entry.target is not None and not entry.spec.target.is_current():
+                log.info("unloading %s: its file was replaced", entry.spec.target.path)
+                self._unload(entry)
 
     # ------------------------------------------------------------ loading
 
-    def _ensure_target(self, resident: Entry, spec: PairSpec, grammar: bool, max_loaded: int, ticket: Ticket,
+    def _ensure_target(self, entry: Entry, spec: PairSpec, grammar: bool, max_loaded: int, ticket: Ticket,
                        notify: Notify) -> float:
         """Load the target (its holder does, once); the seconds it took (0: it was loaded)."""
-        if resident.target is not None:
+        if entry.target is not None:
             return 0.0
         with self._cond:
-            self._make_room(resident, spec, max_loaded, ticket, notify)
-            resident.loading = True
+            self._make_room(entry, spec, max_loaded, ticket, notify)
+            entry.loading = True
         t0 = time.perf_counter()
         try:
             target = self._load_target(spec, grammar)
         finally:
             with self._cond:
-                resident.loading = False
+                entry.loading = False
         with self._cond:
-            resident.target = target
-            resident.bytes = loaded_bytes(target)
+            entry.target = target
+            entry.bytes = loaded_bytes(target)
             self._cond.notify_all()  # its other slots may be taken now
         return time.perf_counter() - t0
 
@@ -231,7 +231,7 @@ class Residency:
             raise ModelError(f"{spec.target.path} changed while it was being loaded; run the call again")
         return target
 
-    def _make_room(self, resident: Entry, spec: PairSpec, max_loaded: int, ticket: Ticket,
+    def _make_room(self, entry: Entry, spec: PairSpec, max_loaded: int, ticket: Ticket,
                    notify: Notify) -> None:
         """Before a load: unload idle pairs, the least recently used first, while the new one would
         not fit the memory available or max_loaded; wait (told why) while what is in the way is
@@ -240,7 +240,7 @@ class Residency:
         told = None
         while True:
             self._check(ticket)
-            others = [r for r in self._residents.values() if r is not resident and (r.target is not None or r.loading)]
+            others = [r for r in self._residents.values() if r is not entry and (r.target is not None or r.loading)]
             available = self._memory()
             fits = len(others) < max_loaded and (available is None or need <= available)
             if fits or not others:
@@ -259,7 +259,7 @@ class Residency:
                 told = why
             self._cond.wait()  # a pair given back, a call cancelled
 
-    def _draft(self, resident: Entry, spec: PairSpec, need: bool, lazy: bool) -> tuple[Any, float | None]:
+    def _draft(self, entry: Entry, spec: PairSpec, need: bool, lazy: bool) -> tuple[Any, float | None]:
         """The call's draft: none, the LazyModel the planner loads when it pays, or loaded now."""
         if not need or spec.draft is None:
             return None, None
@@ -267,15 +267,15 @@ class Residency:
 
         key = spec.draft_key
         with self._cond:
-            for other, model in list(resident.drafts.items()):  # a replaced file is never used again
+            for other, model in list(entry.drafts.items()):  # a replaced file is never used again
                 if other != key and model.path == Path(spec.draft.path) and not spec.draft.is_current():
                     model.close()
-                    del resident.drafts[other]
-            draft = resident.drafts.get(key)
+                    del entry.drafts[other]
+            draft = entry.drafts.get(key)
         if draft is None:
             draft = LazyModel(spec.draft.path, spec.options.draft, spec.paired)
             with self._cond:
-                resident.drafts[key] = draft
+                entry.drafts[key] = draft
         if lazy:
             return draft, None
         if draft.loaded:
@@ -283,19 +283,19 @@ class Residency:
         t0 = time.perf_counter()
         model = draft.get()
         with self._cond:
-            resident.bytes = loaded_bytes(resident.target) + sum(loaded_bytes(d.get()) for d in resident.draft_models())
+            entry.bytes = loaded_bytes(entry.target) + sum(loaded_bytes(d.get()) for d in entry.draft_models())
         return model, time.perf_counter() - t0
 
     # ------------------------------------------------------------ unloading
 
-    def _unload(self, resident: Entry) -> None:
-        self._residents.pop(resident.spec.target_key, None)
-        for model in (*resident.drafts.values(), resident.target):
+    def _unload(self, entry: Entry) -> None:
+        self._residents.pop(entry.spec.target_key, None)
+        for model in (*entry.drafts.values(), entry.target):
             if model is not None:
                 with contextlib.suppress(Exception):
                     model.close()
-        resident.target = None
-        resident.drafts.clear()
+        entry.target = None
+        entry.drafts.clear()
         self._cond.notify_all()
 
     def expire(self) -> float | None:
@@ -304,13 +304,13 @@ class Residency:
         now = time.monotonic()
         due: float | None = None
         with self._cond:
-            for resident in list(self._residents.values()):
-                if not resident.idle or resident.keep_alive is None or resident.target is None:
+            for entry in list(self._residents.values()):
+                if not entry.idle or entry.keep_alive is None or entry.target is None:
                     continue
-                left = resident.last_used + resident.keep_alive - now
+                left = entry.last_used + entry.keep_alive - now
                 if left <= 0:
-                    log.info("unloading %s: idle for %.0f s", resident.spec.target_name, resident.keep_alive)
-                    self._unload(resident)
+                    log.info("unloading %s: idle for %.0f s", entry.spec.target_name, entry.keep_alive)
+                    self._unload(entry)
                 else:
                     due = left if due is None else min(due, left)
         return due
@@ -321,14 +321,14 @@ class Residency:
         with self._cond:
             picked = [(r, r.status()) for r in self._residents.values() if not r.pinned]
             picked = [(r, s) for r, s in picked if chosen(s)]
-            for resident, _ in picked:
-                for ticket in [*resident.holders, *resident.queue]:
+            for entry, _ in picked:
+                for ticket in [*entry.holders, *entry.queue]:
                     ticket.cancel.set("ending")
             self._cond.wait_for(lambda: not any(r.busy or r.loading for r, _ in picked), timeout=30)
-            for resident, _ in picked:
-                if not resident.busy and not resident.loading:
-                    log.info("unloading %s: %s", resident.spec.target_name, reason)
-                    self._unload(resident)
+            for entry, _ in picked:
+                if not entry.busy and not entry.loading:
+                    log.info("unloading %s: %s", entry.spec.target_name, reason)
+                    self._unload(entry)
         return [s for _, s in picked]
 
     def end(self, reason: str) -> None:
@@ -345,9 +345,9 @@ class Residency:
         with self._cond:
             self._cond.wait_for(lambda: not any(r.busy or r.loading for r in self._residents.values()), timeout)
             running = any(r.busy or r.loading for r in self._residents.values())
-            for resident in list(self._residents.values()):
-                if not resident.busy and not resident.loading:
-                    self._unload(resident)
+            for entry in list(self._residents.values()):
+                if not entry.busy and not entry.loading:
+                    self._unload(entry)
         for profiles in self._profiles.values():
             with contextlib.suppress(Exception):
                 profiles.save()
@@ -364,10 +364,10 @@ class Residency:
                         loaded.target_name, False,
                         PairOptions(target.options, draft.options if draft is not None else target.options))
         with self._cond:
-            resident = self._residents[spec.target_key] = Entry(spec, target=target, pinned=True)
-            resident.bytes = loaded_bytes(target)
+            entry = self._residents[spec.target_key] = Entry(spec, target=target, pinned=True)
+            entry.bytes = loaded_bytes(target)
             if draft is not None:
-                resident.drafts[spec.draft_key] = draft if isinstance(draft, LazyModel) else LazyModel.of(draft)
+                entry.drafts[spec.draft_key] = draft if isinstance(draft, LazyModel) else LazyModel.of(draft)
         return spec
 
     def pin(self, spec: PairSpec, *, need_draft: bool, lazy_draft: bool, grammar: bool = False) -> Loaded:
@@ -384,8 +384,8 @@ class Residency:
     def history(self, spec: PairSpec) -> History:
         """The earlier calls of the pair's target (a call drafts from them, and adds itself)."""
         with self._cond:
-            resident = self._residents.get(spec.target_key)
-            return resident.history if resident is not None else History()
+            entry = self._residents.get(spec.target_key)
+            return entry.history if entry is not None else History()
 
     def profiles(self, directory: str | os.PathLike | None = None) -> Any:
         """The cost profiles of `directory` (None: the default), one object per directory: calls

@@ -44,7 +44,7 @@ def run(residency: Residency, request: Request, cancel: Cancel, emit: Emit) -> N
         if request.version != VERSION:
             raise RequestError(f"this localspec reads version {VERSION} of calls, this one is version "
                                f"{request.version}: run the same localspec on both sides")
-        _KINDS[request.kind](residency, request, cancel, emit)
+        _HANDLERS[request.kind](residency, request, cancel, emit)
     except Cancelled:
         emit(Done(model=request.pair.target_name, stopped=_stopped(cancel)))
     except LocalspecError as exc:
@@ -112,6 +112,13 @@ def _message(request: Request, target: Any, tools: Any) -> Any:
     return prompt.text or ""
 
 
+def shared_history(residency: Residency, spec: Any, config: GenerationConfig) -> Any:
+    """The earlier calls of the pair's target to draft from: with plan "auto" only. A fixed plan's
+    drafts (and so its random draws) then depend on nothing but the call itself, so a seeded call
+    repeats whatever the pair served before it."""
+    return residency.history(spec) if config.plan == "auto" else None
+
+
 def timings(loaded: Loaded, stats: Any, profile_io: float, prompt_cache: tuple[float, float]) -> dict[str, Any]:
     """Where a call's time went (seconds; `profile_io`: reading and writing cost profiles;
     `prompt_cache`: restoring and saving the prompt's state). The command line adds when it
@@ -139,7 +146,7 @@ def _generate(residency: Residency, request: Request, cancel: Cancel, emit: Emit
         cache = residency.prompt_cache(request.prompt_cache, request.prompt_cache_limit)
         generation = Generation(loaded.target, loaded.draft, _message(request, loaded.target, tools), config,
                                 profiles, prompt_cache=cache or False, tools=tools,
-                                history=residency.history(request.pair), cancel=cancel)
+                                history=shared_history(residency, request.pair, config), cancel=cancel)
         last, error = _stream(generation, emit)
         profiles.save()
         speculative = not generation.config.is_target_alone(loaded.draft is not None)
@@ -219,7 +226,7 @@ def _keep(residency: Residency, request: Request, cancel: Cancel, emit: Emit) ->
         emit(Done(model=loaded.target_name, kept=kept))
 
 
-_KINDS: dict[str, Callable[[Residency, Request, Cancel, Emit], None]] = {
+_HANDLERS: dict[str, Callable[[Residency, Request, Cancel, Emit], None]] = {
     "generate": _generate, "open": _open, "keep": _keep}
 
 

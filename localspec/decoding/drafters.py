@@ -358,9 +358,7 @@ def make_drafters(target: Model, draft: Model | LazyModel | None, config: Genera
     """The drafters the engine considers for the setting `drafter` (none where
     GenerationConfig.is_target_alone: the target alone): auto: the n-gram lookup (and, given the
     target's `history`, proposals from earlier calls), and the draft model when one is given (the
-    planner loads and uses it only where it pays); ngram; model; hybrid. Drafts from earlier calls
-    only with plan "auto": a fixed plan's drafts (and so its draws) depend on nothing but this
-    call, so a seeded call repeats whatever ran before it. A lazy draft's
+    planner loads and uses it only where it pays); ngram; model; hybrid. A lazy draft's
     vocabulary is checked against the target's (once: pairing). (A constrained generation's
     engine adds the grammar's forced tokens before these.)"""
     if config.is_target_alone(draft is not None):
@@ -368,7 +366,7 @@ def make_drafters(target: Model, draft: Model | LazyModel | None, config: Genera
     drafter, shape = config.drafter, config.shape
     max_nodes = max(shape.n_nodes, 1)
     ngram: list[Drafter] = [NGramDrafter(target.n_vocab, max_nodes, target.is_eog)] if drafter != "model" else []
-    if ngram and history is not None and config.plan == "auto":  # --plan fixed drafts what this call holds only
+    if ngram and history is not None:
         ngram.append(HistoryDrafter(history, target.n_vocab, max_nodes, target.is_eog))
     if drafter == "ngram":
         return ngram

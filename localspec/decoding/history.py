@@ -23,51 +23,53 @@ from typing import Callable, Sequence
 from localspec.decoding.lookup import SuffixAutomaton
 
 HISTORY_TOKENS = 1 << 16  # tokens of earlier calls kept per target (their prompts and answers, newest first)
-MIN_CALL_TOKENS = 8  # a call shorter than this is not worth remembering
+MIN_GENERATION_TOKENS = 8  # a generation shorter than this is not worth remembering
 MIN_MATCH = 4  # a shorter match with earlier calls is chance (the context lookup covers short repeats)
 BUCKETS = ((7, "m4-7"), (15, "m8-15"), (31, "m16-31"))  # acceptance buckets by match length; longer: "m32+"
 
 
 class History:
-    """The recent calls of one target, as token ids, searchable by longest match. A generation
-    reads it and adds its own tokens when it ends; one generation of a target runs at a time (its
-    pair's lease), and a lock keeps :meth:`snapshot` and a rebuild apart."""
+    """The recent generations of one target (each its prompt and answer), as token ids,
+    searchable by longest match. A generation reads it when it starts and adds its own tokens
+    when it ends, in the target's step loop (localspec.decoding.scheduler: one thread for all its
+    slots); a matcher keeps reading the index it started with, and a lock keeps :meth:`snapshot`
+    and a rebuild apart."""
 
     def __init__(self, limit: int = HISTORY_TOKENS) -> None:
         self.limit = limit
-        self.calls: deque[tuple[int, ...]] = deque()
+        self.generations: deque[tuple[int, ...]] = deque()
         self._lock = threading.Lock()
         self._build()
 
     @property
     def size(self) -> int:
-        return sum(len(c) for c in self.calls)
+        return sum(len(g) for g in self.generations)
 
     def add(self, tokens: Sequence[int]) -> None:
-        """Remember a call's tokens (its prompt and answer). Past the limit the oldest calls go;
-        the index is rebuilt then (on a quarter of the limit freed at least: amortised)."""
-        call = tuple(int(t) for t in tokens[-self.limit:])
-        if len(call) < MIN_CALL_TOKENS:
+        """Remember a generation's tokens (its prompt and answer). Past the limit the oldest go; the
+        index is rebuilt then (on a quarter of the limit freed at least: amortised)."""
+        generation = tuple(int(t) for t in tokens[-self.limit:])
+        if len(generation) < MIN_GENERATION_TOKENS:
             return
         with self._lock:
-            self.calls.append(call)
+            self.generations.append(generation)
             if self.size > self.limit:
-                while self.calls and self.size > self.limit * 3 // 4:
-                    self.calls.popleft()
+                while self.generations and self.size > self.limit * 3 // 4:
+                    self.generations.popleft()
                 self._build()
             else:
-                self._append(call)
+                self._append(generation)
 
     def _build(self) -> None:
         self.sam = SuffixAutomaton()
         self.tokens: list[int] = []
         self._separators = 0
-        for call in self.calls:
-            self._append(call)
+        for generation in self.generations:
+            self._append(generation)
 
-    def _append(self, call: tuple[int, ...]) -> None:
+    def _append(self, generation: tuple[int, ...]) -> None:
         self._separators += 1
-        for t in (-self._separators, *call):  # a separator of its own matches nothing: no match spans two calls
+        for t in (-self._separators, *generation):  # a separator of its own matches nothing: no match spans two
             self.sam.extend(t)
             self.tokens.append(t)
 
@@ -78,7 +80,7 @@ class History:
 
     def snapshot(self) -> list[tuple[int, ...]]:
         with self._lock:
-            return list(self.calls)
+            return list(self.generations)
 
 
 class HistoryMatch:

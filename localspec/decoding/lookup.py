@@ -116,11 +116,11 @@ class ContextLookup:
         if len(context) < n or (n and context[n - 1] != self.tokens[-1]):
             self.reset()  # not the context indexed so far: start over
         for t in context[len(self.tokens):]:
-            self._follow(int(t))
+            self._advance(int(t))
             self.sam.extend(int(t))
             self.tokens.append(int(t))
 
-    def _follow(self, token: int) -> None:
+    def _advance(self, token: int) -> None:
         """Move the cursor over the next output token: past a source token it equals (or the
         token a rename put in its place), or past one it replaced (a substitution: a renamed
         identifier); two misses in a row lose the source. A substitution followed by a copy

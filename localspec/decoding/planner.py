@@ -309,7 +309,7 @@ class Planner:
                 share = self.pass_cost(n_target_tokens, others) if others else target_seconds
                 instead = self.pass_cost(1, others) if others else self._measured_c1()
                 self.saved += (n_accepted + 1) * instead - share - draft_seconds
-        self._follow(new)
+        self._settle_censored(new)
         if kind is not None and depth > 0:
             acc = self.acceptance(kind)
             acc.observe(n_accepted, depth)
@@ -319,7 +319,7 @@ class Planner:
                     self._censored.append(censored)
         self.profile.dirty = True
 
-    def _follow(self, new: Sequence[int]) -> None:
+    def _settle_censored(self, new: Sequence[int]) -> None:
         """Compare the open drafts' proposals with the committed tokens, level by level."""
         self._censored = [c for c in self._censored if not c.follow(new)]
 

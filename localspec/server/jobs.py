@@ -18,6 +18,7 @@ from typing import Any
 from localspec.core.cancel import Cancel, Cancelled
 from localspec.core.pairs import PairSpec
 from localspec.core.residency import Residency
+from localspec.core.run import shared_history
 from localspec.errors import LocalspecError, RequestError
 from localspec.generation import END, Generation
 from localspec.settings.generation import GenerationConfig
@@ -91,7 +92,8 @@ class Pair:
         until it ends. True once its END went to the job."""
         profiles = self.residency.profiles()
         generation = Generation(loaded.target, loaded.draft, job.prompt, job.config, profiles,
-                                self.prompt_cache or False, job.tools, self.residency.history(self.spec), job.cancel)
+                                self.prompt_cache or False, job.tools,
+                                shared_history(self.residency, self.spec, job.config), job.cancel)
         done = threading.Event()
 
         def sink(event: Any) -> None:
