@@ -4,8 +4,10 @@ pair at once (:class:`Cancelled`) and its generation between two steps."""
 from __future__ import annotations
 
 import threading
+from typing import Literal, get_args
 
-STOPS = ("interrupted", "terminated")  # reasons a user stops a call (Ctrl-C, SIGTERM)
+Stop = Literal["interrupted", "terminated"]  # why a user stops a call (Ctrl-C, SIGTERM)
+STOPS: tuple[str, ...] = get_args(Stop)
 
 
 class Cancel:

@@ -11,6 +11,10 @@ from typing import Any, Sequence
 from localspec.errors import ConfigError
 
 INT32_MAX = 2**31 - 1  # what llama.cpp's int32 counts (tokens, threads, layers, top-k) hold
+# pydantic's configuration of every dataclass a process reads from another (the resident service's
+# requests, a service's status: localspec.core.wire): no field it does not know, no value converted
+# from another type ("3" is no int, true no number), and no number that is not finite (NaN, inf)
+WIRE_CONFIG: dict[str, Any] = {"extra": "forbid", "strict": True, "allow_inf_nan": False}
 
 
 def is_number(value: Any) -> bool:
