@@ -508,6 +508,28 @@ def test_nothing_a_client_sends_ends_the_service(pair: list[str], tiny_paths: tu
     assert live()[0][1].pid == state.pid  # the same service throughout
 
 
+def test_a_number_that_is_not_finite_is_refused(pair: list[str], services: None) -> None:
+    """A call whose keep_alive is NaN or infinite (a client of this user's that is not localspec's:
+    the command line refuses such a duration) is refused with an error naming the field, and the
+    service stays idle: a NaN keep_alive once was served, and then the service's idle loop spun a
+    whole core (NaN is never <= 0, and Event.wait(NaN) returns at once). The control: the same call
+    with a finite keep_alive is served; its pair idle, the service uses (almost) no CPU."""
+    assert localspec(*pair, "-n", "4", "hi").returncode == 0
+    ((path, state),) = live()
+    good = json.loads(json.dumps(_request(pair)))
+    for value in ("NaN", "Infinity", "1e999"):
+        payload = json.dumps({**good, "keep_alive": 0.0}).replace('"keep_alive": 0.0', f'"keep_alive": {value}')
+        frames = _raw_call(path, payload.encode())
+        last = frames[-1][1]
+        assert last["event"] == "failed" and last["error"] == "RequestError", (value, frames)
+        assert "keep_alive" in last["message"] and "finite" in last["message"], last
+    frames = _raw_call(path, json.dumps({**good, "keep_alive": 30.0}).encode())
+    assert frames[-1][1]["event"] == "done"  # the control
+    wait_for(lambda: pairs() and pairs()[0].state == "idle")
+    assert busy_seconds(state.pid, over=1.5) < 0.3
+    assert live()[0][1].pid == state.pid
+
+
 def _request(pair: list[str]) -> dict:
     from test_core import request_for
 
