@@ -26,6 +26,10 @@ from localspec.core.pairs import ModelFile, PairSpec
 from localspec.errors import ConfigError, LocalspecError, ModelError
 from localspec.settings.files import SPEC_LIMIT, read_user_text
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from localspec.cli.options import Flags
+
 MAX_LOADED_ENV = "LOCALSPEC_MAX_LOADED"
 LIMIT_ENV = "LOCALSPEC_PROMPT_CACHE_LIMIT"
 
@@ -73,22 +77,23 @@ def profile_dir() -> str:
     return os.fspath(directory().absolute())
 
 
-def tools_from_flags(options: dict) -> tuple[Tools | None, str | None]:
-    """The tools --tools names (read here) with --tool-choice and --parallel-tool-calls (removed
-    from `options`), checked now (a bad file or tool is a usage error naming its flag before any
-    model is fetched), and the file they came from."""
-    from localspec.cli.options import EMPTY_HINTS, empty_value
+def tools_from_flags(flags: Flags) -> tuple[Tools | None, str | None]:
+    """The tools --tools names (read here) with --tool-choice and --parallel-tool-calls, checked
+    now (a bad file or tool is a usage error naming its flag before any model is fetched), and
+    the file they came from."""
+    from localspec.cli.options import TOOLS_HINT
     from localspec.settings.constraints import MAX_JSON_DEPTH
+    from localspec.settings.validation import empty_value
     from localspec.tools import CHOICES, ToolSet
 
-    path, choice = options.pop("tools", None), options.pop("tool_choice", None)
-    parallel = options.pop("parallel_tool_calls", True)
+    path, choice = flags.get("tools"), flags.get("tool_choice")
+    parallel = flags.get("parallel_tool_calls", True)
     if path is None:
         if choice is not None:
             raise ConfigError("--tool-choice needs --tools FILE.json", "tool_choice")
         return None, None
     if not path.strip():
-        raise ConfigError(empty_value(EMPTY_HINTS["tools"]), "tools")
+        raise ConfigError(empty_value(TOOLS_HINT), "tools")
     try:
         tools = json.loads(read_user_text(path, param="tools", limit=SPEC_LIMIT, what="the tools file"))
     except json.JSONDecodeError as exc:

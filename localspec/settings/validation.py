@@ -61,6 +61,11 @@ def show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def empty_value(needed: str) -> str:
+    """The error of a flag given an empty value: an unset shell variable, never "no value"."""
+    return f"the value is empty (an unset shell variable?); give {needed}, or leave the flag out"
+
+
 def require(ok: bool, param: str, message: str) -> None:
     if not ok:
         raise ConfigError(message, param)
