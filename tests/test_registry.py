@@ -65,7 +65,7 @@ def pip_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         calls.append(list(cmd))
         return real_run(cmd, *args, **kwargs)
 
-    monkeypatch.setattr(registry.subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "run", run)  # the fetcher imports subprocess when it fetches
     return calls
 
 

@@ -72,26 +72,24 @@ def prompt_cache(value: Any) -> tuple[str | None, int]:
 
 
 def profile_dir() -> str:
-    from localspec.llama.host import profile_dir as directory
-
-    return os.fspath(directory().absolute())
+    return os.fspath(locations.profile_dir().absolute())
 
 
 def tools_from_flags(flags: Flags) -> tuple[Tools | None, str | None]:
     """The tools --tools names (read here) with --tool-choice and --parallel-tool-calls, checked
     now (a bad file or tool is a usage error naming its flag before any model is fetched), and
     the file they came from."""
-    from localspec.cli.options import TOOLS_HINT
-    from localspec.settings.constraints import MAX_JSON_DEPTH
-    from localspec.settings.validation import empty_value
-    from localspec.tools import CHOICES, ToolSet
-
     path, choice = flags.get("tools"), flags.get("tool_choice")
     parallel = flags.get("parallel_tool_calls", True)
     if path is None:
         if choice is not None:
             raise ConfigError("--tool-choice needs --tools FILE.json", "tool_choice")
         return None, None
+    from localspec.cli.options import TOOLS_HINT
+    from localspec.settings.constraints import MAX_JSON_DEPTH
+    from localspec.settings.validation import empty_value
+    from localspec.tools import CHOICES, ToolSet
+
     if not path.strip():
         raise ConfigError(empty_value(TOOLS_HINT), "tools")
     try:

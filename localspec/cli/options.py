@@ -117,9 +117,9 @@ def _options(f: Callable, options: list[Callable]) -> Callable:
 def prompt_cache_option(f: Callable) -> Callable:
     """--prompt-cache: where prompt prefixes' KV state is saved and restored (a setting of the
     process, not of a generation: localspec.cli.calls.prompt_cache reads it)."""
-    from localspec.llama.prompt_cache import ENV
+    from localspec.settings.locations import PROMPT_CACHE_ENV
 
-    return click.option("--prompt-cache", cls=EnvOption, envvar=ENV, default=None, metavar="DIR|off",
+    return click.option("--prompt-cache", cls=EnvOption, envvar=PROMPT_CACHE_ENV, default=None, metavar="DIR|off",
                         help="Save each prompt's KV state and restore the longest saved prefix of later "
                              "prompts (default: on, under the user cache directory; 'off': never).")(f)
 

