@@ -517,17 +517,21 @@ def test_a_number_that_is_not_finite_is_refused(pair: list[str], services: None)
     assert localspec(*pair, "-n", "4", "hi").returncode == 0
     ((path, state),) = live()
     good = json.loads(json.dumps(_request(pair)))
-    for value in ("NaN", "Infinity", "1e999"):
-        payload = json.dumps({**good, "keep_alive": 0.0}).replace('"keep_alive": 0.0', f'"keep_alive": {value}')
-        frames = _raw_call(path, payload.encode())
-        last = frames[-1][1]
-        assert last["event"] == "failed" and last["error"] == "RequestError", (value, frames)
-        assert "keep_alive" in last["message"] and "finite" in last["message"], last
-    frames = _raw_call(path, json.dumps({**good, "keep_alive": 30.0}).encode())
-    assert frames[-1][1]["event"] == "done"  # the control
-    wait_for(lambda: pairs() and pairs()[0].state == "idle")
-    assert busy_seconds(state.pid, over=1.5) < 0.3
-    assert live()[0][1].pid == state.pid
+    try:
+        for value in ("NaN", "Infinity", "1e999"):
+            payload = json.dumps({**good, "keep_alive": 0.0}).replace('"keep_alive": 0.0', f'"keep_alive": {value}')
+            frames = _raw_call(path, payload.encode())
+            last = frames[-1][1]
+            assert last["event"] == "failed" and last["error"] == "RequestError", (value, frames)
+            assert "keep_alive" in last["message"] and "finite" in last["message"], last
+        frames = _raw_call(path, json.dumps({**good, "keep_alive": 30.0}).encode())
+        assert frames[-1][1]["event"] == "done"  # the control
+        wait_for(lambda: pairs() and pairs()[0].state == "idle")
+        assert busy_seconds(state.pid, over=1.5) < 0.3
+        assert live()[0][1].pid == state.pid
+    except AssertionError:
+        os.kill(state.pid, signal.SIGKILL)  # a service that took the NaN spins and never ends by itself
+        raise
 
 
 def _request(pair: list[str]) -> dict:
