@@ -752,14 +752,16 @@ def over_budget(modules: set[str]) -> set[str]:
 
 def test_the_client_imports_only_what_resolves_the_call(pair: list[str], tmp_path: Path, services: None) -> None:
     """A call the service serves imports the modules of CLIENT_MODULES, click and the standard
-    library's light modules only: no pydantic, numpy, llama.cpp or jinja2, no module that only
-    starting the service or fetching a model needs. The negative control: the same check finds
+    library's light modules only: no pydantic, numpy, llama.cpp, llguidance or jinja2 (a schema
+    too), no module that only starting the service or fetching a model needs. The negative control: the same check finds
     the modules of a call run in its own process (--keep-alive 0: numpy, llama_cpp, the engine)."""
     args = [*pair, "--raw", "-t", "0", "-n", "4", "hi"]
     assert localspec(*args).returncode == 0  # the service, started and loaded
     served = client_modules(args, tmp_path / "served.json")
     assert "localspec.resident.client" in served and "click" in served  # the list is read
     assert not over_budget(served), sorted(over_budget(served))
+    schema = ["--json-schema", '{"type": "object"}', *args]  # compiled where the call runs, not here
+    assert not over_budget(client_modules(schema, tmp_path / "schema.json")), "a constrained call"
     alone = client_modules(args, tmp_path / "alone.json", keep_alive="0")
     assert {"numpy", "llama_cpp", "localspec.api", "localspec.core.run"} <= over_budget(alone)
 

@@ -35,6 +35,7 @@ def measure(args: argparse.Namespace, ls: Any, prompts: dict[str, Any]) -> dict[
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for name in order:
                 costs[name].append(_cost(ls.call(prompts[prompt], f"{r}.client-{name}", env=sides[name])))
+                progress(f"  {name}: {1000 * costs[name][-1]:.0f} ms")
     return costs
 
 

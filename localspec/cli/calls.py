@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -34,12 +34,19 @@ MAX_LOADED_ENV = "LOCALSPEC_MAX_LOADED"
 LIMIT_ENV = "LOCALSPEC_PROMPT_CACHE_LIMIT"
 
 
-def resolve_pair(model: str | None, draft: str | None, options: PairOptions, need_draft: bool) -> PairSpec:
+def resolve_pair(model: str | None, draft: str | None, options: PairOptions, need_draft: bool,
+                 before_fetch: Callable[[], None] | None = None) -> PairSpec:
     """The pair -m/-d name, resolved here: registry models fetched (with progress on stderr), files
-    identified. The draft is left out where the call needs none (the n-gram drafter)."""
+    identified; `before_fetch` runs first where a model is not at hand (to be fetched, or not
+    found: the call's own usage errors come before either). The draft is left out where the call
+    needs none (the n-gram drafter)."""
+    from localspec.llama import registry
     from localspec.loading import pair_names
 
     names = pair_names(model, draft)
+    wanted = [names.target, *([names.draft] if names.draft and need_draft else [])]
+    if before_fetch is not None and not all(registry.at_hand(name) for name in wanted):
+        before_fetch()
     target = _model_file(names.target, "model")
     draft_file = _model_file(names.draft, "draft") if names.draft and need_draft else None
     return PairSpec(target, draft_file, names.target, names.paired, options)

@@ -24,6 +24,7 @@ from localspec.cli.chat_commands import Session, note, run_command
 from localspec.cli.chat_store import load_chat
 from localspec.cli.options import (
     Flags,
+    compile_constraint_now,
     constraint_options,
     generation_config,
     keep_alive_option,
@@ -295,11 +296,12 @@ def chat(model: str | None, draft: str | None, system: str | None, resume: str |
     with render.stop_signals():
         keep_alive = flags["keep_alive"]
         cache = calls.prompt_cache(flags["prompt_cache"])
-        config = generation_config(flags)  # a bad schema is a usage error before any model is fetched
+        config = generation_config(flags)
         saved = load_chat(resume) if resume is not None else None
         if saved is not None and system is None:  # the system message is the saved one unless -s gives another
             system = saved["system"]
-        pair = calls.resolve_pair(model, draft, flags.load(), need_draft=draft_loading(config.drafter, False)[0])
+        pair = calls.resolve_pair(model, draft, flags.load(), need_draft=draft_loading(config.drafter, False)[0],
+                                  before_fetch=lambda: compile_constraint_now(config))
         caller = calls.Caller(keep_alive, shared=True)
         session = Session(system, config=config, caller=caller, pair=pair, cache=cache, keep_alive=keep_alive,
                           show_drafts=render.colours(show_drafts))

@@ -19,6 +19,7 @@ import click
 from localspec.cli import calls, render
 from localspec.cli.options import (
     Flags,
+    compile_constraint_now,
     constraint_options,
     generation_config,
     keep_alive_option,
@@ -181,7 +182,7 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
             keep_alive = flags["keep_alive"]
             cache = calls.prompt_cache(flags["prompt_cache"])
             tools, tools_file = calls.tools_from_flags(flags)
-            config = generation_config(flags)  # a bad schema is a usage error before any model is fetched
+            config = generation_config(flags)
             if system is not None and not chat_template:
                 raise ConfigError("a system message needs the chat template: drop --raw, or put the text in the "
                                   "prompt", "system")
@@ -189,7 +190,8 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
                 raise ConfigError("tools are rendered by the chat template: drop --raw", "tools")
             loading = flags.load()
             text = with_context(read_context(context_file), read_prompt(prompt))
-            pair = calls.resolve_pair(model, draft, loading, need_draft=draft_loading(config.drafter, False)[0])
+            pair = calls.resolve_pair(model, draft, loading, need_draft=draft_loading(config.drafter, False)[0],
+                                      before_fetch=lambda: compile_constraint_now(config))
             request = calls.request("generate", pair, config, Prompt(text=text, chat=chat_template, system=system),
                                     cache, keep_alive, tools)
             call = calls.Caller(keep_alive).call(request)

@@ -315,12 +315,18 @@ class Flags:
 
 
 def generation_config(flags: Flags) -> GenerationConfig:
-    """The GenerationConfig of a command's flags; its constraint (if any) compiled now, so a bad
-    schema or grammar is a usage error naming its flag before any model is fetched or loaded
-    (where the call runs, it is compiled again with the model's vocabulary)."""
-    constraint = constraint_from_flags(flags.values)
-    if constraint is not None:
-        from localspec.decoding.grammar.compiler import compile_constraint  # llguidance: only for a constrained run
+    """The GenerationConfig of a command's flags. Its constraint is read and checked as text
+    here (one flag, JSON that nests no deeper than allowed, the file it names); compiled by
+    compile_constraint_now where a model would be fetched or loaded for it, and where the call
+    runs (localspec.core.run), not by every call's client."""
+    return GenerationConfig.from_options(**flags.settings(), constraint=constraint_from_flags(flags.values))
 
-        compile_constraint(constraint)
-    return GenerationConfig.from_options(**flags.settings(), constraint=constraint)
+
+def compile_constraint_now(config: GenerationConfig) -> None:
+    """Compile the config's constraint now (llguidance), so that a bad schema or grammar is a
+    usage error naming its flag before a model is fetched (a call's client, first) or loaded
+    (serve): a download is never started for a call that cannot run."""
+    if config.constraint is not None:
+        from localspec.decoding.grammar.compiler import compile_constraint
+
+        compile_constraint(config.constraint)

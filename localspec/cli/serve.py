@@ -10,6 +10,7 @@ import click
 from localspec.cli import calls
 from localspec.cli.options import (
     Flags,
+    compile_constraint_now,
     EnvOption,
     generation_config,
     model_options,
@@ -113,6 +114,7 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     flags = Flags.current()
     directory, limit = calls.prompt_cache(flags["prompt_cache"])
     defaults = generation_config(flags)
+    compile_constraint_now(defaults)  # a bad schema: a usage error before the pair is fetched or loaded
     limits = ServerLimits(api_key=api_key or None, **{k: flags[k] for k in LIMITS})
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"localspec: warning: listening on {host} without --api-key: anyone who can reach this "

@@ -313,6 +313,15 @@ def _hint(spec: ModelSpec) -> str:
             f"{spec.sha256}) and pass its path instead of the name {spec.name!r}.")
 
 
+def at_hand(model: str) -> bool:
+    """Whether resolve(model) finds its file without fetching it: an existing file, or a
+    registry model already cached (False also for a name it will not find)."""
+    if Path(model).expanduser().is_file():
+        return True
+    models = load_registry().models
+    return model in models and cached_path(models[model]) is not None
+
+
 def resolve(model: str) -> Path:
     """An existing file path as is; a registry model name fetched (or cached)."""
     path = Path(model).expanduser()
