@@ -67,11 +67,11 @@ def _children_cpu() -> float:
 
 
 def localspec_json(args: Sequence[str], *, env: Mapping[str, str], python_flags: Sequence[str] = (),
-                   timeout: float = 1800.0) -> Run:
+                   timeout: float = 1800.0, cwd: str | Path | None = None) -> Run:
     """A ``localspec --json ...`` process (`args` include --json): the Run with its answer's
     tokens, decode speed, timings (import_: from the spawn to the command's start) and JSON."""
     spawned = time.time()
-    run = run_localspec(args, env=env, python_flags=python_flags, timeout=timeout)
+    run = run_localspec(args, env=env, python_flags=python_flags, timeout=timeout, cwd=cwd)
     data = json.loads(run.stdout)
     run.data = data
     run.tokens = data["usage"]["completion_tokens"]

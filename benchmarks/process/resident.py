@@ -49,6 +49,7 @@ from benchmarks.common.runs import TARGET_ALONE, Run, localspec_json, run_locals
 from benchmarks.common.schemas import TASKS, gbnf
 from benchmarks.common.target import chat_text
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # the localspec every call runs (first on PYTHONPATH)
 DOC_CHARS = 7000  # ~1,650 tokens of localspec's engine source
 DOC_QUESTION = QUESTIONS[0]
 
@@ -90,7 +91,8 @@ class Localspec:
         self.doc = root / "document.txt"
         self.doc.write_text(document(DOC_CHARS), encoding="utf-8")
         runtime = Path(tempfile.mkdtemp(prefix="lsb-", dir="/tmp"))
-        self.env = dict(os.environ, LOCALSPEC_PROFILE_DIR=str(root / "profiles"),
+        checkout = os.pathsep.join(filter(None, (str(CHECKOUT), os.environ.get("PYTHONPATH"))))
+        self.env = dict(os.environ, LOCALSPEC_PROFILE_DIR=str(root / "profiles"), PYTHONPATH=checkout,
                         LOCALSPEC_PROMPT_CACHE=str(root / "prompts"), XDG_RUNTIME_DIR=str(runtime))
         self.runtime = runtime
 
@@ -106,7 +108,7 @@ class Localspec:
     def call(self, prompt: Prompt, tag: str, keep_alive: str = "5m", importtime: bool = False,
              extra: Sequence[str] = (), env: dict[str, str] | None = None) -> Run:
         """One call from a fresh client process (benchmarks.common.runs), its JSON answer read."""
-        return localspec_json(self.args(prompt, tag, extra),
+        return localspec_json(self.args(prompt, tag, extra), cwd=self.root,  # not a checkout: PYTHONPATH decides
                               env=dict(self.env, LOCALSPEC_KEEP_ALIVE=keep_alive, **(env or {})),
                               python_flags=["-X", "importtime"] if importtime else [], timeout=1800)
 
@@ -124,10 +126,10 @@ class Localspec:
                              stdin="\n".join(turns) + "\n", env=dict(self.env, LOCALSPEC_KEEP_ALIVE="5m"))
 
     def services(self) -> list[dict]:
-        return json.loads(run_localspec(["ps", "--json"], env=self.env, timeout=60).stdout)
+        return json.loads(run_localspec(["ps", "--json"], env=self.env, cwd=self.root, timeout=60).stdout)
 
     def stop_all(self) -> None:
-        run_localspec(["stop", "--all"], env=self.env, timeout=120)
+        run_localspec(["stop", "--all"], env=self.env, cwd=self.root, timeout=120)
 
     def peak_rss_in_process(self, prompt: Prompt) -> int:
         """The peak resident memory of a --keep-alive 0 call (bytes): its own process, waited for with
@@ -422,7 +424,8 @@ def client_only(args: argparse.Namespace) -> int:
             lines = [*host_header(), *resident_client.table(args, ls, PROMPTS)]
         finally:
             if args.against is not None:  # its own service, in the same runtime directory
-                run_localspec(["stop", "--all"], env=dict(ls.env, PYTHONPATH=str(args.against)), timeout=120)
+                run_localspec(["stop", "--all"], env=dict(ls.env, PYTHONPATH=str(args.against)), cwd=ls.root,
+                              timeout=120)
             ls.close()
     print("\n".join(lines))
     return 0
