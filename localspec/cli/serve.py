@@ -9,9 +9,9 @@ import click
 
 from localspec.cli import calls
 from localspec.cli.options import (
+    EnvOption,
     Flags,
     compile_constraint_now,
-    EnvOption,
     generation_config,
     model_options,
     prompt_cache_option,
