@@ -18,8 +18,9 @@ from localspec.core.calls import Done, Failed, Note, Prompt, Request, Text, even
 from localspec.core.pairs import ModelFile, PairSpec
 from localspec.core.cancel import Cancel, Cancelled
 from localspec.core.residency import Residency
-from localspec.core.run import LocalCall, parse_request, run
+from localspec.core.run import LocalCall, run
 from localspec.core.status import CoreStatus
+from localspec.core.wire import Malformed, parse_request, parse_status
 from localspec.errors import RequestError
 
 
@@ -252,8 +253,8 @@ def test_events_round_trip_and_malformed_ones_are_refused(tiny_paths: tuple[Path
     assert residency.close()
     for event in events:
         assert event_of(json.loads(json.dumps(event_json(event)))) == event
-    for bad in ({"event": "text", "text": 3}, {"event": "done", "stats": {"x": 1}}, {"event": "nope"},
-                {"event": "done", "stopped": "exploded"}, {"event": "note"}, [], None):
+    for bad in ({"event": "text", "txt": "a"}, {"event": "done", "stats": {"x": 1}}, {"event": "nope"},
+                {"event": "done", "error": "exploded"}, {"event": "note"}, [], None):
         with pytest.raises(ValueError):
             event_of(bad)
 
@@ -265,6 +266,9 @@ def test_a_request_is_read_by_its_types(tiny_paths: tuple[Path, Path]) -> None:
     data = good.to_json()
     for bad, what in ((b"{", "not JSON"), (json.dumps({**data, "version": 2}).encode(), "version 2"),
                       (json.dumps({**data, "keep_alive": None}).encode(), "keep_alive"),
+                      (json.dumps({**data, "keep_alive": float("nan")}).encode(), "keep_alive: Input should be a finite"),
+                      (json.dumps({**data, "max_loaded": True}).encode(), "max_loaded"),
+                      (json.dumps({**data, "profiles": 3}).encode(), "profiles"),
                       (json.dumps({**data, "extra": 1}).encode(), "extra"),
                       (json.dumps({**data, "kind": "rm"}).encode(), "kind"),
                       (json.dumps({**data, "pair": {**data["pair"], "options": {"target": {"ctx_size": -1}}}}).encode(),
@@ -278,12 +282,13 @@ def test_status_refuses_what_is_not_one() -> None:
 
     pair = PairStatus("a", "/m/a.gguf", None, False, "idle", 0, 1, 10, 1.0, 2.0, 300.0, 0.5)
     status = CoreStatus(1, 2.0, 3, 4, (pair,))
-    assert CoreStatus.from_json(json.loads(json.dumps(status.to_json()))) == status  # the control
+    assert parse_status(json.dumps(status.to_json()).encode()) == status  # the control
     data = status.to_json()
     for bad in ({**data, "pid": None}, {**data, "started": None}, {**data, "pairs": [{**data["pairs"][0], "calls": True}]},
-                {**data, "pairs": [5]}, {**data, "pairs": [{**data["pairs"][0], "state": "on fire"}]}, [], "x"):
-        with pytest.raises(ValueError):
-            CoreStatus.from_json(bad)
+                {**data, "pairs": [5]}, {**data, "pairs": [{**data["pairs"][0], "state": "on fire"}]},
+                {**data, "pairs": [{**data["pairs"][0], "idle_seconds": float("inf")}]}, {**data, "x": 1}, [], "x"):
+        with pytest.raises(Malformed):
+            parse_status(json.dumps(bad).encode())
 
 
 def test_a_failed_load_reports_and_forgets(tmp_path: Path) -> None:

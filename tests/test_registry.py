@@ -65,7 +65,7 @@ def pip_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         calls.append(list(cmd))
         return real_popen(cmd, *args, **kwargs)
 
-    monkeypatch.setattr(registry.subprocess, "Popen", popen)
+    monkeypatch.setattr(subprocess, "Popen", popen)  # the fetcher imports subprocess when it fetches
     return calls
 
 

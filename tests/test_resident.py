@@ -527,6 +527,32 @@ def test_nothing_a_client_sends_ends_the_service(pair: list[str], tiny_paths: tu
     assert live()[0][1].pid == state.pid  # the same service throughout
 
 
+def test_a_number_that_is_not_finite_is_refused(pair: list[str], services: None) -> None:
+    """A call whose keep_alive is NaN or infinite (a client of this user's that is not localspec's:
+    the command line refuses such a duration) is refused with an error naming the field, and the
+    service stays idle: a NaN keep_alive once was served, and then the service's idle loop spun a
+    whole core (NaN is never <= 0, and Event.wait(NaN) returns at once). The control: the same call
+    with a finite keep_alive is served; its pair idle, the service uses (almost) no CPU."""
+    assert localspec(*pair, "-n", "4", "hi").returncode == 0
+    ((path, state),) = live()
+    good = json.loads(json.dumps(_request(pair)))
+    try:
+        for value in ("NaN", "Infinity", "1e999"):
+            payload = json.dumps({**good, "keep_alive": 0.0}).replace('"keep_alive": 0.0', f'"keep_alive": {value}')
+            frames = _raw_call(path, payload.encode())
+            last = frames[-1][1]
+            assert last["event"] == "failed" and last["error"] == "RequestError", (value, frames)
+            assert "keep_alive" in last["message"] and "finite" in last["message"], last
+        frames = _raw_call(path, json.dumps({**good, "keep_alive": 30.0}).encode())
+        assert frames[-1][1]["event"] == "done"  # the control
+        wait_for(lambda: pairs() and pairs()[0].state == "idle")
+        assert busy_seconds(state.pid, over=1.5) < 0.3
+        assert live()[0][1].pid == state.pid
+    except AssertionError:
+        os.kill(state.pid, signal.SIGKILL)  # a service that took the NaN spins and never ends by itself
+        raise
+
+
 def _request(pair: list[str]) -> dict:
     from test_core import request_for
 
@@ -692,17 +718,71 @@ def test_a_deleted_working_directory_is_treated_as_in_its_own_process(pair: list
     assert "Traceback" not in served.stderr
 
 
-def test_the_client_imports_nothing_heavy(pair: list[str], services: None) -> None:
-    """A call served by the service imports click and localspec's light modules only (no numpy,
-    llama.cpp, llguidance, pydantic or jinja2: `benchmarks/resident.py` measures its cost)."""
-    assert localspec(*pair, "-n", "4", "hi").returncode == 0
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "localspec", *pair, "-n", "4", "hi"],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, **ENV})
-    assert out.returncode == 0
-    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in out.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert "localspec" in imported and "click" in imported  # the negative control: the list is read
-    assert not imported & {"numpy", "llama_cpp", "llguidance", "pydantic", "jinja2"}
+# What a served call's client may import: its budget (benchmarks/resident.py measures its cost), kept
+# without timing anything. localspec's modules that resolve a call, send it and print its events; of
+# the third-party packages click only; of the standard library, nothing that only starting a service,
+# fetching a model or running the call here needs.
+CLIENT_MODULES = {
+    "localspec", "localspec.errors", "localspec.loading",
+    "localspec.cli", "localspec.cli.calls", "localspec.cli.generate", "localspec.cli.options",
+    "localspec.cli.render", "localspec.cli.report",
+    "localspec.core", "localspec.core.calls", "localspec.core.pairs",
+    "localspec.decoding", "localspec.decoding.stats",
+    "localspec.llama", "localspec.llama.registry", "localspec.models",
+    "localspec.resident", "localspec.resident.client", "localspec.resident.protocol", "localspec.resident.runtime",
+    "localspec.settings", "localspec.settings.constraints", "localspec.settings.endpoints",
+    "localspec.settings.environment", "localspec.settings.files", "localspec.settings.generation",
+    "localspec.settings.locations", "localspec.settings.models", "localspec.settings.sampling",
+    "localspec.settings.shape", "localspec.settings.validation",
+}
+CLIENT_PACKAGES = {"click", "localspec"}
+NOT_IN_THE_CLIENT = {"subprocess", "tempfile", "zipfile", "shutil", "secrets", "asyncio", "concurrent", "ctypes",
+                     "multiprocessing", "ssl", "http", "email", "importlib.resources"}
+CLIENT = """import json, os, sys
+before = set(sys.modules)
+from localspec.cli import main
+sys.argv = ["localspec", *json.loads(os.environ["ARGS"])]
+try:
+    main()
+except SystemExit:
+    pass
+with open(os.environ["OUT"], "w") as f:
+    json.dump(sorted(set(sys.modules) - before), f)
+"""
+
+
+def client_modules(args: list[str], out: Path, keep_alive: str = "5m") -> set[str]:
+    """The modules a `localspec ARGS` process imports beyond Python's start-up (sys.modules; run
+    from `out`'s directory: `python -c` puts its working directory first on sys.path)."""
+    done = subprocess.run([sys.executable, "-c", CLIENT], capture_output=True, text=True, timeout=120,
+                          cwd=out.parent, stdin=subprocess.DEVNULL, env={**os.environ, "LOCALSPEC_KEEP_ALIVE": keep_alive,
+                                                         "ARGS": json.dumps(args), "OUT": str(out)})
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    return set(json.loads(out.read_text()))
+
+
+def over_budget(modules: set[str]) -> set[str]:
+    """The modules of `modules` a served call's client may not import."""
+    own = {m for m in modules if m.split(".")[0] == "localspec"} - CLIENT_MODULES
+    packages = {m.split(".")[0] for m in modules} - set(sys.stdlib_module_names) - CLIENT_PACKAGES
+    heavy = {m for m in modules if m in NOT_IN_THE_CLIENT or m.split(".")[0] in NOT_IN_THE_CLIENT}
+    return own | packages | heavy
+
+
+def test_the_client_imports_only_what_resolves_the_call(pair: list[str], tmp_path: Path, services: None) -> None:
+    """A call the service serves imports the modules of CLIENT_MODULES, click and the standard
+    library's light modules only: no pydantic, numpy, llama.cpp, llguidance or jinja2 (a schema
+    too), no module that only starting the service or fetching a model needs. The negative control: the same check finds
+    the modules of a call run in its own process (--keep-alive 0: numpy, llama_cpp, the engine)."""
+    args = [*pair, "--raw", "-t", "0", "-n", "4", "hi"]
+    assert localspec(*args).returncode == 0  # the service, started and loaded
+    served = client_modules(args, tmp_path / "served.json")
+    assert "localspec.resident.client" in served and "click" in served  # the list is read
+    assert not over_budget(served), sorted(over_budget(served))
+    schema = ["--json-schema", '{"type": "object"}', *args]  # compiled where the call runs, not here
+    assert not over_budget(client_modules(schema, tmp_path / "schema.json")), "a constrained call"
+    alone = client_modules(args, tmp_path / "alone.json", keep_alive="0")
+    assert {"numpy", "llama_cpp", "localspec.api", "localspec.core.run"} <= over_budget(alone)
 
 
 def test_a_rebuild_of_the_same_verifier_keeps_the_service() -> None:

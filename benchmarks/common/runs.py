@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ class Run:
     data: dict = field(default_factory=dict)  # the whole --json result
     stdout: str = ""
     stderr: str = ""
+    cpu: float = 0.0  # seconds of CPU (user + system) the process itself used (run_localspec), not its children's
 
     @property
     def per_token(self) -> float:
@@ -47,21 +49,29 @@ def run_localspec(args: Sequence[str], *, env: Mapping[str, str] | None = None, 
     timed from spawn to exit; RuntimeError with the end of its stderr when it fails."""
     cmd = [sys.executable, *python_flags, "-m", "localspec", *args]
     feed = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
+    before = _children_cpu()
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=None if env is None else dict(env), cwd=cwd,
                          timeout=timeout, **feed)
     wall = time.perf_counter() - t0
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:8])} ... failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
-    return Run(wall, stdout=out.stdout, stderr=out.stderr)
+    return Run(wall, stdout=out.stdout, stderr=out.stderr, cpu=_children_cpu() - before)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's waited-for children (a resident service a call starts is a
+    session of its own, never waited for: not counted)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def localspec_json(args: Sequence[str], *, env: Mapping[str, str], python_flags: Sequence[str] = (),
-                   timeout: float = 1800.0) -> Run:
+                   timeout: float = 1800.0, cwd: str | Path | None = None) -> Run:
     """A ``localspec --json ...`` process (`args` include --json): the Run with its answer's
     tokens, decode speed, timings (import_: from the spawn to the command's start) and JSON."""
     spawned = time.time()
-    run = run_localspec(args, env=env, python_flags=python_flags, timeout=timeout)
+    run = run_localspec(args, env=env, python_flags=python_flags, timeout=timeout, cwd=cwd)
     data = json.loads(run.stdout)
     run.data = data
     run.tokens = data["usage"]["completion_tokens"]

@@ -20,6 +20,7 @@ configuration at that K.
 
     python benchmarks/concurrency.py                          # K = 1, 2, 4, 8; T = 0 and 0.8
     python benchmarks/concurrency.py --clients 1,4 --temperatures 0 --repeat 1 --no-cli
+    python benchmarks/concurrency.py --held-cells            # what an idle slot's cells cost the others
 
 Progress goes to stderr, the markdown tables to stdout.
 """
@@ -277,6 +278,41 @@ def table(title: str, rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def held_cells(held: Sequence[int] = (0, 500, 2000, 8000), rounds: int = 9) -> list[str]:
+    """What cells another slot holds cost a call's attention (the unified cache attends over every
+    used cell): a slot's step (one token at a ~100-token context) and its 100-token prefill,
+    with another slot holding `held` cells, alternated, medians; in this process, the default
+    target with localspec's defaults (4 slots)."""
+    from localspec.api import load_model
+    from localspec.llama.sequence import Part
+
+    model = load_model(str(default_target()), ctx_size=8192)
+    context = model.tokenize("Write a Python function that reverses a string. " * 10)[:100]
+    other = model.tokenize("def f(x):\n    return x * 2\n" * 1000)
+    times: dict[int, list[tuple[float, float]]] = {n: [] for n in held}
+    for _ in range(rounds):
+        for n in held:
+            model.clear()
+            if n:
+                model.prefill(other[:n], 0, seq_ids=(model.sequences[1].base,))
+            t0 = time.perf_counter()
+            model.prefill(context, 0)
+            t1 = time.perf_counter()
+            for i in range(4):
+                model.decode_parts([Part([context[i]], [len(context) + i], [(0,)], "all")])
+            times[n].append((t1 - t0, (time.perf_counter() - t1) / 4))
+    base_prefill = statistics.median(p for p, _ in times[0])
+    base_step = statistics.median(s for _, s in times[0])
+    lines = ["### What cells held by another slot cost a call", "",
+             "| cells another slot holds | 100-token prefill | a step at a 100-token context |", "| ---: | ---: | ---: |"]
+    for n in held:
+        prefill, step = statistics.median(p for p, _ in times[n]), statistics.median(s for _, s in times[n])
+        lines.append(f"| {n} | {prefill * 1e3:.0f} ms ({prefill / base_prefill:.2f}×) | "
+                     f"{step * 1e3:.1f} ms ({step / base_step:.2f}×) |")
+    model.close()
+    return lines + [""]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", default="1,2,4,8", help="K values, comma-separated")
@@ -285,7 +321,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--no-llama", action="store_true", help="skip llama-server (no native build)")
     p.add_argument("--no-cli", action="store_true", help="skip the command line's rounds")
     p.add_argument("--no-grounded", action="store_true", help="skip the grounded set")
+    p.add_argument("--held-cells", action="store_true", help="only what cells held by an idle slot cost the others")
     args = p.parse_args(argv)
+    if args.held_cells:
+        print("\n".join(host_header() + held_cells()))
+        return
     ks = [int(k) for k in args.clients.split(",")]
     temps = [float(t) for t in args.temperatures.split(",")]
     bindir = None if args.no_llama else native_llama_tools()

@@ -21,6 +21,8 @@ service's time for the call, which its ``--json`` timings report), the client's 
     python benchmarks/resident.py
     python benchmarks/resident.py --prompts code,extract --repeat 2 --no-llama
     python benchmarks/resident.py --later-only --no-repeated   # later calls against the target alone only
+    python benchmarks/resident.py --client-only --repeat 3     # a later call's client cost (18 calls)
+    python benchmarks/resident.py --client-only --repeat 3 --against /tmp/old   # and another checkout's
 
 Progress goes to stderr, the markdown tables to stdout.
 """
@@ -47,6 +49,7 @@ from benchmarks.common.runs import TARGET_ALONE, Run, localspec_json, run_locals
 from benchmarks.common.schemas import TASKS, gbnf
 from benchmarks.common.target import chat_text
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # the localspec every call runs (first on PYTHONPATH)
 DOC_CHARS = 7000  # ~1,650 tokens of localspec's engine source
 DOC_QUESTION = QUESTIONS[0]
 
@@ -88,7 +91,8 @@ class Localspec:
         self.doc = root / "document.txt"
         self.doc.write_text(document(DOC_CHARS), encoding="utf-8")
         runtime = Path(tempfile.mkdtemp(prefix="lsb-", dir="/tmp"))
-        self.env = dict(os.environ, LOCALSPEC_PROFILE_DIR=str(root / "profiles"),
+        checkout = os.pathsep.join(filter(None, (str(CHECKOUT), os.environ.get("PYTHONPATH"))))
+        self.env = dict(os.environ, LOCALSPEC_PROFILE_DIR=str(root / "profiles"), PYTHONPATH=checkout,
                         LOCALSPEC_PROMPT_CACHE=str(root / "prompts"), XDG_RUNTIME_DIR=str(runtime))
         self.runtime = runtime
 
@@ -102,9 +106,10 @@ class Localspec:
         return [*out, tagged(prompt.text, tag)]
 
     def call(self, prompt: Prompt, tag: str, keep_alive: str = "5m", importtime: bool = False,
-             extra: Sequence[str] = ()) -> Run:
+             extra: Sequence[str] = (), env: dict[str, str] | None = None) -> Run:
         """One call from a fresh client process (benchmarks.common.runs), its JSON answer read."""
-        return localspec_json(self.args(prompt, tag, extra), env=dict(self.env, LOCALSPEC_KEEP_ALIVE=keep_alive),
+        return localspec_json(self.args(prompt, tag, extra), cwd=self.root,  # not a checkout: PYTHONPATH decides
+                              env=dict(self.env, LOCALSPEC_KEEP_ALIVE=keep_alive, **(env or {})),
                               python_flags=["-X", "importtime"] if importtime else [], timeout=1800)
 
     def ask(self, text: str, schema: dict | None = None) -> Run:
@@ -121,10 +126,10 @@ class Localspec:
                              stdin="\n".join(turns) + "\n", env=dict(self.env, LOCALSPEC_KEEP_ALIVE="5m"))
 
     def services(self) -> list[dict]:
-        return json.loads(run_localspec(["ps", "--json"], env=self.env, timeout=60).stdout)
+        return json.loads(run_localspec(["ps", "--json"], env=self.env, cwd=self.root, timeout=60).stdout)
 
     def stop_all(self) -> None:
-        run_localspec(["stop", "--all"], env=self.env, timeout=120)
+        run_localspec(["stop", "--all"], env=self.env, cwd=self.root, timeout=120)
 
     def peak_rss_in_process(self, prompt: Prompt) -> int:
         """The peak resident memory of a --keep-alive 0 call (bytes): its own process, waited for with
@@ -362,6 +367,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--later-only", action="store_true",
                    help="only later calls against later calls of the target alone (no first calls, no llama.cpp)")
     p.add_argument("--only-repeated", action="store_true", help="only the repeated-work sets")
+    p.add_argument("--client-only", action="store_true",
+                   help="only a later call's client cost: each prompt's later call per round (--repeat 3: 18 calls)")
+    p.add_argument("--against", type=Path, default=None, metavar="CHECKOUT",
+                   help="with --client-only: another checkout's client too, alternated call by call")
     args = p.parse_args(argv)
     args.prompts = [n.strip() for n in args.prompts.split(",") if n.strip()]
     unknown = [n for n in args.prompts if n not in PROMPTS]
@@ -374,6 +383,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.client_only:
+        return client_only(args)
     bindir = None if args.no_llama or args.later_only else native_llama_tools()
     with tempfile.TemporaryDirectory(prefix="resident-bench-") as tmp:
         ls = Localspec(Path(tmp), args.tokens, args.threads)
@@ -398,6 +409,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "process (wall seconds; higher ratios: localspec faster).", "", *repeated.table(sets)]
                 progress(repeated.dump(sets))
         finally:
+            ls.close()
+    print("\n".join(lines))
+    return 0
+
+
+def client_only(args: argparse.Namespace) -> int:
+    """--client-only: the client cost table alone (benchmarks.process.resident_client)."""
+    from benchmarks.process import resident_client
+
+    with tempfile.TemporaryDirectory(prefix="resident-bench-") as tmp:
+        ls = Localspec(Path(tmp), args.tokens, args.threads)
+        try:
+            lines = [*host_header(), *resident_client.table(args, ls, PROMPTS)]
+        finally:
+            if args.against is not None:  # its own service, in the same runtime directory
+                run_localspec(["stop", "--all"], env=dict(ls.env, PYTHONPATH=str(args.against)), cwd=ls.root,
+                              timeout=120)
             ls.close()
     print("\n".join(lines))
     return 0

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from localspec.cli.options import model_options, pair_options, user_errors
+from localspec.cli.options import Flags, model_options, user_errors
 from localspec.settings.generation import DRAFTERS, PLANS, VERIFIERS
 from localspec.settings.sampling import DEFAULT_SAMPLING, SamplingParams
 from localspec.settings.shape import Shape
@@ -132,7 +132,7 @@ def bench(model: str | None, draft: str | None, verifiers: tuple[str, ...], shap
                              plan=plan, max_tokens=max_tokens, repeat=repeat, seed=seed,
                              sampling=SamplingParams(DEFAULT_SAMPLING.temperature, top_k, top_p, min_p), chat=chat)
     _check_plotting()
-    loaded = load_pair(model, draft, pair_options(options), need_draft=any(d != "ngram" for d in drafters))
+    loaded = load_pair(model, draft, Flags.current().load(), need_draft=any(d != "ngram" for d in drafters))
     try:
         _, notes = run_matrix(settings, limits(loaded.target), loaded.draft is not None)
         for note in notes:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -26,16 +26,27 @@ from localspec.core.pairs import ModelFile, PairSpec
 from localspec.errors import ConfigError, LocalspecError, ModelError
 from localspec.settings.files import SPEC_LIMIT, read_user_text
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from localspec.cli.options import Flags
+
 MAX_LOADED_ENV = "LOCALSPEC_MAX_LOADED"
 LIMIT_ENV = "LOCALSPEC_PROMPT_CACHE_LIMIT"
 
 
-def resolve_pair(model: str | None, draft: str | None, options: PairOptions, need_draft: bool) -> PairSpec:
+def resolve_pair(model: str | None, draft: str | None, options: PairOptions, need_draft: bool,
+                 before_fetch: Callable[[], None] | None = None) -> PairSpec:
     """The pair -m/-d name, resolved here: registry models fetched (with progress on stderr), files
-    identified. The draft is left out where the call needs none (the n-gram drafter)."""
+    identified; `before_fetch` runs first where a model is not at hand (to be fetched, or not
+    found: the call's own usage errors come before either). The draft is left out where the call
+    needs none (the n-gram drafter)."""
+    from localspec.llama import registry
     from localspec.loading import pair_names
 
     names = pair_names(model, draft)
+    wanted = [names.target, *([names.draft] if names.draft and need_draft else [])]
+    if before_fetch is not None and not all(registry.at_hand(name) for name in wanted):
+        before_fetch()
     target = _model_file(names.target, "model")
     draft_file = _model_file(names.draft, "draft") if names.draft and need_draft else None
     return PairSpec(target, draft_file, names.target, names.paired, options)
@@ -68,27 +79,26 @@ def prompt_cache(value: Any) -> tuple[str | None, int]:
 
 
 def profile_dir() -> str:
-    from localspec.llama.host import profile_dir as directory
-
-    return os.fspath(directory().absolute())
+    return os.fspath(locations.profile_dir().absolute())
 
 
-def tools_from_flags(options: dict) -> tuple[Tools | None, str | None]:
-    """The tools --tools names (read here) with --tool-choice and --parallel-tool-calls (removed
-    from `options`), checked now (a bad file or tool is a usage error naming its flag before any
-    model is fetched), and the file they came from."""
-    from localspec.cli.options import EMPTY_HINTS, empty_value
-    from localspec.settings.constraints import MAX_JSON_DEPTH
-    from localspec.tools import CHOICES, ToolSet
-
-    path, choice = options.pop("tools", None), options.pop("tool_choice", None)
-    parallel = options.pop("parallel_tool_calls", True)
+def tools_from_flags(flags: Flags) -> tuple[Tools | None, str | None]:
+    """The tools --tools names (read here) with --tool-choice and --parallel-tool-calls, checked
+    now (a bad file or tool is a usage error naming its flag before any model is fetched), and
+    the file they came from."""
+    path, choice = flags.get("tools"), flags.get("tool_choice")
+    parallel = flags.get("parallel_tool_calls", True)
     if path is None:
         if choice is not None:
             raise ConfigError("--tool-choice needs --tools FILE.json", "tool_choice")
         return None, None
+    from localspec.cli.options import TOOLS_HINT
+    from localspec.settings.constraints import MAX_JSON_DEPTH
+    from localspec.settings.validation import empty_value
+    from localspec.tools import CHOICES, ToolSet
+
     if not path.strip():
-        raise ConfigError(empty_value(EMPTY_HINTS["tools"]), "tools")
+        raise ConfigError(empty_value(TOOLS_HINT), "tools")
     try:
         tools = json.loads(read_user_text(path, param="tools", limit=SPEC_LIMIT, what="the tools file"))
     except json.JSONDecodeError as exc:

@@ -23,11 +23,12 @@ from localspec.cli import calls, render
 from localspec.cli.chat_commands import Session, note, run_command
 from localspec.cli.chat_store import load_chat
 from localspec.cli.options import (
+    Flags,
+    compile_constraint_now,
     constraint_options,
     generation_config,
     keep_alive_option,
     model_options,
-    pair_options,
     prompt_cache_option,
     sampling_options,
     spec_options,
@@ -276,7 +277,7 @@ def _opened(call: Any, session: Session, bars: render.LoadBars) -> Ready | None:
               help="On a terminal, print the text of accepted drafts in another colour (/drafts toggles it).")
 @user_errors
 def chat(model: str | None, draft: str | None, system: str | None, resume: str | None, show_drafts: bool,
-         **options: Any) -> None:
+         **_: Any) -> None:
     """Chat with the model in the terminal, using its chat template.
 
     Replies stream to stdout as they are generated; the banner, notes and
@@ -300,14 +301,16 @@ def chat(model: str | None, draft: str | None, system: str | None, resume: str |
     localspec chat -m target.gguf -d draft.gguf --verifier traversal --tree 3x2x1
     printf 'Write fizzbuzz\\n/stats\\n' | localspec chat -t 0
     """
+    flags = Flags.current()
     with render.stop_signals():
-        keep_alive = options.pop("keep_alive")
-        cache = calls.prompt_cache(options.pop("prompt_cache", None))
-        config = generation_config(options)  # a bad schema is a usage error before any model is fetched
+        keep_alive = flags["keep_alive"]
+        cache = calls.prompt_cache(flags["prompt_cache"])
+        config = generation_config(flags)
         saved = load_chat(resume) if resume is not None else None
         if saved is not None and system is None:  # the system message is the saved one unless -s gives another
             system = saved["system"]
-        pair = calls.resolve_pair(model, draft, pair_options(options), need_draft=draft_loading(config.drafter, False)[0])
+        pair = calls.resolve_pair(model, draft, flags.load(), need_draft=draft_loading(config.drafter, False)[0],
+                                  before_fetch=lambda: compile_constraint_now(config))
         caller = calls.Caller(keep_alive, shared=True)
         session = Session(system, config=config, caller=caller, pair=pair, cache=cache, keep_alive=keep_alive,
                           show_drafts=render.colours(show_drafts))

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from localspec.cli.options import model_options, pair_options, user_errors
+from localspec.cli.options import Flags, model_options, user_errors
 from localspec.errors import CheckFailed, exit_code
 from localspec.settings.models import PairOptions
 from localspec.loading import load_pair
@@ -69,7 +69,7 @@ def check(toy_only: bool, model: str | None, draft: str | None, samples: int | N
     results = checks.toy_suite(alpha, seed, progress=_echo)
     if not toy_only:
         click.echo("model pair:")
-        result = _pair(model, draft, pair_options(options), samples or checks.PAIR_SAMPLES, alpha, seed, lenience)
+        result = _pair(model, draft, Flags.current().load(), samples or checks.PAIR_SAMPLES, alpha, seed, lenience)
         _echo(result)
         results.append(result)
     failed = [r for r in results if not r.passed]

@@ -18,11 +18,12 @@ import click
 
 from localspec.cli import calls, render
 from localspec.cli.options import (
+    Flags,
+    compile_constraint_now,
     constraint_options,
     generation_config,
     keep_alive_option,
     model_options,
-    pair_options,
     prompt_cache_option,
     sampling_options,
     spec_options,
@@ -161,7 +162,7 @@ def read_prompt(prompt: tuple[str, ...]) -> str:
 @user_errors
 def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat_template: bool,
              system: str | None, context_file: str | None, as_json: bool, usage: bool, show_drafts: bool,
-             **options: Any) -> None:
+             **_: Any) -> None:
     """Generate text from PROMPT (or stdin), streaming it to stdout.
 
     \b
@@ -175,20 +176,22 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     """
     started = time.time()
     config = DEFAULTS
+    flags = Flags.current()
     with render.stop_signals(), render.load_bars() as bars:  # a load in this process: its bar on a terminal
         try:
-            keep_alive = options.pop("keep_alive")
-            cache = calls.prompt_cache(options.pop("prompt_cache", None))
-            tools, tools_file = calls.tools_from_flags(options)
-            config = generation_config(options)  # a bad schema is a usage error before any model is fetched
+            keep_alive = flags["keep_alive"]
+            cache = calls.prompt_cache(flags["prompt_cache"])
+            tools, tools_file = calls.tools_from_flags(flags)
+            config = generation_config(flags)
             if system is not None and not chat_template:
                 raise ConfigError("a system message needs the chat template: drop --raw, or put the text in the "
                                   "prompt", "system")
             if tools is not None and not chat_template:
                 raise ConfigError("tools are rendered by the chat template: drop --raw", "tools")
-            loading = pair_options(options)
+            loading = flags.load()
             text = with_context(read_context(context_file), read_prompt(prompt))
-            pair = calls.resolve_pair(model, draft, loading, need_draft=draft_loading(config.drafter, False)[0])
+            pair = calls.resolve_pair(model, draft, loading, need_draft=draft_loading(config.drafter, False)[0],
+                                      before_fetch=lambda: compile_constraint_now(config))
             request = calls.request("generate", pair, config, Prompt(text=text, chat=chat_template, system=system),
                                     cache, keep_alive, tools)
             call = calls.Caller(keep_alive).call(request)

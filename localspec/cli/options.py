@@ -8,8 +8,9 @@ from here; this module imports no command.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import click
 from click.core import ParameterSource
@@ -17,9 +18,8 @@ from click.core import ParameterSource
 from localspec.settings.generation import DEFAULTS, DRAFTERS, PLANS, SETTING_KEYS, VERIFIERS, GenerationConfig
 from localspec.settings.models import CACHE_TYPES, CPU_KERNELS, LOAD_FLAGS, LOAD_MODES, MODEL_DEFAULTS, PairOptions
 from localspec.settings.sampling import DEFAULT_SAMPLING
-from localspec.settings.constraints import LARK_MARKER, Constraint, constraint_from_options, grammar_from_file
+from localspec.settings.constraints import CONSTRAINT_FLAGS, constraint_from_flags
 from localspec.errors import ConfigError, LocalspecError, exit_code
-from localspec.settings.files import SPEC_LIMIT, read_user_text
 
 
 # ---------------------------------------------------------------- errors
@@ -115,11 +115,11 @@ def _options(f: Callable, options: list[Callable]) -> Callable:
 
 
 def prompt_cache_option(f: Callable) -> Callable:
-    """--prompt-cache: where prompt prefixes' KV state is saved and restored (the cache is a
-    setting of the process, not of a generation: popped from the options by pop_prompt_cache)."""
-    from localspec.llama.prompt_cache import ENV
+    """--prompt-cache: where prompt prefixes' KV state is saved and restored (a setting of the
+    process, not of a generation: localspec.cli.calls.prompt_cache reads it)."""
+    from localspec.settings.locations import PROMPT_CACHE_ENV
 
-    return click.option("--prompt-cache", cls=EnvOption, envvar=ENV, default=None, metavar="DIR|off",
+    return click.option("--prompt-cache", cls=EnvOption, envvar=PROMPT_CACHE_ENV, default=None, metavar="DIR|off",
                         help="Save each prompt's KV state and restore the longest saved prefix of later "
                              "prompts (default: on, under the user cache directory; 'off': never).")(f)
 
@@ -156,14 +156,6 @@ def keep_alive_option(f: Callable) -> Callable:
                              "(30s, 5m, 1h; 0: never, run in this process), so that the next call with the "
                              "same models starts at once. `localspec ps` lists them, `localspec stop` ends "
                              "them (env LOCALSPEC_KEEP_ALIVE).")(f)
-
-
-def pop_prompt_cache(options: dict, **cache_options: Any) -> Any:
-    """The PromptCache the --prompt-cache option names (removed from `options`), or None (off);
-    `cache_options`: PromptCache's keywords (a server's memory and namespace)."""
-    from localspec.llama.prompt_cache import PromptCache
-
-    return PromptCache.from_setting(options.pop("prompt_cache", None), **cache_options)
 
 
 def model_options(f: Callable) -> Callable:
@@ -271,14 +263,7 @@ def constraint_options(f: Callable) -> Callable:
     ])
 
 
-CONSTRAINT_FLAGS = ("json_schema", "json_object", "regex", "grammar")  # constraint_options' parameter names
-EMPTY_HINTS = {"json_schema": "a schema file or JSON text", "regex": "a pattern", "grammar": "a grammar file or text",
-               "tools": "a FILE.json of tools"}  # what each flag that takes text needs
-
-
-def empty_value(needed: str) -> str:
-    """The error of a flag given an empty value: an unset shell variable, never "no constraint"."""
-    return f"the value is empty (an unset shell variable?); give {needed}, or leave the flag out"
+TOOLS_HINT = "a FILE.json of tools"  # what --tools needs (an empty value is refused)
 
 
 def tool_options(f: Callable) -> Callable:
@@ -297,79 +282,51 @@ def tool_options(f: Callable) -> Callable:
     ])
 
 
-def constraint_from_flags(options: dict) -> Constraint | None:
-    """The constraint the flags ask for (removed from `options`), compiled and validated now, so a
-    bad schema or grammar is a usage error naming its flag before any model is fetched or loaded
-    (where the call runs, it is compiled again with the model's vocabulary). Built as the API
-    and the server build theirs (localspec.settings.constraints.constraint_from_options, from the same
-    keywords): --json-object is response_format {"type": "json_object"}; --json-schema and
-    --grammar take the text the API takes, or a file that holds it."""
-    given = [k for k in CONSTRAINT_FLAGS if options.get(k) not in (None, False)]  # "" too: refused, never ignored
-    values = {k: options.pop(k, None) for k in CONSTRAINT_FLAGS}
-    for flag in given:
-        if flag in EMPTY_HINTS and not values[flag].strip():
-            raise ConfigError(empty_value(EMPTY_HINTS[flag]), flag)
-    if not given:
-        return None
-    if len(given) > 1:
-        raise ConfigError("give one of --json-schema, --json-object, --regex and --grammar", given[1])
-    constraint = constraint_from_options(_constraint_keywords(given[0], values[given[0]]))
-    from localspec.decoding.grammar.compiler import compile_constraint  # llguidance: only for a constrained run
-
-    compile_constraint(constraint)
-    return constraint
+# ---------------------------------------------------------------- one call's flags
 
 
-def _constraint_keywords(flag: str, value: Any) -> dict[str, Any]:
-    """A constraint flag as GenerationConfig's keywords (those of the API and the server)."""
-    if flag == "json_object":
-        return {"response_format": {"type": "json_object"}}
-    if flag == "json_schema":
-        return {"json_schema": _schema_text(value)}
-    if flag == "grammar" and not _is_grammar_text(value):
-        return {"constraint": grammar_from_file(_existing_file(value, "grammar", GRAMMAR_TEXT), param="grammar")}
-    return {flag: value}
+@dataclass(frozen=True)
+class Flags:
+    """One command call's parameters as click parsed them, read-only: built once when the command
+    starts (:meth:`current`), then read by each part of the call for what it needs, in any order
+    (the settings, the load options, the constraint, the tools, the prompt cache)."""
+
+    values: Mapping[str, Any]
+
+    @classmethod
+    def current(cls) -> Flags:
+        """The parameters of the command running now."""
+        return cls(MappingProxyType(dict(click.get_current_context().params)))
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+    def settings(self) -> dict[str, Any]:
+        """The generation settings given (GenerationConfig.from_options' keywords; the constraint
+        flags apart: generation_config reads them)."""
+        return {k: v for k, v in self.values.items() if k in SETTING_KEYS and k not in CONSTRAINT_FLAGS}
+
+    def load(self) -> PairOptions:
+        """How the pair loads, from the load flags: ConfigError naming a bad one."""
+        return PairOptions.from_flags({k: v for k, v in self.values.items() if k in LOAD_FLAGS})
 
 
-GRAMMAR_TEXT = "a grammar (GBNF with '::=', or Lark starting with %llguidance)"
-SCHEMA_TEXT = "a JSON schema (JSON text starting with '{')"
+def generation_config(flags: Flags) -> GenerationConfig:
+    """The GenerationConfig of a command's flags. Its constraint is read and checked as text
+    here (one flag, JSON that nests no deeper than allowed, the file it names); compiled by
+    compile_constraint_now where a model would be fetched or loaded for it, and where the call
+    runs (localspec.core.run), not by every call's client."""
+    return GenerationConfig.from_options(**flags.settings(), constraint=constraint_from_flags(flags.values))
 
 
-def _is_grammar_text(value: str) -> bool:
-    """--grammar's value is the grammar itself (not a file): GBNF's rules (::=), Lark's marker, or
-    several lines."""
-    return "::=" in value or "\n" in value or value.lstrip().startswith(LARK_MARKER)
+def compile_constraint_now(config: GenerationConfig) -> None:
+    """Compile the config's constraint now (llguidance), so that a bad schema or grammar is a
+    usage error naming its flag before a model is fetched (a call's client, first) or loaded
+    (serve): a download is never started for a call that cannot run."""
+    if config.constraint is not None:
+        from localspec.decoding.grammar.compiler import compile_constraint
 
-
-def _existing_file(value: str, param: str, text: str) -> Path:
-    """The file a flag that takes text or a file names; a usage error when there is none."""
-    path = Path(value).expanduser()
-    if not path.exists():
-        raise ConfigError(f"{value!r} is neither {text} nor a file", param)
-    return path
-
-
-def _schema_text(value: str) -> str:
-    """--json-schema's value: the schema as JSON text, or the file that holds it."""
-    text = value.strip()
-    if text.startswith("{") or text in ("true", "false"):
-        return text
-    path = _existing_file(value, "json_schema", SCHEMA_TEXT)
-    return read_user_text(path, param="json_schema", limit=SPEC_LIMIT, what="the JSON schema file")
-
-
-GENERATION_KEYS = SETTING_KEYS  # a command's options that are generation settings
-
-
-def generation_config(options: dict) -> GenerationConfig:
-    """The GenerationConfig of the command's options (the keys of GENERATION_KEYS it has, and
-    the constraint flags of constraint_options, which this removes from `options`)."""
-    constraint = constraint_from_flags(options)
-    settings = {k: v for k, v in options.items() if k in GENERATION_KEYS and k not in CONSTRAINT_FLAGS}
-    return GenerationConfig.from_options(**settings, constraint=constraint)
-
-
-def pair_options(options: dict) -> PairOptions:
-    """How the pair loads, from a command's load flags (removed from `options`): ConfigError
-    naming a bad one."""
-    return PairOptions.from_flags({k: options.pop(k) for k in LOAD_FLAGS if k in options})
+        compile_constraint(config.constraint)

@@ -10,9 +10,10 @@ import click
 from localspec.cli import calls
 from localspec.cli.options import (
     EnvOption,
+    Flags,
+    compile_constraint_now,
     generation_config,
     model_options,
-    pair_options,
     prompt_cache_option,
     sampling_options,
     spec_options,
@@ -70,7 +71,7 @@ def check_loaded_pair(loaded: Any) -> None:
                    "without reading the disk (0: disk only).")
 @user_errors
 def serve(model: str | None, draft: str | None, host: str, port: int, api_key: str | None,
-          prompt_cache_memory: int, **options: Any) -> None:
+          prompt_cache_memory: int, **_: Any) -> None:
     """Serve the model pair over an OpenAI-compatible HTTP API.
 
     Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions
@@ -110,15 +111,17 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     from localspec.server.jobs import Pair
     from localspec.server.run import base_url, bind_socket, serve as run_server
 
-    directory, limit = calls.prompt_cache(options.pop("prompt_cache", None))
-    defaults = generation_config(options)
-    limits = ServerLimits(api_key=api_key or None, **{k: options[k] for k in LIMITS})
+    flags = Flags.current()
+    directory, limit = calls.prompt_cache(flags["prompt_cache"])
+    defaults = generation_config(flags)
+    compile_constraint_now(defaults)  # a bad schema: a usage error before the pair is fetched or loaded
+    limits = ServerLimits(api_key=api_key or None, **{k: flags[k] for k in LIMITS})
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"localspec: warning: listening on {host} without --api-key: anyone who can reach this "
                    "port can use the model", err=True)
     # a request may ask for another drafter than the default: a draft named with -d is kept
     need, lazy = draft_loading(defaults.drafter, draft_named=draft is not None and not is_none(draft))
-    loading = pair_options(options)
+    loading = flags.load()
     sock = bind_socket(host, port)
     residency = Residency(prompt_memory=prompt_cache_memory << 20)
     try:

@@ -9,24 +9,24 @@ directory. Nothing of the calling process travels: no argv, environment or worki
 The same request runs in the calling process (``--keep-alive 0``) or in the resident service,
 and the same events come back; the command line renders them (:mod:`localspec.cli.render`).
 
-The standard library only (the ``localspec`` client imports it); a service validates requests
-with pydantic (:func:`localspec.core.run.parse_request`).
+Plain dataclasses and the standard library (the ``localspec`` client imports this module): a
+service validates a request with pydantic, from these types (:func:`localspec.core.wire.parse_request`).
+A client reads its service's events as these dataclasses (:func:`event_of`) without checking their
+fields' types: the service it talks to is its own user's, started from the same code (the
+service's name says which install and version it runs, and a service whose code changed on disk
+takes no call), and made them from these types.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from localspec.core.pairs import PairSpec
 from localspec.decoding.stats import GenerationStats
+from localspec.settings.validation import WIRE_CONFIG
 
 VERSION = 1  # of Request; a service answers another version with a Failed event
-KINDS = ("generate", "open", "keep")  # generate text; open a chat (load, check, describe); keep a chat's state
-STOPS = ("interrupted", "terminated")  # why a call ended before its generation did (Ctrl-C, SIGTERM)
-_STRICT = {"extra": "forbid"}
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Prompt:
     """What to generate from: the user's text (wrapped in the model's chat template when `chat`
     and the model has one, with `system` first), or a chat's messages."""
 
-    __pydantic_config__ = _STRICT
+    __pydantic_config__ = WIRE_CONFIG
 
     text: str | None = None
     messages: list[dict[str, Any]] | None = None
@@ -47,7 +47,7 @@ class Tools:
     """OpenAI's tools, tool_choice and parallel_tool_calls, as the call gave them (checked and
     compiled where the call runs: localspec.tools.ToolSet.parse)."""
 
-    __pydantic_config__ = _STRICT
+    __pydantic_config__ = WIRE_CONFIG
 
     tools: list[Any]
     tool_choice: Any = None
@@ -59,7 +59,7 @@ class Request:
     """One call: what to do, on which pair, with which settings, from which prompt, and where
     its prompt cache and cost profiles live (None: the prompt cache is off)."""
 
-    __pydantic_config__ = _STRICT
+    __pydantic_config__ = WIRE_CONFIG
 
     kind: Literal["generate", "open", "keep"]
     pair: PairSpec
@@ -157,50 +157,17 @@ class BadEvent(ValueError):
 
 
 def event_of(data: Any) -> Any:
-    """The event of event_json's object; BadEvent when it is not one."""
+    """The event of event_json's object: a known event with exactly its fields (BadEvent
+    otherwise; see the module docstring for why the fields' types are not checked here)."""
     if not isinstance(data, dict) or data.get("event") not in EVENTS:
         raise BadEvent("not an event")
     cls = EVENTS[data["event"]]
     fields_ = {k: v for k, v in data.items() if k != "event"}
     try:
         if cls is Done:
-            fields_["stats"] = None if fields_.get("stats") is None else GenerationStats.from_json(fields_["stats"])
-            fields_["error"] = None if fields_.get("error") is None else _failed(fields_["error"])
-        event = cls(**fields_)
+            stats, error = fields_.get("stats"), fields_.get("error")
+            fields_["stats"] = None if stats is None else GenerationStats.from_json(stats)
+            fields_["error"] = None if error is None else Failed(**error)
+        return cls(**fields_)
     except (TypeError, ValueError) as exc:
         raise BadEvent(f"a malformed {data['event']} event ({exc})") from None
-    _check(event)
-    return event
-
-
-def _failed(data: Any) -> Failed:
-    if not isinstance(data, dict):
-        raise ValueError("error is not an object")
-    return Failed(**data)
-
-
-_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
-    Note: {"text": (str,)},
-    Ready: {"model": (str,), "draft": (str, type(None)), "n_ctx": (int,), "speculation": (str,)},
-    Text: {"text": (str,), "drafted": (bool,)},
-    Failed: {"error": (str,), "message": (str,), "param": (str, type(None))},
-    Done: {"model": (str,), "finish_reason": (str, type(None)), "settings": (dict,), "prompt_tokens": (int,),
-           "constraint_satisfied": (bool, type(None)), "tool_calls": (list, type(None)), "call_cut_off": (bool,),
-           "speculative": (bool,), "one_token_seconds": (int, float), "timings": (dict,),
-           "stopped": (str, type(None)), "kept": (bool,)},
-}
-
-
-def _check(event: Any) -> None:
-    """The fields' types (a client trusts its own user's service, but never crashes on it)."""
-    for name, types in _TYPES[type(event)].items():
-        value = getattr(event, name)
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise BadEvent(f"{type(event).__name__}.{name} is not {' or '.join(t.__name__ for t in types)}")
-    if isinstance(event, Done) and (event.stopped not in (None, *STOPS) or not math.isfinite(event.one_token_seconds)):
-        raise BadEvent("a malformed done event")
-
-
-def dumps(value: Any) -> bytes:
-    """JSON bytes of a request's or an event's dict (text that is not UTF-8 kept as escapes)."""
-    return json.dumps(value, ensure_ascii=True, allow_nan=False).encode("ascii")

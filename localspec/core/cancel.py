@@ -4,13 +4,14 @@ pair at once (:class:`Cancelled`) and its generation between two steps."""
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Callable, Literal, get_args
 
 from localspec.errors import Cancelled  # a call stopped before it had its pair (Cancel.reason says why)
 
 __all__ = ["STOPS", "Cancel", "Cancelled"]
 
-STOPS = ("interrupted", "terminated")  # reasons a user stops a call (Ctrl-C, SIGTERM)
+Stop = Literal["interrupted", "terminated"]  # why a user stops a call (Ctrl-C, SIGTERM)
+STOPS: tuple[str, ...] = get_args(Stop)
 
 
 class Cancel:

@@ -16,6 +16,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from localspec.settings.models import PairOptions
+from localspec.settings.validation import WIRE_CONFIG
 
 TYPE_CHECKING = False  # no typing at run time: the `localspec` client imports this module
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ class ModelFile:
     """A GGUF file as it was when a call named it: its absolute path and what identifies its
     contents on this machine."""
 
-    __pydantic_config__ = {"extra": "forbid"}  # a resident service validates requests with pydantic
+    __pydantic_config__ = WIRE_CONFIG  # a resident service validates requests with pydantic
 
     path: str  # absolute (os.fsdecode: bytes that are not UTF-8 kept as surrogate escapes)
     device: int
@@ -69,7 +70,7 @@ class PairSpec:
     """A target, its draft (None: no draft model) and how both load; `target_name` is how the
     call named the target (a registry name, or the path given), what its output reports."""
 
-    __pydantic_config__ = {"extra": "forbid"}
+    __pydantic_config__ = WIRE_CONFIG
 
     target: ModelFile
     draft: ModelFile | None

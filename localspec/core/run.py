@@ -9,8 +9,6 @@ where it ran.
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import logging
 import os
 import queue
@@ -19,10 +17,10 @@ import threading
 from typing import Any, Callable, Iterator
 
 from localspec.settings.generation import GenerationConfig, describe_speculation
-from localspec.core.calls import VERSION, Done, Failed, Note, Ready, Request, Text
+from localspec.core.calls import Done, Failed, Note, Ready, Request, Text
 from localspec.core.cancel import STOPS, Cancel, Cancelled
 from localspec.core.residency import Residency
-from localspec.errors import ConfigError, LocalspecError, ModelError, RequestError
+from localspec.errors import ConfigError, LocalspecError, ModelError
 from localspec.loading import Loaded, draft_loading
 
 log = logging.getLogger(__name__)
@@ -41,9 +39,6 @@ def run(residency: Residency, request: Request, cancel: Cancel, emit: Emit) -> N
     """Run one call, emitting its events; the last is Done or Failed. Never raises: an error is a
     Failed event (one that is no fault of the call is logged with its traceback first)."""
     try:
-        if request.version != VERSION:
-            raise RequestError(f"this localspec reads version {VERSION} of calls, this one is version "
-                               f"{request.version}: run the same localspec on both sides")
         _HANDLERS[request.kind](residency, request, cancel, emit)
     except Cancelled:
         emit(Done(model=request.pair.target_name, stopped=_stopped(cancel)))
@@ -228,38 +223,6 @@ def _keep(residency: Residency, request: Request, cancel: Cancel, emit: Emit) ->
 
 _HANDLERS: dict[str, Callable[[Residency, Request, Cancel, Emit], None]] = {
     "generate": _generate, "open": _open, "keep": _keep}
-
-
-# ---------------------------------------------------------------- a request from a client
-
-
-@functools.lru_cache(maxsize=1)
-def _adapter() -> Any:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(Request)
-
-
-def parse_request(payload: bytes) -> Request:
-    """A client's request (pydantic checks every field's type); RequestError saying what is wrong
-    otherwise (another version is refused by name before its fields are read)."""
-    from pydantic import ValidationError
-
-    try:
-        data = json.loads(payload)
-    except (ValueError, RecursionError) as exc:  # also bytes that are not UTF-8
-        raise RequestError(f"the call is not JSON ({exc})") from None
-    if isinstance(data, dict) and data.get("version", VERSION) != VERSION:
-        raise RequestError(f"this localspec reads version {VERSION} of calls, this one is version "
-                           f"{data.get('version')!r}: run the same localspec on both sides")
-    try:
-        return _adapter().validate_python(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "the call"
-        raise RequestError(f"a malformed call: {where}: {first.get('msg', 'invalid')}") from None
-    except (ValueError, TypeError) as exc:
-        raise RequestError(f"a malformed call: {exc}") from None
 
 
 # ---------------------------------------------------------------- a call in this process

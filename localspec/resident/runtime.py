@@ -61,11 +61,9 @@ def directory(create: bool = True) -> Path:
 
 def service_name() -> str:
     """The name of the service this process's calls go to (see the module docstring)."""
-    from localspec.llama.host import profile_dir
-
     digest = hashlib.sha256()
     for part in (localspec.__version__, os.path.dirname(os.path.abspath(localspec.__file__)),
-                 os.fspath(locations.cache_root().absolute()), os.fspath(profile_dir().absolute())):
+                 os.fspath(locations.cache_root().absolute()), os.fspath(locations.profile_dir().absolute())):
         digest.update(os.fsencode(part) + b"\0")
     defaults = {os.fsencode(k): os.fsencode(v) for k, v in environment.PROCESS_DEFAULTS.items()}
     for name, value in sorted({**defaults, **os.environb}.items()):  # as a command line's process sees it

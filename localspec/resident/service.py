@@ -36,7 +36,8 @@ from typing import Any
 from localspec.core.calls import Done, event_json
 from localspec.core.cancel import Cancel
 from localspec.core.residency import Residency
-from localspec.core.run import failed, parse_request, run
+from localspec.core.run import failed, run
+from localspec.core.wire import Malformed, parse_cancel, parse_request, parse_stop
 from localspec.errors import RequestError
 from localspec.resident import runtime
 from localspec.settings import environment
@@ -50,7 +51,6 @@ from localspec.resident.protocol import (
     STOP,
     Channel,
     ProtocolError,
-    loads,
 )
 
 log = logging.getLogger("localspec.resident.service")
@@ -195,14 +195,19 @@ class Service:
         elif kind == STATUS:
             channel.send(STATUS, self.residency.status().to_json())
         elif kind == STOP:
-            channel.send(STOP, self._stop(loads(payload)))
+            channel.send(STOP, self._stop(payload))
         else:
             raise ProtocolError(f"a connection opened with a {kind!r} frame")
 
-    def _stop(self, ask: Any) -> dict[str, Any]:
-        """Unload the pairs a stop names by their targets (all: the service ends)."""
-        targets = ask.get("targets") if isinstance(ask, dict) else None
-        everything = not isinstance(targets, list)
+    def _stop(self, payload: bytes) -> dict[str, Any]:
+        """Unload the pairs a stop names by their targets (all: the service ends); a stop that
+        is not one unloads nothing."""
+        try:
+            targets = parse_stop(payload)
+        except Malformed as exc:
+            log.warning("a malformed stop (%s): nothing unloaded", exc)
+            return {"stopped": [], "ending": self.ending}
+        everything = targets is None
         reason = "stopped by localspec stop"
         stopped = self.residency.unload(lambda s: everything or s.target in targets, reason)
         if everything:
@@ -252,9 +257,8 @@ def _follow(channel: Channel, cancel: Cancel) -> None:
                 break
             kind, payload = frame
             if kind == CANCEL:
-                reason = loads(payload).get("reason") if payload else None
-                cancel.set(reason if reason in ("interrupted", "terminated") else "interrupted")
-    except (OSError, ProtocolError, AttributeError):
+                cancel.set(parse_cancel(payload))
+    except (OSError, ProtocolError):
         pass
     cancel.set("gone")
 

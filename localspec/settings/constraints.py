@@ -1,8 +1,9 @@
 """Structured output as asked: :class:`Constraint` (a JSON schema, any JSON object, a regex, a Lark
 or GBNF grammar), made from every spelling — OpenAI's ``response_format``, llama-server's
 ``json_schema`` and ``grammar``, grammar files (:func:`grammar_from_file`) — and the keywords of
-``GenerationConfig.from_options`` that ask for one (:data:`CONSTRAINT_KEYS`); the bound on how
-deep JSON a setting holds may nest (:func:`json_depth`). :mod:`localspec.decoding.grammar.compiler`
+``GenerationConfig.from_options`` that ask for one (:data:`CONSTRAINT_KEYS`), the command line's
+flags (:func:`constraint_from_flags`: --json-schema, --json-object, --regex, --grammar, each a
+text or a file); the bound on how deep JSON a setting holds may nest (:func:`json_depth`). :mod:`localspec.decoding.grammar.compiler`
 compiles a constraint (llguidance) and enforces it.
 
 A leaf module (no numpy, no llama.cpp, no llguidance): :mod:`localspec.settings` imports it, and
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
 
 from localspec.errors import ConfigError
-from localspec.settings.validation import require
+from localspec.settings.validation import empty_value, require
 
 Kind = Literal["json_schema", "json_object", "regex", "lark", "gbnf"]
 KINDS: tuple[str, ...] = get_args(Kind)
@@ -249,3 +250,68 @@ def constraint_to_options(c: Constraint | None) -> dict[str, Any]:
         lark = c.kind == "lark" and not c.source.lstrip().startswith(LARK_MARKER)
         out["grammar"] = (LARK_MARKER + " {}\n" if lark else "") + c.source
     return out
+
+
+# ---------------------------------------------------------------- the command line's flags
+
+
+CONSTRAINT_FLAGS: tuple[str, ...] = ("json_schema", "json_object", "regex", "grammar")  # parameter names
+EMPTY_HINTS = {"json_schema": "a schema file or JSON text", "regex": "a pattern",
+               "grammar": "a grammar file or text"}  # what each flag that takes text needs
+GRAMMAR_TEXT = "a grammar (GBNF with '::=', or Lark starting with %llguidance)"
+SCHEMA_TEXT = "a JSON schema (JSON text starting with '{')"
+
+
+def constraint_from_flags(flags: Mapping[str, Any]) -> Constraint | None:
+    """The constraint the command line's flags ask for (their values by parameter name; at most
+    one given), built as the API's and the server's from the same keywords: --json-object is
+    response_format {"type": "json_object"}; --json-schema and --grammar take the text the API
+    takes, or a file that holds it. A ConfigError names the flag at fault (an empty value too:
+    an unset shell variable is never "no constraint")."""
+    given = [k for k in CONSTRAINT_FLAGS if flags.get(k) not in (None, False)]
+    for flag in given:
+        if flag in EMPTY_HINTS and not flags[flag].strip():
+            raise ConfigError(empty_value(EMPTY_HINTS[flag]), flag)
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ConfigError("give one of --json-schema, --json-object, --regex and --grammar", given[1])
+    constraint = constraint_from_options(_keywords(given[0], flags[given[0]]))
+    assert isinstance(constraint, Constraint)
+    return constraint
+
+
+def _keywords(flag: str, value: Any) -> dict[str, Any]:
+    """A constraint flag as GenerationConfig's keywords (those of the API and the server)."""
+    if flag == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if flag == "json_schema":
+        return {"json_schema": _schema_text(value)}
+    if flag == "grammar" and not _is_grammar_text(value):
+        return {"constraint": grammar_from_file(_existing_file(value, "grammar", GRAMMAR_TEXT), param="grammar")}
+    return {flag: value}
+
+
+def _is_grammar_text(value: str) -> bool:
+    """--grammar's value is the grammar itself (not a file): GBNF's rules (::=), Lark's marker, or
+    several lines."""
+    return "::=" in value or "\n" in value or value.lstrip().startswith(LARK_MARKER)
+
+
+def _existing_file(value: str, param: str, text: str) -> Path:
+    """The file a flag that takes text or a file names; a ConfigError when there is none."""
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise ConfigError(f"{value!r} is neither {text} nor a file", param)
+    return path
+
+
+def _schema_text(value: str) -> str:
+    """--json-schema's value: the schema as JSON text, or the file that holds it."""
+    from localspec.settings.files import SPEC_LIMIT, read_user_text
+
+    text = value.strip()
+    if text.startswith("{") or text in ("true", "false"):
+        return text
+    path = _existing_file(value, "json_schema", SCHEMA_TEXT)
+    return read_user_text(path, param="json_schema", limit=SPEC_LIMIT, what="the JSON schema file")

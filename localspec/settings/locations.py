@@ -1,5 +1,5 @@
-"""Where localspec keeps its files: the cache root (models, profiles, prompts, chats) and the
-runtime directory of resident services. A leaf (the standard library, :mod:`localspec.settings.environment`),
+"""Where localspec keeps its files: the cache root (models, profiles, prompts, chats), the cost
+profiles' directory and the runtime directory of resident services. A leaf (the standard library, :mod:`localspec.settings.environment`),
 so that the ``localspec`` client finds a running service without importing anything heavy."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from localspec.settings import environment
 CACHE_ENV = "LOCALSPEC_CACHE_DIR"
 RUNTIME_ENV = "XDG_RUNTIME_DIR"
 PROMPT_CACHE_ENV = "LOCALSPEC_PROMPT_CACHE"  # a directory, or "off"
+PROFILE_ENV = "LOCALSPEC_PROFILE_DIR"  # the cost profiles' directory (default: <cache root>/profiles)
 
 
 def cache_root() -> Path:
@@ -28,6 +29,12 @@ def cache_root() -> Path:
     except ImportError:  # declared dependency; keep working if an install skipped it
         return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localspec"
     return Path(platformdirs.user_cache_dir("localspec"))
+
+
+def profile_dir() -> Path:
+    """Where cost profiles and kernel verdicts live: $LOCALSPEC_PROFILE_DIR, else <cache root>/profiles."""
+    override = environment.get(PROFILE_ENV)
+    return override if override is not None else cache_root() / "profiles"
 
 
 def runtime_dir() -> Path:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from localspec.settings.endpoints import parse_endpoints
-from localspec.settings.validation import INT32_MAX, as_int, choice, is_int, require, show, unknown_names
+from localspec.settings.validation import INT32_MAX, WIRE_CONFIG, as_int, choice, is_int, require, show, unknown_names
 
 CACHE_TYPES: tuple[str, ...] = ("f16", "f32", "q8_0")
 FLASH_ATTN: tuple[str, ...] = ("auto", "on", "off")
@@ -22,7 +22,7 @@ MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: every slot's sequences togethe
 class ModelOptions:
     """How to load a model and size its context (keyword names of ``localspec.load_model``)."""
 
-    __pydantic_config__ = {"extra": "forbid"}  # a resident service validates requests with pydantic
+    __pydantic_config__ = WIRE_CONFIG  # a resident service validates requests with pydantic
 
     ctx_size: int = 4096  # context length in tokens of one call (a slot): the KV cache holds parallel × ctx_size cells
     batch_size: int = 512  # most tokens one decode may take
@@ -112,7 +112,7 @@ class PairOptions:
     this machine unless ``draft_rpc`` names servers for it, with its own GPU layers when
     ``draft_n_gpu_layers`` is given (:meth:`from_flags`)."""
 
-    __pydantic_config__ = {"extra": "forbid"}
+    __pydantic_config__ = WIRE_CONFIG
 
     target: ModelOptions = MODEL_DEFAULTS
     draft: ModelOptions = MODEL_DEFAULTS

@@ -4,13 +4,16 @@ keyword names. A leaf: the standard library and :mod:`localspec.errors` only."""
 
 from __future__ import annotations
 
-import difflib
 import numbers
 from typing import Any, Sequence
 
 from localspec.errors import ConfigError
 
 INT32_MAX = 2**31 - 1  # what llama.cpp's int32 counts (tokens, threads, layers, top-k) hold
+# pydantic's configuration of every dataclass a process reads from another (the resident service's
+# requests, a service's status: localspec.core.wire): no field it does not know, no value converted
+# from another type ("3" is no int, true no number), and no number that is not finite (NaN, inf)
+WIRE_CONFIG: dict[str, Any] = {"extra": "forbid", "strict": True, "allow_inf_nan": False}
 
 
 def is_number(value: Any) -> bool:
@@ -44,6 +47,8 @@ def as_float(value: Any) -> Any:
 
 def unknown_names(names: Any, known: Sequence[str], what: str) -> str:
     """The message for unknown keyword names, suggesting the closest known name of each."""
+    import difflib
+
     parts = []
     for name in sorted(map(str, names)):
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
@@ -55,6 +60,11 @@ def show(value: Any) -> str:
     """A value as an error message shows it: its repr, cut to 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def empty_value(needed: str) -> str:
+    """The error of a flag given an empty value: an unset shell variable, never "no value"."""
+    return f"the value is empty (an unset shell variable?); give {needed}, or leave the flag out"
 
 
 def require(ok: bool, param: str, message: str) -> None:
