@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Sequence
 
-from localspec.settings import environment
-
-if TYPE_CHECKING:
-    import subprocess
-from localspec.settings import locations
 from localspec.errors import FetchError, ModelNotFound
-from localspec.llama.progress import Span
+from localspec.settings import environment, locations
+
+if TYPE_CHECKING:  # the command line's client reads the registry: these load only where a fetch runs
+    import subprocess
+
+    from localspec.llama.progress import Span
 
 log = logging.getLogger(__name__)
 
