@@ -26,12 +26,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
 
 from localspec.decoding.history import History
 from localspec.decoding.profiles import Profiles
-from localspec.generation import (END, CancelEvent, Generation, PromptCacheSetting, Response, applied_config,
-                                  prompt_cache_of)
+from localspec.generation import (
+    END,
+    CancelEvent,
+    Generation,
+    PromptCacheSetting,
+    Response,
+    applied_config,
+    prompt_cache_of,
+)
 from localspec.llama.model import Model
 from localspec.loading import load_model, load_pair
 from localspec.prompt import Prompt

@@ -17,9 +17,11 @@ import os
 import queue
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
+from localspec.decoding.drafters import make_drafters
 from localspec.decoding.engine import Engine, check_prompt
 from localspec.decoding.history import History
 from localspec.decoding.passes import Turn
@@ -27,7 +29,6 @@ from localspec.decoding.profiles import Profiles
 from localspec.decoding.scheduler import Program, Scheduler
 from localspec.decoding.stats import GenerationStats
 from localspec.decoding.text import StopScanner
-from localspec.decoding.drafters import make_drafters
 from localspec.errors import ConfigError, ModelError
 from localspec.llama.model import Model
 from localspec.llama.prompt_cache import PromptCache

@@ -21,13 +21,14 @@ import functools
 import json
 import numbers
 import re
-from typing import Any, Iterable, Iterator, Sequence, Union
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
-from localspec.settings.constraints import MAX_JSON_DEPTH, json_depth
 from localspec.errors import ModelError, PromptError
 from localspec.llama.model import Model
+from localspec.settings.constraints import MAX_JSON_DEPTH, json_depth
 
-Prompt = Union[str, Sequence[int], Sequence[dict]]
+Prompt = str | Sequence[int] | Sequence[dict]
 # OpenAI message fields that would change the prompt but that localspec's templates do not render:
 # refused rather than dropped (an app's own keys, such as the chat command's "interrupted", are kept)
 UNUSED_MESSAGE_KEYS = ("function_call", "audio")

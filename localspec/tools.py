@@ -27,11 +27,12 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
-from localspec.settings.constraints import JSON_LAYOUT, Constraint, check_json_depth
 from localspec.errors import ConfigError
+from localspec.settings.constraints import JSON_LAYOUT, Constraint, check_json_depth
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -56,7 +57,7 @@ class Tool:
     spec: Mapping[str, Any]
 
     @classmethod
-    def parse(cls, value: Any, where: str) -> "Tool":
+    def parse(cls, value: Any, where: str) -> Tool:
         """A tool in OpenAI's shape ({"type": "function", "function": {"name", "description",
         "parameters", "strict"}}); ConfigError naming the field otherwise."""
         if not isinstance(value, Mapping):
@@ -110,7 +111,7 @@ class ToolSet:
     parallel: bool = True
 
     @classmethod
-    def parse(cls, tools: Any, tool_choice: Any = None, parallel_tool_calls: Any = None) -> "ToolSet | None":
+    def parse(cls, tools: Any, tool_choice: Any = None, parallel_tool_calls: Any = None) -> ToolSet | None:
         """OpenAI's tools, tool_choice and parallel_tool_calls, checked (ConfigError naming the
         field); None when there are no tools (and no tool_choice asks for one)."""
         if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
@@ -176,7 +177,7 @@ class ToolSet:
         return self.mode != "none"
 
     @functools.cached_property
-    def json_calls(self) -> "JsonCalls | None":
+    def json_calls(self) -> JsonCalls | None:
         """Calls written as plain JSON, which only ``auto`` reads as calls (None otherwise)."""
         return JsonCalls(self.tools) if self.mode == "auto" else None
 

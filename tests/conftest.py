@@ -11,7 +11,7 @@ import pytest
 
 from localspec.settings.models import ModelOptions
 from localspec.llama.model import Model
-from localspec.llama.host import PROFILE_ENV
+from localspec.settings.locations import PROFILE_ENV
 from localspec.llama.prompt_cache import ENV as PROMPT_CACHE_ENV
 
 import tiny_models as tiny

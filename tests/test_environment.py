@@ -12,10 +12,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from localspec.settings import environment
 from localspec.cli import cli
-from localspec.settings.environment import parse_bool, parse_dir, parse_duration, parse_size, parse_words
 from localspec.errors import ConfigError
+from localspec.settings import environment
+from localspec.settings.environment import parse_bool, parse_dir, parse_duration, parse_size, parse_words
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -198,15 +198,16 @@ def test_negative_control_good_values_are_read_where_they_are_used(tmp_path: Pat
 
 def test_python_api_reads_raise_config_error_naming_the_variable(monkeypatch: pytest.MonkeyPatch,
                                                                   tmp_path: Path) -> None:
-    from localspec.llama import backend, host, registry, rpc
+    from localspec.llama import backend, registry, rpc
     from localspec.llama.prompt_cache import PromptCache
+    from localspec.settings import locations
 
     monkeypatch.setenv("LOCALSPEC_PROMPT_CACHE", str(tmp_path))
     monkeypatch.setenv("LOCALSPEC_PROMPT_CACHE_LIMIT", "inf")  # was an OverflowError traceback
     with pytest.raises(ConfigError, match="LOCALSPEC_PROMPT_CACHE_LIMIT='inf'"):
         PromptCache.from_setting(None)
     (tmp_path / "file").write_text("")
-    for name, call in [(host.PROFILE_ENV, host.profile_dir), (registry.CACHE_ENV, registry.cache_root)]:
+    for name, call in [(locations.PROFILE_ENV, locations.profile_dir), (registry.CACHE_ENV, registry.cache_root)]:
         monkeypatch.setenv(name, str(tmp_path / "file"))
         with pytest.raises(ConfigError, match=f"{name}=.* is not a directory"):
             call()

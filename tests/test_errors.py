@@ -262,7 +262,7 @@ def test_malformed_profiles_are_ignored_with_a_warning(tmp_path: Path, case: str
 
     from localspec.cli import cli
     from localspec.decoding.profiles import Profiles
-    from localspec.llama.host import PROFILE_ENV
+    from localspec.settings.locations import PROFILE_ENV
 
     path, data = _profile(tmp_path)
     if case in BAD_PROFILES:

@@ -458,7 +458,8 @@ def test_a_chat_store_open_to_others_is_refused(tmp_path: Path, monkeypatch: pyt
 
 def test_profiles_reset_removes_only_profiles(tmp_path: Path) -> None:
     from localspec.decoding.profiles import Profiles
-    from localspec.llama.host import PROFILE_ENV, key_of
+    from localspec.llama.host import key_of
+    from localspec.settings.locations import PROFILE_ENV
 
     store = Profiles(tmp_path)
     ident = {"file": "/x/m.gguf", "threads": 1}

@@ -28,15 +28,16 @@ from __future__ import annotations
 import logging
 import sys
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from localspec.verify import lossless, reference
 from localspec.settings.generation import DEFAULTS, VERIFIERS, WITHOUT_REPLACEMENT, GenerationConfig
 from localspec.settings.sampling import DEFAULT_SAMPLING, SamplingParams
 from localspec.settings.shape import Shape
+from localspec.verify import lossless, reference
 from localspec.verify.lossless import ToyGrammar, ToyModel
 from localspec.verify.stats import pearson_pvalue
 

@@ -21,16 +21,16 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from localspec.decoding.stats import GenerationStats, combine
+from localspec.errors import BenchError, ConfigError, DependencyError
 from localspec.settings.generation import GenerationConfig
 from localspec.settings.sampling import DEFAULT_SAMPLING, SamplingParams
 from localspec.settings.shape import Shape
-from localspec.decoding.stats import GenerationStats, combine
-from localspec.errors import BenchError, ConfigError, DependencyError
-
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ def plot(results: Sequence[BenchResult], path: str | Path) -> Path:
     fig, axes = plt.subplots(len(temps), 1, figsize=(fig_width, 3.0 * len(temps) + 0.3 * legend_rows + 0.4),
                              squeeze=False)
     colors = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
-    for ax, t in zip(axes[:, 0], temps):
+    for ax, t in zip(axes[:, 0], temps, strict=True):
         for j, label in enumerate(labels):
             xs, ys = [], []
             for i, name in enumerate(sets):

@@ -15,11 +15,10 @@ import sys
 import click
 
 from localspec import __version__
-
-from localspec.settings import environment
 from localspec.cli import generate
 from localspec.cli.generate import DefaultGroup
 from localspec.cli.options import user_errors
+from localspec.settings import environment
 
 log = logging.getLogger(__name__)
 

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import click
 
 from localspec.cli.options import Flags, model_options, user_errors
+from localspec.errors import ConfigError
+from localspec.loading import load_pair
 from localspec.settings.generation import DRAFTERS, PLANS, VERIFIERS
 from localspec.settings.sampling import DEFAULT_SAMPLING, SamplingParams
 from localspec.settings.shape import Shape
-from localspec.errors import ConfigError
-from localspec.loading import load_pair
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def bench(model: str | None, draft: str | None, verifiers: tuple[str, ...], shap
     localspec bench --drafters ngram -d none --prompts code-edit
     localspec bench -m target.gguf -d draft.gguf --prompts my-prompts.txt -n 128 --repeat 3
     """
-    from localspec.bench.runs import BenchSettings, limits, run_matrix, plot, run_bench, to_json, to_markdown
+    from localspec.bench.runs import BenchSettings, limits, plot, run_bench, run_matrix, to_json, to_markdown
 
     settings = BenchSettings(verifiers=verifiers, shapes=shapes, drafters=drafters, temperatures=temperatures,
                              plan=plan, max_tokens=max_tokens, repeat=repeat, seed=seed,

@@ -14,17 +14,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
-from localspec.settings import environment, locations
-from localspec.settings.generation import GenerationConfig
-from localspec.settings.models import PairOptions
 from localspec.core.calls import Failed, Prompt, Request, Tools
 from localspec.core.pairs import ModelFile, PairSpec
 from localspec.errors import ConfigError, LocalspecError, ModelError
+from localspec.settings import environment, locations
 from localspec.settings.files import SPEC_LIMIT, read_user_text
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.models import PairOptions
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

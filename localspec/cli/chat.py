@@ -34,11 +34,11 @@ from localspec.cli.options import (
     spec_options,
     user_errors,
 )
-from localspec.settings.generation import GenerationConfig
 from localspec.core.calls import Done, Failed, Note, Prompt, Ready, Text
 from localspec.errors import ConfigError, ModelError
-from localspec.settings.files import TEXT_LIMIT, mib
 from localspec.loading import draft_loading
+from localspec.settings.files import TEXT_LIMIT, mib
+from localspec.settings.generation import GenerationConfig
 
 log = logging.getLogger(__name__)
 

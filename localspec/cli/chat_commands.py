@@ -10,10 +10,10 @@ import click
 
 from localspec.cli.chat_store import chat_path, write_chat
 from localspec.cli.report import format_stats
-from localspec.settings.generation import GenerationConfig
 from localspec.core.calls import Done, Failed, Note, Prompt
 from localspec.errors import ConfigError
 from localspec.settings.files import Foreign
+from localspec.settings.generation import GenerationConfig
 
 HELP = """\
 /help    this list

@@ -11,8 +11,8 @@ import click
 
 from localspec.cli.options import Flags, model_options, user_errors
 from localspec.errors import CheckFailed, exit_code
-from localspec.settings.models import PairOptions
 from localspec.loading import load_pair
+from localspec.settings.models import PairOptions
 
 log = logging.getLogger(__name__)
 

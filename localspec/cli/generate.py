@@ -31,10 +31,10 @@ from localspec.cli.options import (
     user_errors,
 )
 from localspec.cli.report import empty_json, format_stats, response_json
-from localspec.settings.generation import DEFAULTS, GenerationConfig
 from localspec.core.calls import Done, Failed, Note, Prompt, Text
 from localspec.errors import ConfigError
 from localspec.loading import draft_loading
+from localspec.settings.generation import DEFAULTS, GenerationConfig
 
 
 class DefaultGroup(click.Group):

@@ -15,11 +15,10 @@ from typing import Any
 import click
 
 from localspec import __version__
-
-from localspec.settings import environment
 from localspec.cli.options import EnvOption
-from localspec.settings.models import CPU_KERNELS, MODEL_DEFAULTS
 from localspec.errors import CheckFailed, exit_code
+from localspec.settings import environment
+from localspec.settings.models import CPU_KERNELS, MODEL_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +97,10 @@ def kernels_info(model: str | None, cpu_kernels: str, n_gpu_layers: int = 0) -> 
 
 def model_buffers(name: str, cpu_kernels: str, n_gpu_layers: int = 0) -> dict:
     """Load a model (a tiny context) with n_gpu_layers offloaded and report where llama.cpp put its weights."""
-    from localspec.llama import registry
-    from localspec.settings.models import ModelOptions
     from localspec.errors import LocalspecError
+    from localspec.llama import registry
     from localspec.llama.model import Model
+    from localspec.settings.models import ModelOptions
 
     try:
         path = registry.resolve(name)
@@ -136,8 +135,8 @@ def verifier_self_test() -> str | None:
     must accept every node and add the argmax after the last one. None when it does; else why."""
     import numpy as np
 
-    from localspec.verify import verifier
     from localspec.settings.sampling import SamplingParams
+    from localspec.verify import verifier
 
     logits = np.array([[0.0, 3.0, 1.0, 0.0], [0.0, 0.0, 0.0, 4.0],
                        [2.0, 0.0, 0.0, 0.0], [0.0, 0.0, 5.0, 0.0]], dtype=np.float32)
@@ -186,8 +185,8 @@ def rpc_info(endpoints: tuple[str, ...]) -> dict:
 
 def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kernels: str = "auto",
             n_gpu_layers: int = 0) -> dict:
-    from localspec.llama import registry
     from localspec.decoding.profiles import Profiles
+    from localspec.llama import registry
     from localspec.llama.prompt_cache import PromptCache
 
     store = Profiles()
@@ -214,9 +213,9 @@ def collect(endpoints: tuple[str, ...] = (), model: str | None = None, cpu_kerne
 def resident_info() -> dict:
     """The keep-alive a call gets here and the models the resident service keeps loaded (the
     core's status, as `localspec ps` shows it)."""
-    from localspec.settings import locations
     from localspec.core.status import rows
     from localspec.resident import control
+    from localspec.settings import locations
 
     keep = environment.get("LOCALSPEC_KEEP_ALIVE")
     return {"keep_alive_seconds": keep, "keep_alive_from_env": environment.is_set("LOCALSPEC_KEEP_ALIVE"),

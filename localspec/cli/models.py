@@ -182,9 +182,9 @@ def _resolve_local(model: str) -> Path:
 
 def _open(path: Path) -> Any:
     """The model with the smallest context (metadata only); errors as click errors."""
-    from localspec.settings.models import ModelOptions
     from localspec.errors import ModelError
     from localspec.llama.model import Model
+    from localspec.settings.models import ModelOptions
 
     try:
         return Model(path, ModelOptions(ctx_size=16, batch_size=16, threads=1, n_seq_max=1))
@@ -325,8 +325,8 @@ def pair(ctx: click.Context, target: str, draft: str) -> None:
     \b
     localspec models pair target.gguf draft.gguf
     """
-    from localspec.errors import ModelError, exit_code
     from localspec.decoding.pairing import check_pair
+    from localspec.errors import ModelError, exit_code
 
     with _open(_resolve_local(target)) as t, _open(_resolve_local(draft)) as d:
         try:

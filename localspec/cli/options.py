@@ -8,19 +8,19 @@ from here; this module imports no command.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import click
 from click.core import ParameterSource
 
+from localspec.errors import ConfigError, LocalspecError, exit_code
+from localspec.settings.constraints import CONSTRAINT_FLAGS, constraint_from_flags
 from localspec.settings.generation import DEFAULTS, DRAFTERS, PLANS, SETTING_KEYS, VERIFIERS, GenerationConfig
 from localspec.settings.models import CACHE_TYPES, CPU_KERNELS, LOAD_FLAGS, LOAD_MODES, MODEL_DEFAULTS, PairOptions
 from localspec.settings.sampling import DEFAULT_SAMPLING
-from localspec.settings.constraints import CONSTRAINT_FLAGS, constraint_from_flags
-from localspec.errors import ConfigError, LocalspecError, exit_code
-
 
 # ---------------------------------------------------------------- errors
 

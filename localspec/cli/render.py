@@ -13,7 +13,8 @@ import os
 import signal
 import sys
 import threading
-from typing import IO, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 import click
 

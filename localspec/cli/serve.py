@@ -19,11 +19,11 @@ from localspec.cli.options import (
     spec_options,
     user_errors,
 )
-from localspec.settings.generation import describe_speculation
 from localspec.core.residency import PROMPT_MEMORY
 from localspec.core.status import display_name
 from localspec.loading import draft_loading, is_none
 from localspec.server import ServerLimits
+from localspec.settings.generation import describe_speculation
 
 log = logging.getLogger(__name__)
 LIMITS = ("max_body_bytes", "max_messages", "max_nesting", "max_queue", "header_timeout", "body_timeout")

@@ -4,7 +4,8 @@ pair at once (:class:`Cancelled`) and its generation between two steps."""
 from __future__ import annotations
 
 import threading
-from typing import Callable, Literal, get_args
+from collections.abc import Callable
+from typing import Literal, get_args
 
 from localspec.errors import Cancelled  # a call stopped before it had its pair (Cancel.reason says why)
 

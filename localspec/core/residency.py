@@ -25,8 +25,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from localspec.core.cancel import Cancel, Cancelled
 from localspec.core.entries import Entry, Ticket, loaded_bytes, model_bytes
@@ -356,8 +357,8 @@ class Residency:
     def adopt(self, loaded: Loaded) -> PairSpec:
         """Keep models loaded elsewhere (an app's own, a test's) as a pair for as long as the
         residency lives; its spec, for leases."""
-        from localspec.settings.models import PairOptions
         from localspec.llama.lazy import LazyModel
+        from localspec.settings.models import PairOptions
 
         target, draft = loaded.target, loaded.draft
         spec = PairSpec(ModelFile.at(target.path), ModelFile.at(draft.path) if draft is not None else None,

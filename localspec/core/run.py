@@ -14,14 +14,15 @@ import os
 import queue
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from localspec.settings.generation import GenerationConfig, describe_speculation
 from localspec.core.calls import Done, Failed, Note, Ready, Request, Text
 from localspec.core.cancel import STOPS, Cancel, Cancelled
 from localspec.core.residency import Residency
 from localspec.errors import ConfigError, LocalspecError, ModelError
 from localspec.loading import Loaded, draft_loading
+from localspec.settings.generation import GenerationConfig, describe_speculation
 
 log = logging.getLogger(__name__)
 

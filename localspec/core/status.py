@@ -130,7 +130,7 @@ def table_of_rows(found: list[dict[str, Any]]) -> list[str]:
     wide, dwide = max(5, *(len(r["model"]) for r in found)), max(5, *(len(d) for d in drafts))
     lines = [f"{'MODEL':<{wide}}  {'DRAFT':<{dwide}}  {'MEMORY':>9} {'SLOTS':>5} {'QUEUE':>5} {'IDLE':>7} "
              f"{'LEFT':>7} {'CALLS':>5}  PID"]
-    for r, draft in zip(found, drafts):
+    for r, draft in zip(found, drafts, strict=True):
         left = r["state"] if r["state"] != "idle" else "forever" if r["left_seconds"] is None else \
             format_duration(round(r["left_seconds"]))
         slots = f"{r.get('generating', 0)}/{r.get('slots', 1)}"

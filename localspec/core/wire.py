@@ -61,7 +61,7 @@ class Malformed(ValueError):
     """A value that is not what its frame carries (the message says which field and why)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _adapter(cls: type) -> Any:
     from pydantic import TypeAdapter
 

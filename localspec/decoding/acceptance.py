@@ -12,8 +12,8 @@ than twice the levels that kind has been seen to reach (a first try is FIRST_TRY
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 DECAY = 0.995  # per step: acceptance counts fade so an estimate can recover (half-life ~140 steps)
 OPTIMISM = 0.5  # decide with the rejection rate OPTIMISM·sd low (explores a kind of draft until it is known)
@@ -44,7 +44,7 @@ class Censored:
     accepted exactly where it equals the output; at T > 0, token by token with the probability
     that the output takes that token: either way, the draft's outcome."""
 
-    acceptance: "Acceptance"
+    acceptance: Acceptance
     proposal: tuple[int, ...]
     matched: int  # tokens of the proposal the output has equalled so far
 

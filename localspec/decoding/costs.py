@@ -13,8 +13,8 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 EMA = 0.2  # weight of a new observation of a rate (a prefill's per-token cost)
 WINDOW = 7  # the cost of a pass size: the median of its last WINDOW passes (the recorded cost counts as one)

@@ -21,27 +21,28 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from localspec.verify import verifier
-from localspec.settings.generation import GenerationConfig
-from localspec.settings.sampling import SamplingParams
-from localspec.settings.shape import Shape
-from localspec.errors import ConfigError
+from localspec.decoding import passes
 from localspec.decoding.history import History, HistoryMatch, history_kind
 from localspec.decoding.lookup import ContextLookup, Proposal
-from localspec.llama.model import Model
 from localspec.decoding.pairing import check_lazy_pair, check_pair
-from localspec.llama.lazy import LazyModel
-from localspec.decoding import passes
 from localspec.decoding.passes import Steps
 from localspec.decoding.profiles import Profiled
 from localspec.decoding.state import Draft, PairState
-from localspec.llama.host import key_of
 from localspec.decoding.tree import DraftTree, leaf_ranges
+from localspec.errors import ConfigError
+from localspec.llama.host import key_of
+from localspec.llama.lazy import LazyModel
+from localspec.llama.model import Model
+from localspec.settings.generation import GenerationConfig
+from localspec.settings.sampling import SamplingParams
+from localspec.settings.shape import Shape
+from localspec.verify import verifier
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class DraftProposal:
     """What a drafter offers at one step, passed from :meth:`Drafter.propose` through the planner
     to :meth:`Drafter.draft`."""
 
-    drafter: "Drafter"
+    drafter: Drafter
     kind: str  # the planner's acceptance kind
     levels: int  # draft levels it can offer (at most the step's depth, what propose was asked for)
     lag: int = 0  # committed tokens it must decode before drafting (a draft model's catch-up)

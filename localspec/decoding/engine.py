@@ -16,25 +16,26 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localspec.verify import verifier
-from localspec.settings.generation import WITHOUT_REPLACEMENT, GenerationConfig
+from localspec.decoding import passes
 from localspec.decoding.depth import batch_depth, step_depth
 from localspec.decoding.drafters import Drafter, DraftProposal, ForcedDrafter, ModelDrafter
-from localspec.errors import PromptError
-from localspec.llama.model import Model
+from localspec.decoding.passes import Steps, Turn, resolve, run_alone
 from localspec.decoding.planner import Planner
 from localspec.decoding.policy import FixedPolicy, Policy
 from localspec.decoding.profiles import Profiles
-from localspec.decoding import passes
-from localspec.decoding.passes import Steps, Turn, resolve, run_alone
 from localspec.decoding.state import NO_DRAFT, Draft, PairState
 from localspec.decoding.stats import GenerationStats
+from localspec.errors import PromptError
+from localspec.llama.model import Model
 from localspec.llama.sequence import KVSequence
+from localspec.settings.generation import WITHOUT_REPLACEMENT, GenerationConfig
+from localspec.verify import verifier
 
 if TYPE_CHECKING:
     from localspec.decoding.grammar.steps import StepMasks, Structured
@@ -128,7 +129,7 @@ class Engine:
                         if config.plan == "auto" else None)  # (the target alone's steps teach it c(1))
         self.policy: Policy = self.planner if self.planner is not None else FixedPolicy(self.drafters)
 
-    def _structured(self, config: GenerationConfig) -> "Structured":
+    def _structured(self, config: GenerationConfig) -> Structured:
         """The grammar of a constrained generation, compiled and followed from its start over the
         target's vocabulary now (ConfigError before any decoding); imported only for one, so an
         unconstrained run never loads llguidance."""

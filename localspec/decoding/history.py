@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from localspec.decoding.lookup import SuffixAutomaton
 

@@ -21,8 +21,8 @@ chat template's next turn) can only cost verification and count as rejected wher
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 RECENT = 16  # output tokens over which the lookup judges whether the output is copying the context
 RENAME_CONFIRM = 2  # source tokens copied right after a replaced one for the replacement to count as a rename

@@ -9,8 +9,8 @@ compared again).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from localspec.errors import ModelError
 from localspec.llama.host import key_of

@@ -13,8 +13,9 @@ one decode per model per round. The step's code is the same either way.
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Generator, TypeVar, Union
+from typing import TypeVar
 
 from localspec.errors import Cancelled
 from localspec.llama.sequence import KVSequence, Part
@@ -45,7 +46,7 @@ class Step:
     part: Part
 
 
-Request = Union[Fill, Step]
+Request = Fill | Step
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,11 @@ def decode(model: object, parts: list[Part], requests: list[Request]) -> Decoded
     try:
         model.decode_parts(parts)  # type: ignore[attr-defined]
     except BaseException:
-        for r, p in zip(requests, parts):
+        for r, p in zip(requests, parts, strict=True):
             r.sequence.abandon(p)
         raise
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    for r, p in zip(requests, parts):
+    for r, p in zip(requests, parts, strict=True):
         if isinstance(r, Fill):
             r.sequence.filled(p)
     threads = getattr(model, "cpu_threads", None)

@@ -45,14 +45,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from localspec.decoding import passes
-from localspec.decoding.passes import Steps
-from localspec.settings.shape import Shape
 from localspec.decoding.acceptance import DEFAULT_PRIOR_HAZARD, FIRST_TRY, LEVELS, PRIOR_HAZARD, Acceptance, Censored
 from localspec.decoding.costs import EMA, CostTable, plausible_costs
+from localspec.decoding.passes import Steps
 from localspec.decoding.profiles import Profile, Profiled, Profiles
+from localspec.settings.shape import Shape
 
 if TYPE_CHECKING:
     from localspec.decoding.drafters import Drafter, DraftProposal, ModelDrafter

@@ -10,7 +10,8 @@ measures its cost curve on the way), and observes each step (what it cost, what 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from localspec.decoding import passes
 from localspec.decoding.passes import Steps

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localspec.errors import ConfigError
+from localspec.llama.host import key_of
 from localspec.settings.files import STATE_LIMIT, Foreign, StateDir
-from localspec.llama.host import key_of, profile_dir
+from localspec.settings.locations import profile_dir
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def _counts(value: Any, where: str) -> list[list[float]]:
         raise ValueError(f"{where!r} must be two lists of equal length (at most {MAX_LEVELS}) of counts")
     at_risk = [_number(x, where) for x in value[0]]
     rejected = [_number(x, where) for x in value[1]]
-    if any(x < 0 for x in at_risk + rejected) or any(r > a * (1 + 1e-9) + 1e-9 for a, r in zip(at_risk, rejected)):
+    if any(x < 0 for x in at_risk + rejected) or any(r > a * (1 + 1e-9) + 1e-9 for a, r in zip(at_risk, rejected, strict=True)):
         raise ValueError(f"{where!r} must hold counts >= 0, rejected at most at risk")
     return [at_risk, rejected]
 
@@ -111,7 +112,7 @@ class Profile:
                 "load": self.load, "acceptance": self.acceptance, "updated": self.updated}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Profile":
+    def from_json(cls, data: dict) -> Profile:
         """A profile from its JSON; ValueError saying which field has the wrong shape or value
         (a file edited by hand, or written by another program, is never trusted)."""
         if not isinstance(data, dict) or data.get("version") != VERSION:
@@ -167,7 +168,7 @@ class Profiles:
         return self._lock
 
     @classmethod
-    def in_memory(cls) -> "Profiles":
+    def in_memory(cls) -> Profiles:
         """Profiles that start empty and are never saved (a first run, every time)."""
         return cls(persistent=False)
 

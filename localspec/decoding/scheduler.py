@@ -33,8 +33,9 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generator, Protocol, Sequence
+from typing import Any, Protocol
 
 from localspec.decoding import passes
 from localspec.decoding.passes import Decoded, Fill, Request, Turn
@@ -114,7 +115,7 @@ class Scheduler:
         self.decodes: collections.Counter[int] = collections.Counter()  # target decodes by slots served
 
     @classmethod
-    def of(cls, target: Any) -> "Scheduler":
+    def of(cls, target: Any) -> Scheduler:
         """The target's scheduler, made on first use."""
         with _MADE:
             if target.scheduler is None:

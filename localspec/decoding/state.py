@@ -15,8 +15,9 @@ scheduler batches them with the other slots'.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from localspec.decoding.passes import Step, Steps
 from localspec.decoding.tree import DraftTree

@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 
 TYPE_CHECKING = False  # no typing at run time: the `localspec` client imports this module
 if TYPE_CHECKING:
-    from typing import Any, Sequence
+    from collections.abc import Sequence
+    from typing import Any
 
 
 @dataclass(frozen=True)

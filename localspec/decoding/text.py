@@ -8,7 +8,8 @@ of a stop string.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 
 class JsonCalls(Protocol):

@@ -12,12 +12,12 @@ import contextlib
 import ctypes
 import logging
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import llama_cpp as lc
 
-from localspec.settings import environment
 from localspec.errors import ConfigError
+from localspec.settings import environment
 
 log = logging.getLogger(__name__)
 LOG_ENV = "LOCALSPEC_LLAMA_LOG"  # a boolean: llama.cpp's lines at debug level

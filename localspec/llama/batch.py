@@ -13,7 +13,8 @@ costs a decode nothing; whoever wants a running decode stopped sets it from any 
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import llama_cpp as lc
 import numpy as np

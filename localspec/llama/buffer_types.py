@@ -6,10 +6,10 @@ configuration from these."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
 
 from localspec.errors import ModelError
 
@@ -89,7 +89,6 @@ class Weight:
 
 def read_weights(path: Path) -> tuple[Weight, ...]:
     """The tensors of a GGUF file, from its header (llama.cpp's gguf reader; milliseconds)."""
-    from localspec.llama import compat
 
     from localspec.llama.gguf_header import tensors
 

@@ -26,8 +26,8 @@ their llama-like core, which leaves out those operations' few activations.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 ALIGNMENT = 32  # the CPU buffer type's alignment (ggml-backend.cpp TENSOR_ALIGNMENT)
 TYPE_BYTES = {"f32": 4, "f16": 2, "i32": 4, "i64": 8}

@@ -16,8 +16,6 @@ from typing import Any
 
 from localspec.settings.models import ModelOptions
 
-from localspec.settings.locations import PROFILE_ENV, profile_dir  # noqa: F401  (their home: localspec.settings.locations)
-
 
 def available_memory() -> int | None:
     """Bytes of memory available to new allocations (Linux: MemAvailable), None if unknown."""

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from localspec.settings.models import ModelOptions
 from localspec.errors import ModelError
 from localspec.llama import backend, tiny_model
 from localspec.llama.buffer_types import CHECK_FTYPES
 from localspec.llama.model import Model
+from localspec.settings.models import ModelOptions
 
 CHECK_TOLERANCE = 0.1  # relative RMS difference between a configuration's logits and the plain kernels'
 

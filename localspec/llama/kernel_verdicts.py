@@ -14,13 +14,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from localspec.errors import ConfigError
-from localspec.settings.files import STATE_LIMIT, Foreign, StateDir, state_root
 from localspec.llama import buffer_types
+from localspec.settings.files import STATE_LIMIT, Foreign, StateDir, state_root
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Checks:
     timed out TIMEOUT_TRIES times."""
 
     def __init__(self, directory: Path | None = None) -> None:
-        from localspec.llama.host import profile_dir
+        from localspec.settings.locations import profile_dir
 
         self.parent = None if directory is not None else profile_dir()  # created private when absent
         self.path = (directory or profile_dir() / "kernel-checks") / f"{host_key()}.json"

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from localspec.errors import ModelError
 from localspec.llama import buffer_types, kernel_verdicts

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from localspec.settings.models import ModelOptions
 from localspec.llama.host import identity
 from localspec.llama.model import Model, check_gguf_file
+from localspec.settings.models import ModelOptions
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class LazyModel:
         self.drafting_for: Any = None  # the target whose step loop decodes it (localspec.generation)
 
     @classmethod
-    def of(cls, model: Model, paired: bool = False) -> "LazyModel":
+    def of(cls, model: Model, paired: bool = False) -> LazyModel:
         """A model loaded already, kept as one that loads on first use is (an app's own draft)."""
         lazy = cls(model.path, model.options, paired)
         lazy._model = model

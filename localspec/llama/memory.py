@@ -31,9 +31,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence, cast
+from typing import Any, cast
 
 from localspec.errors import ModelError
 from localspec.llama import backend, buffer_types, gguf_header

@@ -16,20 +16,20 @@ import ctypes
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import llama_cpp as lc
 import numpy as np
 
-from localspec.settings.models import ModelOptions
 from localspec.errors import Cancelled, ContextFull, ModelError, RemoteError
-from localspec.llama import backend, buffer_types, host, kernels, rpc
+from localspec.llama import backend, buffer_types, host, kernels, progress as progress_, rpc
 from localspec.llama.batch import AbortFlag, Batch
-from localspec.llama import progress as progress_
 from localspec.llama.logits import LogitsPointer
 from localspec.llama.sequence import KVSequence, Part
 from localspec.llama.vocab import Vocabulary
+from localspec.settings.models import ModelOptions
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Model(Vocabulary):
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    def vocabulary(cls, path: str | os.PathLike) -> "Model":
+    def vocabulary(cls, path: str | os.PathLike) -> Model:
         """Only the vocabulary of a GGUF file (no weights, no context): enough to check a pair."""
         self = cls.__new__(cls)
         self._unloaded(path, None)
@@ -253,7 +253,7 @@ class Model(Vocabulary):
             self._model = None
             self._vocab = None
 
-    def __enter__(self) -> "Model":
+    def __enter__(self) -> Model:
         return self
 
     def __exit__(self, *exc: object) -> None:

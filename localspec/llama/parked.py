@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from localspec.llama.sequence import common_prefix
 

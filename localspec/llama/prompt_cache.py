@@ -17,13 +17,14 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
-from localspec.settings import environment
-from localspec.settings.locations import PROMPT_CACHE_ENV
 from localspec.errors import ModelError
 from localspec.llama.prompt_store import Entry, KeyedModel, PromptStore, common_prefix, model_key
+from localspec.settings import environment
+from localspec.settings.locations import PROMPT_CACHE_ENV
 
 log = logging.getLogger(__name__)
 

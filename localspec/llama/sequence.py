@@ -32,8 +32,9 @@ operation failed half-way) is marked untrusted and is cleared by the next :meth:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 
 @dataclass

@@ -159,7 +159,7 @@ def _bpe_merges(text: str, alphabet: set[str], n_merges: int) -> list[str]:
     while len(merged) < n_merges:
         pairs: collections.Counter[tuple[str, str]] = collections.Counter()
         for symbols, count in words.items():
-            for a, b in zip(symbols, symbols[1:]):
+            for a, b in zip(symbols, symbols[1:], strict=False):
                 if a + b not in seen:
                     pairs[(a, b)] += count
         if not pairs:

@@ -22,9 +22,21 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.llama.tiny_model import (CHATML_TEMPLATE, FIRST_BYTE_ID, LOWER, SPM406, TEXT_CODE, TEXT_EN, LlamaShape,
-                                        Vocab, VocabSpec, build_vocab as build_spec, llama_tensors, rngs,
-                                        write_llama)
+from localspec.llama.tiny_model import (
+    CHATML_TEMPLATE,
+    FIRST_BYTE_ID,
+    LOWER,
+    SPM406,
+    TEXT_CODE,
+    TEXT_EN,
+    LlamaShape,
+    Vocab,
+    VocabSpec,
+    build_vocab as build_spec,
+    llama_tensors,
+    rngs,
+    write_llama,
+)
 
 TOOL_PIECES = ("<tool_call>", "</tool_call>")  # USER_DEFINED, as in Qwen 2.5's vocabulary
 

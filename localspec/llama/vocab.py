@@ -25,7 +25,7 @@ _SPECIAL_ATTRS = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_UNKNOWN
 class IncrementalDetokenizer:
     """Token ids -> text pieces, never splitting a UTF-8 character across pieces."""
 
-    def __init__(self, vocabulary: "Vocabulary") -> None:
+    def __init__(self, vocabulary: Vocabulary) -> None:
         self._vocabulary = vocabulary
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 

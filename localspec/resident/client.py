@@ -20,8 +20,9 @@ import time
 
 TYPE_CHECKING = False  # no typing at run time: the `localspec` client imports this module
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
-    from typing import Any, Iterator
+    from typing import Any
 
 from localspec.core.calls import BadEvent, Done, Failed, Request, event_of
 from localspec.resident import runtime

@@ -25,12 +25,12 @@ from pathlib import Path
 
 TYPE_CHECKING = False  # no typing at run time: the client imports this module
 if TYPE_CHECKING:
-    from typing import Iterator
+    from collections.abc import Iterator
 
 import localspec
+from localspec.resident.protocol import Channel
 from localspec.settings import environment, locations
 from localspec.settings.files import private_dir
-from localspec.resident.protocol import Channel
 
 SOCKET_SUFFIX = ".sock"
 LOG_SUFFIX = ".log"

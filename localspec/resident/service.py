@@ -40,7 +40,6 @@ from localspec.core.run import failed, run
 from localspec.core.wire import Malformed, parse_cancel, parse_request, parse_stop
 from localspec.errors import RequestError
 from localspec.resident import runtime
-from localspec.settings import environment
 from localspec.resident.protocol import (
     ACCEPT,
     CALL,
@@ -52,6 +51,7 @@ from localspec.resident.protocol import (
     Channel,
     ProtocolError,
 )
+from localspec.settings import environment
 
 log = logging.getLogger("localspec.resident.service")
 

@@ -15,7 +15,8 @@ import hmac
 import json
 import logging
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -26,7 +27,6 @@ from starlette.responses import Response as HTTPResponse
 from starlette.routing import Route
 
 from localspec.api import Response, applied_config
-from localspec.settings.generation import DEFAULTS, GenerationConfig
 from localspec.errors import (
     ConfigError,
     DependencyError,
@@ -38,10 +38,11 @@ from localspec.errors import (
     RequestError,
     VerifierError,
 )
-from localspec.server import ServerLimits, schemas
 from localspec.generation import END
+from localspec.server import ServerLimits, schemas
 from localspec.server.jobs import Job, Pair
 from localspec.server.responses import ModelCard, ModelList, ResponseBuilder, error_body
+from localspec.settings.generation import DEFAULTS, GenerationConfig
 
 log = logging.getLogger(__name__)
 

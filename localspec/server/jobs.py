@@ -59,7 +59,7 @@ class Pair:
     prompt_cache: Any = None  # a PromptCache, or None: off
 
     @classmethod
-    def adopting(cls, target: Any, draft: Any, name: str, max_queue: int = 16, prompt_cache: Any = None) -> "Pair":
+    def adopting(cls, target: Any, draft: Any, name: str, max_queue: int = 16, prompt_cache: Any = None) -> Pair:
         """Serve models loaded already (an app's own, a test's), kept on a residency of their own."""
         from localspec.loading import Loaded
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from localspec import __version__
-from localspec.settings.generation import GenerationConfig
 from localspec.decoding.stats import GenerationStats
+from localspec.settings.generation import GenerationConfig
 from localspec.tool_calls import ToolCall
 
 FINGERPRINT = f"localspec-{__version__}"
@@ -243,7 +243,7 @@ class TextCompletionChunk(_Completion):
     timings: Timings | None = None
 
 
-Chunk = Union[ChatCompletionChunk, TextCompletionChunk]
+Chunk = ChatCompletionChunk | TextCompletionChunk
 
 
 class ModelCard(_Wire):

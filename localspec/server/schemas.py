@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from localspec.settings.generation import SETTING_KEYS, GenerationConfig
 from localspec.errors import ConfigError, RequestError
 from localspec.prompt import ROLE_RE
-from localspec.tools import ToolSet
+from localspec.settings.generation import SETTING_KEYS, GenerationConfig
 from localspec.settings.validation import unknown_names
+from localspec.tools import ToolSet
 
 # parameters this server cannot honour: accepted only at their no-op values, never silently
 # ignored (the text would differ from what the client asked for). OpenAI's, then the samplers of
@@ -65,7 +65,7 @@ class Message(_Open):
     message the tool_call_id it answers (checked by localspec.prompt.check_messages)."""
 
     role: str = Field(pattern=ROLE_RE.pattern)
-    content: Union[str, list[TextPart], None] = Field(default=None, validate_default=False)
+    content: str | list[TextPart] | None = Field(default=None, validate_default=False)
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
@@ -96,17 +96,17 @@ class _Request(_Open):
     top_k: int | None = None  # extension (llama.cpp's sampler)
     min_p: float | None = None  # extension
     seed: int | None = None  # -1: a random seed, as llama.cpp's server
-    stop: Union[str, list[str], None] = None
+    stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = None
     response_format: dict[str, Any] | None = None  # OpenAI's: text, json_object, json_schema (checked by Constraint)
     grammar: str | None = None  # llama-server's: GBNF (Lark when it starts with %llguidance); "" is none
-    json_schema: Union[dict[str, Any], bool, None] = None  # llama-server's: a JSON schema
+    json_schema: dict[str, Any] | bool | None = None  # llama-server's: a JSON schema
     verifier: str | None = None
     num_draft_tokens: int | None = None
     paths: int | None = None
-    tree: Union[str, list[int], None] = None
+    tree: str | list[int] | None = None
     drafter: str | None = None
     plan: str | None = None
     logprobs: Any = None
@@ -241,7 +241,7 @@ class ChatRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    prompt: Union[str, list[str], list[int]]
+    prompt: str | list[str] | list[int]
 
     def check_supported(self) -> None:
         super().check_supported()

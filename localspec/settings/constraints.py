@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, get_args
+from typing import Any, Literal, get_args
 
 from localspec.errors import ConfigError
 from localspec.settings.validation import empty_value, require
@@ -77,7 +78,7 @@ class Constraint:
 
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any] | bool | str, name: str | None = None,
-                    param: str = "json_schema") -> "Constraint":
+                    param: str = "json_schema") -> Constraint:
         """A JSON schema (a mapping, or its JSON text)."""
         schema = _schema_value(schema, param)
         try:
@@ -87,18 +88,18 @@ class Constraint:
         return cls("json_schema", text, name, param)
 
     @classmethod
-    def json_object(cls, param: str = "response_format") -> "Constraint":
+    def json_object(cls, param: str = "response_format") -> Constraint:
         """Any JSON object (OpenAI's ``{"type": "json_object"}``)."""
         return cls("json_object", "", None, param)
 
     @classmethod
-    def regex(cls, pattern: str, param: str = "regex") -> "Constraint":
+    def regex(cls, pattern: str, param: str = "regex") -> Constraint:
         """The whole output matches a regular expression (Rust regex syntax, no look-around)."""
         return cls("regex", pattern, None, param)
 
     @classmethod
     def grammar(cls, text: str, *, lark: bool | None = None, param: str = "grammar",
-                allow_stop_strings: bool = False) -> "Constraint":
+                allow_stop_strings: bool = False) -> Constraint:
         """A grammar: GBNF (llama.cpp's, as llama-server's ``grammar``), or Lark (llguidance's
         syntax) when ``lark`` says so or, by default, when the text starts with ``%llguidance``.
         ``allow_stop_strings``: see the class."""
@@ -108,7 +109,7 @@ class Constraint:
 
     @classmethod
     def from_response_format(cls, value: Mapping[str, Any] | None,
-                             param: str = "response_format") -> "Constraint | None":
+                             param: str = "response_format") -> Constraint | None:
         """OpenAI's ``response_format``: ``{"type": "text"}`` (or None) → None, ``{"type":
         "json_object"}`` → any JSON object, ``{"type": "json_schema", "json_schema": {"name":
         ..., "schema": {...}, "strict": true}}`` → that schema (always enforced, whatever
@@ -155,7 +156,10 @@ class Constraint:
 def grammar_from_file(path: str | os.PathLike, param: str = "grammar") -> Constraint:
     """A grammar file: Lark when it ends in ``.lark`` or its text starts with ``%llguidance``,
     GBNF otherwise (llama.cpp's ``.gbnf`` files)."""
-    from localspec.settings.files import SPEC_LIMIT, read_user_text  # bounded while reading: /dev/zero ends at the limit
+    from localspec.settings.files import (  # bounded while reading: /dev/zero ends at the limit
+        SPEC_LIMIT,
+        read_user_text,
+    )
 
     file = Path(path).expanduser()
     text = read_user_text(file, param=param, limit=SPEC_LIMIT, what="the grammar file")
@@ -212,7 +216,7 @@ def json_type(value: Any) -> str:
 CONSTRAINT_KEYS: tuple[str, ...] = ("response_format", "json_schema", "regex", "grammar")
 
 
-def constraint_from_options(options: dict[str, Any]) -> "Constraint | None | bool":
+def constraint_from_options(options: dict[str, Any]) -> Constraint | None | bool:
     """The constraint the keywords ask for (popped from `options`): a Constraint, None (a
     keyword says "no constraint", e.g. response_format {"type": "text"}) or False (no constraint
     keyword given: the base's stays). More than one constraint is a ConfigError."""

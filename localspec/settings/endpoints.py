@@ -4,7 +4,7 @@ standard library and :mod:`localspec.settings.validation` only."""
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from localspec.settings.validation import require, show
 

@@ -51,7 +51,8 @@ from pathlib import Path
 
 TYPE_CHECKING = False  # typing is not imported at run time: the `localspec` client starts in milliseconds
 if TYPE_CHECKING:
-    from typing import Any, Callable, Mapping
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
 from localspec.errors import ConfigError
 

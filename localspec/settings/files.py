@@ -28,7 +28,8 @@ from pathlib import Path
 
 TYPE_CHECKING = False  # typing is not imported at run time (the `localspec` client uses this module)
 if TYPE_CHECKING:
-    from typing import BinaryIO, Iterable
+    from collections.abc import Iterable
+    from typing import BinaryIO
 
 from localspec.errors import ConfigError
 

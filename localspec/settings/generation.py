@@ -15,7 +15,17 @@ from localspec.settings.constraints import CONSTRAINT_KEYS, Constraint, constrai
 from localspec.settings.models import ModelOptions
 from localspec.settings.sampling import DEFAULT_SAMPLING, SamplingParams
 from localspec.settings.shape import Shape
-from localspec.settings.validation import INT32_MAX, as_float, as_int, choice, is_int, is_number, require, show, unknown_names
+from localspec.settings.validation import (
+    INT32_MAX,
+    as_float,
+    as_int,
+    choice,
+    is_int,
+    is_number,
+    require,
+    show,
+    unknown_names,
+)
 
 VERIFIERS: tuple[str, ...] = ("greedy", "match", "token", "block", "gbv", "rrs", "rrsw", "traversal", "batch")
 CHAIN_ONLY = ("token", "block")  # verify one chain
@@ -106,7 +116,7 @@ class GenerationConfig:
                 "the n-gram drafter proposes a single chain; use drafter model or hybrid for paths and trees")
 
     @classmethod
-    def from_options(cls, base: "GenerationConfig | None" = None, **options: Any) -> "GenerationConfig":
+    def from_options(cls, base: GenerationConfig | None = None, **options: Any) -> GenerationConfig:
         """A config from flat keyword names (those of the CLI flags and the request fields):
         max_tokens, temperature, top_k, top_p, min_p, seed, verifier, num_draft_tokens, paths,
         tree, drafter, plan, lenience, stop, and at most one constraint: response_format (OpenAI's),
@@ -155,7 +165,7 @@ class GenerationConfig:
         *model*: the n-gram drafter (auto, ngram) still drafts from the context."""
         return not self.speculative or (self.drafter == "model" and not has_draft_model)
 
-    def target_alone(self) -> "GenerationConfig":
+    def target_alone(self) -> GenerationConfig:
         """The same generation decoded by the target alone (no draft tokens)."""
         return replace(self, shape=Shape(0))
 

@@ -4,8 +4,9 @@ standard library, the shared checks and the RPC addresses' parser."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Mapping
+from typing import Any
 
 from localspec.settings.endpoints import parse_endpoints
 from localspec.settings.validation import INT32_MAX, WIRE_CONFIG, as_int, choice, is_int, require, show, unknown_names
@@ -93,7 +94,7 @@ class ModelOptions:
         return self.ctx_size * self.slots
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> "ModelOptions":
+    def from_options(cls, options: Mapping[str, Any]) -> ModelOptions:
         """Options from keywords; unknown names are a ConfigError naming them."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
@@ -122,7 +123,7 @@ class PairOptions:
                 "a pair's options are two ModelOptions (the target's and the draft's)")
 
     @classmethod
-    def from_flags(cls, options: Mapping[str, Any]) -> "PairOptions":
+    def from_flags(cls, options: Mapping[str, Any]) -> PairOptions:
         """The options of the load keywords (LOAD_FLAGS and ModelOptions' names; None: the
         default): ConfigError naming a bad one."""
         own = {k: v for k, v in options.items() if k not in ("draft_n_gpu_layers", "draft_rpc")}

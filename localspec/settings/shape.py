@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from localspec.settings.validation import as_int, is_int, require, show
 
@@ -59,19 +59,19 @@ class Shape:
                 f"the draft {self.describe()} has {self.n_leaves} branches; at most {MAX_BRANCHES} fit")
 
     @classmethod
-    def chain(cls, num_draft_tokens: int) -> "Shape":
+    def chain(cls, num_draft_tokens: int) -> Shape:
         return cls(depth=num_draft_tokens)
 
     @classmethod
-    def k_paths(cls, paths: int, num_draft_tokens: int) -> "Shape":
+    def k_paths(cls, paths: int, num_draft_tokens: int) -> Shape:
         return cls(depth=num_draft_tokens, paths=paths)
 
     @classmethod
-    def tree(cls, branching: Sequence[int]) -> "Shape":
+    def tree(cls, branching: Sequence[int]) -> Shape:
         return cls(depth=len(branching), branching=tuple(branching))
 
     @classmethod
-    def parse(cls, value: str | Sequence[int]) -> "Shape":
+    def parse(cls, value: str | Sequence[int]) -> Shape:
         """Every spelling: "k4" (chain), "p3k4" (3 paths of 4), "t3x2x1", "3x2x1", "3,2,1" or
         [3, 2, 1] (a tree)."""
         if isinstance(value, (bytes, bytearray)):
@@ -118,7 +118,7 @@ class Shape:
     def num_draft_tokens(self) -> int:
         return self.depth
 
-    def truncated(self, depth: int) -> "Shape":
+    def truncated(self, depth: int) -> Shape:
         """The same shape cut to at most `depth` levels (near the end of the context/budget)."""
         depth = max(0, min(depth, self.depth))
         if self.branching is not None:

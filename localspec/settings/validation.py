@@ -5,7 +5,8 @@ keyword names. A leaf: the standard library and :mod:`localspec.errors` only."""
 from __future__ import annotations
 
 import numbers
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from localspec.errors import ConfigError
 

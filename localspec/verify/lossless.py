@@ -13,16 +13,16 @@ verifier against it by Monte Carlo (:func:`monte_carlo_pvalue`). Used by the tes
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Callable, Sequence
 
 import numpy as np
 
-from localspec.verify import reference, verifier
 from localspec.settings.generation import WITHOUT_REPLACEMENT
 from localspec.settings.sampling import SamplingParams
 from localspec.settings.shape import Shape
+from localspec.verify import reference, verifier
 from localspec.verify.stats import pearson_pvalue
 
 Context = tuple[int, ...]
@@ -40,7 +40,7 @@ class ToyModel:
     vocab: int
     seed: int
     scale: float = 1.5
-    base: "ToyModel | None" = None
+    base: ToyModel | None = None
     noise: float = 0.0
     fixed: tuple[float, ...] | None = None
 
@@ -87,7 +87,7 @@ def _toy_allowed(grammar: ToyGrammar, context: Context) -> np.ndarray:
     return out
 
 
-def _mask(grammar: "ToyGrammar | None", context: Context) -> np.ndarray | None:
+def _mask(grammar: ToyGrammar | None, context: Context) -> np.ndarray | None:
     return None if grammar is None else grammar.allowed(context)
 
 
@@ -163,7 +163,7 @@ def sample_tree(shape: Shape, draft: ToyModel, prefix: Context, settings: Sampli
     if shape.paths > 1:
         for _ in range(shape.paths):
             row = 0
-            for depth in range(shape.depth):
+            for _ in range(shape.depth):
                 ctx = tree.contexts[row]
                 q = draft_distribution(draft, ctx, settings, dg)
                 x = rng.categorical(q, float(q.sum()), 0)

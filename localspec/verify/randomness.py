@@ -6,8 +6,9 @@ algorithm over *every* branch of its randomness and returns the exact output dis
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, Hashable, Protocol
+from typing import Protocol
 
 import numpy as np
 

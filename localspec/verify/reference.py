@@ -16,7 +16,7 @@ traversal); the tree and the shared draws are :mod:`localspec.verify.reference_t
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -3,8 +3,8 @@ outcome, and the draws every method makes (the target's, and the residual's afte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ class Tree:
     children: list[list[int]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, tokens: Sequence[int], parents: Sequence[int]) -> "Tree":
+    def of(cls, tokens: Sequence[int], parents: Sequence[int]) -> Tree:
         t = cls(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64))
         t.children = [[] for _ in range(len(t.tokens) + 1)]
         for j, p in enumerate(t.parents):

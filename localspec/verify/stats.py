@@ -7,7 +7,7 @@ Lentz's continued fraction otherwise, as in Numerical Recipes 6.2).
 from __future__ import annotations
 
 import math
-from typing import Hashable, Mapping
+from collections.abc import Hashable, Mapping
 
 
 def _gamma_q(a: float, x: float) -> float:
@@ -79,6 +79,6 @@ def pearson_pvalue(counts: Mapping[Hashable, int], probs: Mapping[Hashable, floa
         exp.append(pooled_e)
     if len(obs) < 2:
         return 0.0, 0, 1.0
-    stat = float(sum((o - e) ** 2 / e for o, e in zip(obs, exp)))
+    stat = float(sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True)))
     dof = len(obs) - 1
     return stat, dof, chi2_sf(stat, dof)

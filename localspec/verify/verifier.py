@@ -40,16 +40,17 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from localspec._verifier import ffi, lib
-from localspec.settings.generation import CHAIN_ONLY, VERIFIERS as METHODS
-from localspec.settings.sampling import SamplingParams
 from localspec.errors import VerifierError
 from localspec.llama.logits import LogitsPointer
+from localspec.settings.generation import CHAIN_ONLY, VERIFIERS as METHODS
+from localspec.settings.sampling import SamplingParams
 
 PLAIN = SamplingParams()  # the target's own distribution: temperature 1, nothing truncated
 _METHOD_IDS = {name: i for i, name in enumerate(METHODS)}

@@ -37,10 +37,10 @@ import llguidance
 import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
-from localspec.settings.constraints import JSON_LAYOUT, Constraint
 from localspec.decoding.grammar.masks import allowed_tokens, mask_words
 from localspec.decoding.grammar.schema_errors import first_line, regex_problem, schema_problem
 from localspec.errors import ConfigError
+from localspec.settings.constraints import JSON_LAYOUT, Constraint
 
 log = logging.getLogger(__name__)
 

@@ -22,17 +22,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import llguidance
 import numpy as np
 
-from localspec.settings.constraints import Constraint
 from localspec.decoding.grammar.compiler import compile_constraint, start_problem
 from localspec.decoding.grammar.masks import is_allowed, mask_words
 from localspec.decoding.grammar.schema_errors import first_line
 from localspec.decoding.grammar.tokenizer import VocabModel, start_tokenizer
 from localspec.errors import ConfigError, ConstraintError
+from localspec.settings.constraints import Constraint
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,10 @@ class GrammarFollower:
                 checked.add(digest)
 
     @classmethod
-    def for_model(cls, constraint: Constraint | str, model: VocabModel) -> "GrammarFollower":
+    def for_model(cls, constraint: Constraint | str, model: VocabModel) -> GrammarFollower:
         """A follower for a model's logits, with the model's (cached) tokenizer; a grammar's
         start is followed once per model."""
-        model.vocab_pointer  # refuse a closed model: the tokenizer points into its vocabulary
+        _ = model.vocab_pointer  # refuse a closed model: the tokenizer points into its vocabulary
         future = start_tokenizer(model)
         return cls(constraint, future.result(), model.n_vocab, future.checked)
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import llguidance
 
 from localspec.settings.constraints import JSON_LAYOUT
+
 
 def first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
@@ -77,8 +79,8 @@ def schema_problem(schema: Any, message: str, root: Any = None, at: str = "") ->
         except json.JSONDecodeError:
             keys = []
         places = [_keyword_place(schema, key) for key in keys]
-        found = [f'"{key}" at {at}{place}' for key, place in zip(keys, places) if place is not None]
-        missing = [f'"{key}"' for key, place in zip(keys, places) if place is None]
+        found = [f'"{key}" at {at}{place}' for key, place in zip(keys, places, strict=True) if place is not None]
+        missing = [f'"{key}"' for key, place in zip(keys, places, strict=True) if place is None]
         word, them = ("keyword", "it") if len(keys) == 1 else ("keywords", "them")
         return f"unsupported {word} {', '.join(found + missing)} (llguidance cannot enforce {them}; remove or rewrite {them})"
     if m := re.search(r"required property '(.*)' is unsatisfiable", text):

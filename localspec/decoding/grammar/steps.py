@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.settings.constraints import Constraint
+from localspec.decoding.drafters import DraftProposal
 from localspec.decoding.grammar.compiler import compile_constraint
 from localspec.decoding.grammar.follower import GrammarFollower
 from localspec.decoding.grammar.masks import allocate_masks, is_allowed
-from localspec.decoding.drafters import DraftProposal
 from localspec.decoding.tree import DraftTree
 from localspec.errors import ConstraintError
 from localspec.llama.model import Model
 from localspec.llama.sequence import KVSequence
+from localspec.settings.constraints import Constraint
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class StepMasks:
         its row and its descendants' are copies of the parent's, never read for a token."""
         root = self.row(tree, -1)
         ok = [False] * tree.n
-        for j, (token, parent) in enumerate(zip(tree.tokens, tree.parents)):
+        for j, (token, parent) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
             if (parent < 0 or ok[parent]) and is_allowed(self.rows[parent + 1], token):
                 ok[j] = True
                 self.row(tree, j)

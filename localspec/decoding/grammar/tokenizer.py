@@ -148,7 +148,7 @@ def start_tokenizer(model: VocabModel) -> TokenizerFuture:
     """Start building the model's tokenizer in a background thread, once per model (a later
     call returns the same future, and one adopted from a prestart). The model keeps it
     (``model.grammar_tokenizer``): it lives as long as the model."""
-    model.vocab_pointer  # a closed model: ModelError now, not a crash in the thread
+    _ = model.vocab_pointer  # a closed model: ModelError now, not a crash in the thread
     with _LOCK:
         future = model.grammar_tokenizer
         if future is None or future.failed():
@@ -158,5 +158,5 @@ def start_tokenizer(model: VocabModel) -> TokenizerFuture:
 
 def tokenizer_for(model: VocabModel) -> llguidance.LLTokenizer:
     """The model's llguidance tokenizer, built once per model (waits for one being built)."""
-    model.vocab_pointer  # refuse a closed model: the tokenizer points into its vocabulary
+    _ = model.vocab_pointer  # refuse a closed model: the tokenizer points into its vocabulary
     return start_tokenizer(model).result()
