@@ -237,7 +237,7 @@ class Generation:
             return
         owner = getattr(draft, "drafting_for", None)
         busy = [m for m in (owner, draft) if m is not None and m is not self.target
-                and getattr(m, "scheduler", None) is not None and m.scheduler.in_use()[0] > 0]
+                and getattr(m, "scheduler", None) is not None and m.scheduler.busy]
         if busy:
             raise ModelError(f"the draft {draft.path.name} is in use by the generations of another model now: "
                              "load it once for each target that drafts with it")

@@ -278,34 +278,37 @@ def table(title: str, rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
-def held_cells(held: Sequence[int] = (0, 500, 2000, 8000), rounds: int = 9) -> list[str]:
+def held_cells(held: Sequence[int] = (4000, 1000, 250, 0), rounds: int = 7) -> list[str]:
     """What cells another slot holds cost a call's attention (the unified cache attends over every
-    used cell): a slot's step (one token at a ~100-token context) and its 100-token prefill,
-    with another slot holding `held` cells, alternated, medians; in this process, the default
-    target with localspec's defaults (4 slots)."""
+    used cell): a slot's step (one token at a ~100-token context) and its 100-token prefill, with
+    another slot holding `held` cells (its saved state restored and trimmed each time), medians of
+    `rounds` alternated rounds; in this process, the default target with localspec's defaults."""
     from localspec.api import load_model
     from localspec.llama.sequence import Part
 
-    model = load_model(str(default_target()), ctx_size=8192)
+    model = load_model(str(default_target()), ctx_size=max(held) + 512)
     context = model.tokenize("Write a Python function that reverses a string. " * 10)[:100]
-    other = model.tokenize("def f(x):\n    return x * 2\n" * 1000)
+    other, own = model.sequences[1], model.sequences[0]
+    model.prefill(model.tokenize("def f(x):\n    return x * 2\n" * 600)[: max(held)], 0, seq_ids=(other.base,))
+    state = model.seq_state(other.base)
     times: dict[int, list[tuple[float, float]]] = {n: [] for n in held}
     for _ in range(rounds):
         for n in held:
-            model.clear()
+            model.clear_memory()
             if n:
-                model.prefill(other[:n], 0, seq_ids=(model.sequences[1].base,))
+                model.set_seq_state(state, other.base)
+                model.seq_rm(other.base, n, -1)
             t0 = time.perf_counter()
-            model.prefill(context, 0)
+            model.prefill(context, 0, seq_ids=(own.base,))
             t1 = time.perf_counter()
             for i in range(4):
-                model.decode_parts([Part([context[i]], [len(context) + i], [(0,)], "all")])
+                model.decode_parts([Part([context[i]], [len(context) + i], [(own.base,)], "all")])
             times[n].append((t1 - t0, (time.perf_counter() - t1) / 4))
     base_prefill = statistics.median(p for p, _ in times[0])
     base_step = statistics.median(s for _, s in times[0])
     lines = ["### What cells held by another slot cost a call", "",
              "| cells another slot holds | 100-token prefill | a step at a 100-token context |", "| ---: | ---: | ---: |"]
-    for n in held:
+    for n in sorted(held):
         prefill, step = statistics.median(p for p, _ in times[n]), statistics.median(s for _, s in times[n])
         lines.append(f"| {n} | {prefill * 1e3:.0f} ms ({prefill / base_prefill:.2f}×) | "
                      f"{step * 1e3:.1f} ms ({step / base_step:.2f}×) |")

@@ -144,6 +144,12 @@ class Scheduler:
         with self._cond:
             return sum(s.call is not None for s in self.slots), len(self._waiting)
 
+    @property
+    def busy(self) -> bool:
+        """Whether a call runs in it now (read without its lock: another scheduler may ask while
+        holding its own)."""
+        return any(s.call is not None for s in self.slots)
+
     def close(self, timeout: float = 30.0) -> None:
         """Stop every call (as cancelled) and the loop; no call is taken after."""
         with self._cond:
@@ -357,6 +363,8 @@ class Scheduler:
                 part = request.part
             served.append(slot)
             parts.append(part)
+        if not parts:
+            return
         decoded = self._run(model, served, parts)
         if decoded is None:
             return
