@@ -21,7 +21,7 @@ MESSAGES = [{"role": "user", "content": "Write a Python function that checks whe
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[tuple[Model, Model]]:
-    target, draft = default_pair(ctx_size=512, cache_type="f32", flash_attn="off")
+    target, draft = default_pair(ctx_size=2304, cache_type="f32", flash_attn="off")
     yield target, draft
     target.close()
     draft.close()
@@ -80,3 +80,30 @@ def test_the_readmes_app_example_runs_as_written(tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "GiB once loaded" in done.stdout and "loading 100%" in done.stdout
     assert done.stdout.count("\n---\n") == 2 and "def" in done.stdout
+
+
+def test_a_cancel_during_a_long_prefill_returns_at_once(pair: tuple[Model, Model]) -> None:
+    """A 2,000-token prompt's prefill (seconds on a CPU) stops within 0.5 s of its cancel, and the
+    next call on the pair is the target's own greedy text."""
+    import threading
+    import time
+
+    target, _ = pair
+    long_prompt = [{"role": "user", "content": "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 180}]
+    stop, stopped_at = threading.Event(), []
+
+    def cancel() -> None:
+        stopped_at.append(time.monotonic())
+        stop.set()
+
+    timer = threading.Timer(1.0, cancel)
+    timer.start()
+    out = list(stream_generate(target, None, long_prompt, max_tokens=4, temperature=0, cancel=stop, prompt_cache=False))
+    returned = time.monotonic()
+    timer.join()
+    assert out[-1].finish_reason == "cancelled" and returned - stopped_at[0] < 0.5, returned - stopped_at[0]
+    again = greedy_tokens(target, None, num_draft_tokens=0)
+    target.clear()
+    fresh = greedy_tokens(target, None, num_draft_tokens=0)
+    assert_greedy_equal(target, MESSAGES, again, fresh, "the call after a cancelled prefill",
+                        tol=near_tie(batch_noise(target, chat_tokens(target, MESSAGES) + fresh)))
