@@ -26,7 +26,8 @@ from localspec.decoding.engine import Engine, check_prompt
 from localspec.decoding.history import History
 from localspec.decoding.passes import Turn
 from localspec.decoding.profiles import Profiles
-from localspec.decoding.scheduler import Program, Scheduler
+from localspec.decoding.scheduler import Scheduler
+from localspec.decoding.slots import Program
 from localspec.decoding.stats import GenerationStats
 from localspec.decoding.text import StopScanner
 from localspec.errors import ConfigError, ModelError

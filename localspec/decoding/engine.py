@@ -202,14 +202,13 @@ class Engine:
         decodes; `turn`: the tokens they put in this step's target pass, which the policy prices,
         and the room left in it). Returns the newly generated tokens (accepted + the extra one),
         cut after an end-of-generation token and at max_tokens; sets finish_reason when done."""
-        batch = turn.batch
         depth = self._depth(self.target.n_batch if turn.room is None else turn.room)
         if depth is None:
             self.finish_reason = self.finish_reason or "length"
             return []
         t0 = time.perf_counter()
         masks = self.state.new_step()
-        draft = yield from self._draft(depth, masks, batch)
+        draft = yield from self._draft(depth, masks, turn)
         t1 = time.perf_counter()
         first_row, decoded = yield from self.state.target_pass(draft)
         t2 = time.perf_counter()
@@ -241,10 +240,11 @@ class Engine:
             self._counters.limits[limit] = self._counters.limits.get(limit, 0) + 1
         return depth
 
-    def _draft(self, depth: int, masks: StepMasks | None, batch: int) -> Steps[Draft]:
+    def _draft(self, depth: int, masks: StepMasks | None, turn: Turn) -> Steps[Draft]:
         """The step's draft: the drafters' proposals of at most `depth` levels (a fixed one cut
         before the first token the grammar forbids), the one the policy picks, drafted at the
-        depth it picks (at most what the proposal offers)."""
+        depth it picks (at most what the proposal offers); in a round planned as a whole, at the
+        depth the round's plan gives its offer."""
         if depth <= 0:
             return NO_DRAFT
         proposals: list[DraftProposal] = []
@@ -256,13 +256,25 @@ class Engine:
                 if proposal.levels > depth:  # a drafter's bug: the step's cap is the one place depth is cut
                     raise RuntimeError(f"{d.kind} drafter offered {proposal.levels} levels, asked for {depth}")
                 proposals.append(proposal)
-        picked = self.policy.pick(proposals, depth, self._counters.prompt_tokens, self._remaining(), batch=batch)
+        picked = yield from self._pick(proposals, depth, turn)
         if picked is None:
             return NO_DRAFT
         proposal, levels = picked
         return (yield from resolve(proposal.drafter.draft(proposal, self.state, self.shape.truncated(levels),
                                                           self.sampling, self.rng,
                                                           self.config.verifier in WITHOUT_REPLACEMENT, masks)))
+
+    def _pick(self, proposals: list[DraftProposal], depth: int, turn: Turn) -> Steps[tuple[DraftProposal, int] | None]:
+        """The policy's pick; in a planned round (turn.planned), its offer sent to the round's plan
+        (localspec.decoding.batch_plan) and the depth that comes back."""
+        prompt_tokens, remaining = self._counters.prompt_tokens, self._remaining()
+        if turn.planned and proposals:
+            made = self.policy.offer(proposals, depth, prompt_tokens, remaining)
+            if made is not None:
+                proposal, offer = made
+                levels = yield offer
+                return (proposal, levels) if levels > 0 else None
+        return self.policy.pick(proposals, depth, prompt_tokens, remaining, batch=turn.batch)
 
     def _verify(self, draft: Draft, masks: StepMasks | None, first_row: int) -> verifier.VerifyOutcome:
         """The configured verification of the step's draft, under the grammar's masks if any. A

@@ -53,10 +53,13 @@ Request = Fill | Step
 class Turn:
     """Between two steps a generation yields an empty Turn and waits for its next one: the one it
     gets back says what the other calls put in the next target pass (`batch` tokens; the step may
-    add at most `room`; None: the whole batch)."""
+    add at most `room`; None: the whole batch), and whether the round is planned as a whole
+    (`planned`: the step yields its options, a localspec.decoding.batch_plan.Offer, and gets back
+    the depth to draft)."""
 
     batch: int = 0
     room: int | None = None
+    planned: bool = False
 
 
 ON_CPU = 0.5  # a decode whose threads got less than this share of its wall time was not on the CPU

@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from localspec.decoding import passes
+from localspec.decoding.batch_plan import Offer
 from localspec.decoding.acceptance import DEFAULT_PRIOR_HAZARD, FIRST_TRY, LEVELS, PRIOR_HAZARD, Acceptance, Censored
 from localspec.decoding.costs import EMA, CostTable, plausible_costs
 from localspec.decoding.passes import Steps
@@ -113,6 +114,43 @@ class Planner:
             if planned > 0 and (best is None or rate > best[0]):
                 best = (rate, planned, proposal)
         return None if best is None else (best[2], best[1])
+
+    def offer(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
+              remaining: int) -> tuple[DraftProposal, Offer] | None:
+        """The step's options for a round planned with other calls (localspec.decoding.batch_plan):
+        the proposal pick would draft from alone, with every depth this generation may draft it
+        (explored, and within what it may lose: the allowances) and, at each, its expected tokens,
+        its tokens in the pass and its draft model's seconds. None: nothing to offer (a target-only
+        step; c(1) unmeasured yet, or no depth allowed)."""
+        if self.saved is None:
+            self.begin(remaining)
+        c1 = self._measured_c1()
+        if c1 <= 0:
+            return None
+        best: tuple[float, DraftProposal, list[int], list[float]] | None = None
+        for proposal in proposals:
+            drafter = proposal.drafter
+            if not drafter.loaded and not self.worth_loading(drafter, prompt_tokens, remaining):
+                continue
+            acc = self.acceptance(proposal.kind)
+            limit = min(proposal.levels, acc.explored_depth())
+            expected = acc.expectations(limit)
+            certain = acc.prior == 0.0 and not any(acc.rejected)
+            allowed = [d for d in range(1, limit + 1) if certain
+                       or self.step_cost(drafter, d, proposal.lag) - c1 <= self.saved + self.allowance(d)]
+            if allowed:
+                rate = max(expected[d] / self.step_cost(drafter, d, proposal.lag) for d in allowed)
+                if best is None or rate > best[0]:
+                    best = (rate, proposal, allowed, expected)
+        if best is None:
+            return None
+        _, proposal, allowed, expected = best
+        depths = (0, *allowed)
+        tokens = tuple(self._nodes[d] + 1 for d in depths)
+        drafting = tuple(self.step_cost(proposal.drafter, d, proposal.lag) - self.target_cost(self._nodes[d] + 1)
+                         for d in depths)
+        return proposal, Offer(depths, tuple(expected[d] for d in depths), tokens, drafting, self.target_cost,
+                               self.margin)
 
     def begin(self, remaining: int) -> None:
         """A generation of up to `remaining` tokens starts (at its first step): nothing saved yet."""

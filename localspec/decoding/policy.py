@@ -17,6 +17,7 @@ from localspec.decoding import passes
 from localspec.decoding.passes import Steps
 
 if TYPE_CHECKING:
+    from localspec.decoding.batch_plan import Offer
     from localspec.decoding.drafters import Drafter, DraftProposal
     from localspec.decoding.state import Draft
     from localspec.llama.sequence import KVSequence
@@ -33,6 +34,11 @@ class Policy(Protocol):
         `proposals` in the drafters' order, each offering at least one level and at most `depth`
         (the step's cap: localspec.decoding.depth.step_depth); `batch`: the tokens other calls
         put in the same target pass (0: this call is alone)."""
+
+    def offer(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
+              remaining: int) -> tuple[DraftProposal, Offer] | None:
+        """The step's options for a round planned with other calls' (localspec.decoding.batch_plan);
+        None: it drafts as pick says (a fixed plan), or nothing."""
 
     def prefill(self, sequence: KVSequence, upto: int) -> Steps[None]:
         """Decode the prompt into the target's sequence up to `upto` (as requests:
@@ -61,6 +67,10 @@ class FixedPolicy:
             if proposal.drafter is self.last or proposal.levels >= min(MIN_PROPOSAL, depth):
                 return proposal, proposal.levels
         return None
+
+    def offer(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
+              remaining: int) -> tuple[DraftProposal, Offer] | None:
+        return None  # a fixed plan drafts what it drafts, beside others or not
 
     def prefill(self, sequence: KVSequence, upto: int) -> Steps[None]:
         return passes.fill(sequence, upto)

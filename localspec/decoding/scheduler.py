@@ -33,12 +33,13 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 from localspec.decoding import passes
-from localspec.decoding.passes import Decoded, Fill, Request, Turn
+from localspec.decoding.batch_plan import Offer, allocate
+from localspec.decoding.passes import Decoded, Fill, Turn
+from localspec.decoding.slots import Call, Running, Slot
 from localspec.errors import Cancelled, LocalspecError, RequestError
 from localspec.llama.parked import PARK_MEMORY, Parked
 from localspec.llama.sequence import Part, common_prefix
@@ -50,51 +51,6 @@ DEFAULT_MAX_QUEUE = 64  # calls that may wait for a slot (beyond them: RequestEr
 WATCH = 0.05  # seconds between checks, during a decode, of whether its calls were all cancelled
 SIMILAR = 0.5  # of a slot's context a prompt must continue to take that slot (llama-server's default similarity)
 IDLE_EXIT = 30.0  # seconds a loop waits for a call before its thread ends (and lets go of the model)
-
-Program = Generator[Request | Turn, Any, None]
-
-
-class Call(Protocol):
-    """What the scheduler runs (localspec.api.Generation is one)."""
-
-    prompt: Sequence[int]  # its tokens: the slot sharing the longest prefix is chosen
-
-    def cancelled(self) -> bool:
-        """Whether it should stop now (its cancel set, its consumer gone)."""
-
-    def bind(self, slot: int) -> None:
-        """It runs in the target's slot `slot` (and the draft's)."""
-
-    def program(self) -> Program:
-        """Its work as requests (see the module docstring)."""
-
-    def end(self, error: BaseException | None, cancelled: bool) -> None:
-        """It ended: its program finished, failed (`error`) or was stopped (`cancelled`)."""
-
-
-@dataclass(eq=False)
-class Slot:
-    """One of the target's slots and the call running in it."""
-
-    index: int
-    call: Call | None = None
-    program: Program | None = None
-    pending: Any = None  # what its program yielded last (a request, or a Turn)
-    last_used: float = 0.0
-    admitted: int = 0  # admission order: prompts are prefilled first come, first served
-    models: set = field(default_factory=set)  # the models whose sequences of this slot its calls used
-
-    def release(self) -> None:
-        self.call = self.program = self.pending = None
-        self.last_used = time.monotonic()
-
-
-@dataclass
-class Running:
-    """The decode running now and the calls it serves."""
-
-    model: Any
-    calls: list[Call] = field(default_factory=list)
 
 
 class Scheduler:
@@ -269,17 +225,30 @@ class Scheduler:
 
     def _advance_turns(self) -> None:
         """Every slot at a turn (or just admitted) starts its next step, told what the others'
-        tokens in this round's target pass are so far."""
+        tokens in this round's target pass are so far. With several generating, the round is
+        planned as a whole: each step offers its options and drafts at the depth the round's plan
+        gives it (localspec.decoding.batch_plan.allocate)."""
         active = self._active()
         generating = [s for s in active if not isinstance(s.pending, Fill)]
+        prefill = min(PREFILL_CHUNK, self._prefill_left(active)) if len(generating) < len(active) else 0
         planned = 0  # tokens of the target pass the slots before have asked for
         for i, slot in enumerate(generating):
-            waiting_roots = len(generating) - i - 1  # later slots will add at least their root
-            prefill = PREFILL_CHUNK if len(generating) < len(active) else 0
-            others = planned + waiting_roots + min(prefill, self._prefill_left(active))
-            self._resume(slot, Turn(others, self.target.n_batch - others))
+            others = planned + (len(generating) - i - 1) + prefill  # later slots add at least their root
+            self._resume(slot, Turn(others, self.target.n_batch - others, planned=len(generating) > 1))
             if slot.call is not None:
                 planned += self._target_tokens(slot)
+        self._plan_round(generating, prefill)
+
+    def _plan_round(self, generating: list[Slot], prefill: int) -> None:
+        """The offers of this round's steps, answered with the depths of the round's plan."""
+        offering = [s for s in generating if s.call is not None and isinstance(s.pending, Offer)]
+        if not offering:
+            return
+        fixed = [s for s in generating if s.call is not None and s not in offering]
+        depths = allocate([s.pending for s in offering], sum(self._target_tokens(s) for s in fixed) + prefill,
+                          float(len(fixed)), self.target.n_batch)
+        for slot, depth in zip(offering, depths, strict=True):
+            self._resume(slot, depth)
 
     def _prefill_left(self, active: Sequence[Slot]) -> int:
         return sum(max(s.pending.upto - s.pending.sequence.n_cached, 0) for s in active
@@ -290,6 +259,8 @@ class Scheduler:
         pending = slot.pending
         if isinstance(pending, passes.Step) and pending.sequence.model is self.target:
             return len(pending.part.tokens)
+        if isinstance(pending, Offer):
+            return pending.tokens[0]
         return 0 if isinstance(pending, Turn) or slot.call is None else 1
 
     def _resume(self, slot: Slot, value: Any) -> None:
