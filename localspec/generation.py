@@ -35,7 +35,7 @@ from localspec.llama.model import Model
 from localspec.llama.prompt_cache import PromptCache
 from localspec.prompt import Prompt, prompt_tokens, supports_tools
 from localspec.settings.generation import GenerationConfig
-from localspec.tool_calls import ToolCall, ToolCallParser, call_tokens
+from localspec.tool_calls import ToolCall, ToolCallParser, tool_call_markers
 from localspec.tools import ToolSet
 
 END = object()  # the last event of a generation's stream
@@ -353,7 +353,7 @@ def _tool_parser(target: Model, prompt: Prompt, tools: ToolSet | None) -> ToolCa
                           "tools with the model's own template (Qwen 2.5 and Hermes-style models have one)", "tools")
     if not tools.calls_allowed:
         return None
-    return ToolCallParser(*call_tokens(target), tools.json_calls)
+    return ToolCallParser(*tool_call_markers(target), tools.json_calls)
 
 
 def _with_tools(config: GenerationConfig, tools: ToolSet) -> GenerationConfig:

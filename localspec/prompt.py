@@ -36,7 +36,7 @@ ROLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,31}$")
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters around a placeholder (see _escape)
 
 
-_PROMPT_KINDS = "a string, a non-empty list of chat messages ({'role': ..., 'content': ...}) or a non-empty list of token ids"
+_PROMPT_SHAPES = "a string, a non-empty list of chat messages ({'role': ..., 'content': ...}) or a non-empty list of token ids"
 
 
 def _is_token_id(value: object) -> bool:
@@ -55,10 +55,10 @@ def prompt_tokens(target: Model, prompt: Prompt, tools: Sequence[dict] | None = 
         raise PromptError("the prompt is one chat message (a dict); pass a list of messages, e.g. "
                           "[{'role': 'user', 'content': 'Hi'}]")
     if not isinstance(prompt, Iterable):
-        raise PromptError(f"the prompt must be {_PROMPT_KINDS}, got {type(prompt).__name__}")
+        raise PromptError(f"the prompt must be {_PROMPT_SHAPES}, got {type(prompt).__name__}")
     items = list(prompt)
     if not items:
-        raise PromptError(f"the prompt is empty; it must be {_PROMPT_KINDS}")
+        raise PromptError(f"the prompt is empty; it must be {_PROMPT_SHAPES}")
     if any(isinstance(m, dict) for m in items):
         return chat_tokens(target, items, tools)
     if all(_is_token_id(t) for t in items):
@@ -68,7 +68,7 @@ def prompt_tokens(target: Model, prompt: Prompt, tools: Sequence[dict] | None = 
                                   f"[0, {target.n_vocab}))")
         return [int(t) for t in items]
     bad = next((i, t) for i, t in enumerate(items) if not _is_token_id(t))
-    raise PromptError(f"the prompt must be {_PROMPT_KINDS}; item {bad[0]} is a {type(bad[1]).__name__}")
+    raise PromptError(f"the prompt must be {_PROMPT_SHAPES}; item {bad[0]} is a {type(bad[1]).__name__}")
 
 
 def check_text(text: str, what: str) -> None:

@@ -31,7 +31,7 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def call_tokens(model: Any) -> tuple[int, int]:
+def tool_call_markers(model: Any) -> tuple[int, int]:
     """The ids of the model's <tool_call> and </tool_call> tokens (ConfigError when it has none)."""
     ids = [model.tokenize(text, add_special=False, parse_special=True) for text in (CALL_OPEN, CALL_CLOSE)]
     if any(len(i) != 1 for i in ids):

@@ -80,7 +80,7 @@ def test_no_import_cycle() -> None:
     graph = import_graph(PACKAGES)
     # the checker sees the code: module-level and function-level imports, the package's own edges
     assert "localspec.cli.options" in graph["localspec.cli.chat"]
-    assert "localspec.core.run" in graph["localspec.cli.calls"]  # imported inside a function
+    assert "localspec.core.run" in graph["localspec.cli.resolve"]  # imported inside a function
     assert "localspec.cli.generate" in graph["localspec.cli"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
@@ -195,7 +195,7 @@ def test_the_commands_the_docs_show_run_their_modules(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- packages as a whole
 
 def package_graph(graph: dict[str, set[str]], roots: tuple[str, ...]) -> dict[str, set[str]]:
-    """The module graph collapsed to packages: localspec.cli.calls → localspec.cli, a top module
+    """The module graph collapsed to packages: localspec.cli.resolve → localspec.cli, a top module
     (localspec.api) stays itself. A root package's own ``__init__`` (localspec: its lazy public
     names) is left out, as an edge to it names the package's version, not its contents."""
     def package(module: str) -> str | None:

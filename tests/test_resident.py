@@ -724,7 +724,7 @@ def test_a_deleted_working_directory_is_treated_as_in_its_own_process(pair: list
 # fetching a model or running the call here needs.
 CLIENT_MODULES = {
     "localspec", "localspec.errors", "localspec.loading",
-    "localspec.cli", "localspec.cli.calls", "localspec.cli.generate", "localspec.cli.options",
+    "localspec.cli", "localspec.cli.resolve", "localspec.cli.generate", "localspec.cli.options",
     "localspec.cli.render", "localspec.cli.report",
     "localspec.core", "localspec.core.calls", "localspec.core.pairs",
     "localspec.decoding", "localspec.decoding.stats",

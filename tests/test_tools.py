@@ -48,7 +48,7 @@ from localspec.prompt import chat_tokens
 from localspec.server import ServerLimits
 from localspec.server.app import create_app
 from localspec.server.jobs import Pair
-from localspec.tool_calls import ToolCallParser, call_tokens
+from localspec.tool_calls import ToolCallParser, tool_call_markers
 from localspec.tools import JsonCalls, ToolSet
 import tiny_models as tiny
 from chat_render import render_chat
@@ -593,7 +593,7 @@ def test_none_never_writes_the_call_token(target: Model, draft: Model) -> None:
     </tool_call> is ever generated; the content is the whole text. Negative control: the same
     seeds with "auto" write the call token (p ≈ 0.57 at the first token alone, 73 of 100 seeds
     within 60 tokens, so all 8 seeds missing it has a chance below 0.43**8 ≈ 1e-3)."""
-    assert call_tokens(target) == (OPEN, CLOSE)
+    assert tool_call_markers(target) == (OPEN, CLOSE)
     auto_opened = 0
     for seed in range(8):
         rs = generate(target, draft, tools=TOOLS, tool_choice="none", seed=seed, max_tokens=60)

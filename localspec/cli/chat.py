@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from localspec.cli import calls, render
+from localspec.cli import render, resolve
 from localspec.cli.chat_commands import Session, note, run_command
 from localspec.cli.chat_store import load_chat
 from localspec.cli.options import (
@@ -78,7 +78,7 @@ def follow_reply(call: Any, write: Any, config: GenerationConfig) -> ChatReply:
                     parts.append(event.text)
                     write(event.text, event.drafted)
                 elif isinstance(event, Failed):
-                    error = calls.error_of(event, config=config)
+                    error = resolve.error_of(event, config=config)
                     if not isinstance(error, ModelError):
                         raise error
                     return ChatReply("", None, None, False, error=error)
@@ -88,7 +88,7 @@ def follow_reply(call: Any, write: Any, config: GenerationConfig) -> ChatReply:
             sys.exit(render.service_lost())
     assert done is not None
     if done.error is not None:
-        error = calls.error_of(done.error, config=config)
+        error = resolve.error_of(done.error, config=config)
         if not isinstance(error, ModelError):
             raise error
         return ChatReply("".join(parts), None, None, False, error=error)
@@ -247,7 +247,7 @@ def _opened(call: Any, session: Session, bars: render.LoadBars) -> Ready | None:
                 elif isinstance(event, Ready):
                     ready = event
                 elif isinstance(event, Failed):
-                    raise calls.error_of(event, config=session.config)
+                    raise resolve.error_of(event, config=session.config)
                 elif isinstance(event, Done) and (event.stopped or ready is None):
                     raise render.Terminated() if event.stopped == "terminated" else KeyboardInterrupt()
                 elif isinstance(event, Done) and call.resident and event.timings.get("target_load"):
@@ -304,14 +304,14 @@ def chat(model: str | None, draft: str | None, system: str | None, resume: str |
     flags = Flags.current()
     with render.stop_signals():
         keep_alive = flags["keep_alive"]
-        cache = calls.prompt_cache(flags["prompt_cache"])
+        cache = resolve.prompt_cache(flags["prompt_cache"])
         config = generation_config(flags)
         saved = load_chat(resume) if resume is not None else None
         if saved is not None and system is None:  # the system message is the saved one unless -s gives another
             system = saved["system"]
-        pair = calls.resolve_pair(model, draft, flags.load(), need_draft=draft_loading(config.drafter, False)[0],
+        pair = resolve.resolve_pair(model, draft, flags.load(), need_draft=draft_loading(config.drafter, False)[0],
                                   before_fetch=lambda: compile_constraint_now(config))
-        caller = calls.Caller(keep_alive, shared=True)
+        caller = resolve.Caller(keep_alive, shared=True)
         session = Session(system, config=config, caller=caller, pair=pair, cache=cache, keep_alive=keep_alive,
                           show_drafts=render.colours(show_drafts))
         try:

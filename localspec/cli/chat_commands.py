@@ -47,7 +47,7 @@ class Session:
 
     system: str | None
     config: GenerationConfig = field(default_factory=GenerationConfig)
-    caller: Any = None  # localspec.cli.calls.Caller
+    caller: Any = None  # localspec.cli.resolve.Caller
     pair: Any = None  # localspec.core.pairs.PairSpec
     cache: tuple[str | None, int] = (None, 0)  # the prompt cache (None: off) and its size on disk
     keep_alive: float = 0.0
@@ -69,9 +69,9 @@ class Session:
 
     def call(self, kind: str, prompt: Prompt, config: GenerationConfig | None = None) -> Any:
         """One call of the chat (the first: "open"; a reply: "generate"; /save: "keep")."""
-        from localspec.cli import calls
+        from localspec.cli import resolve
 
-        request = calls.request(kind, self.pair, config or self.config, prompt, self.cache, self.keep_alive)
+        request = resolve.request(kind, self.pair, config or self.config, prompt, self.cache, self.keep_alive)
         return self.caller.call(request)
 
 

@@ -2,7 +2,7 @@
 
 ``localspec "prompt"`` equals ``localspec generate "prompt"``: :class:`DefaultGroup` sends a
 first argument that is not a subcommand to ``generate``. The command resolves the call here
-(settings, pair, prompt: :mod:`localspec.cli.calls`), runs it in the resident service or in
+(settings, pair, prompt: :mod:`localspec.cli.resolve`), runs it in the resident service or in
 this process, and prints its events (:mod:`localspec.cli.render`).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from localspec.cli import calls, render
+from localspec.cli import render, resolve
 from localspec.cli.options import (
     Flags,
     compile_constraint_now,
@@ -180,8 +180,8 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
     with render.stop_signals(), render.load_bars() as bars:  # a load in this process: its bar on a terminal
         try:
             keep_alive = flags["keep_alive"]
-            cache = calls.prompt_cache(flags["prompt_cache"])
-            tools, tools_file = calls.tools_from_flags(flags)
+            cache = resolve.prompt_cache(flags["prompt_cache"])
+            tools, tools_file = resolve.tools_from_flags(flags)
             config = generation_config(flags)
             if system is not None and not chat_template:
                 raise ConfigError("a system message needs the chat template: drop --raw, or put the text in the "
@@ -190,14 +190,14 @@ def generate(prompt: tuple[str, ...], model: str | None, draft: str | None, chat
                 raise ConfigError("tools are rendered by the chat template: drop --raw", "tools")
             loading = flags.load()
             text = with_context(read_context(context_file), read_prompt(prompt))
-            pair = calls.resolve_pair(model, draft, loading, need_draft=draft_loading(config.drafter, False)[0],
+            pair = resolve.resolve_pair(model, draft, loading, need_draft=draft_loading(config.drafter, False)[0],
                                       before_fetch=lambda: compile_constraint_now(config))
-            request = calls.request("generate", pair, config, Prompt(text=text, chat=chat_template, system=system),
+            request = resolve.request("generate", pair, config, Prompt(text=text, chat=chat_template, system=system),
                                     cache, keep_alive, tools)
-            call = calls.Caller(keep_alive).call(request)
+            call = resolve.Caller(keep_alive).call(request)
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM while reading stdin, fetching, starting: said so
             _stopped_before_output(stop, as_json, model or "", config, prompt_tokens=0, resident=False)
-        code = _follow(call, config, pair.target_name, as_json=as_json, usage=usage,
+        code = _print_events(call, config, pair.target_name, as_json=as_json, usage=usage,
                        colour=render.colours(show_drafts) and not as_json, started=started, tools_file=tools_file,
                        keep_alive=keep_alive, bars=bars)
     if code:
@@ -214,7 +214,7 @@ def _stopped_before_output(stop: BaseException | str | None, as_json: bool, mode
     sys.exit(render.exit_status(stop))
 
 
-def _follow(call: Any, config: GenerationConfig, model: str, *, as_json: bool, usage: bool, colour: bool,
+def _print_events(call: Any, config: GenerationConfig, model: str, *, as_json: bool, usage: bool, colour: bool,
             started: float, tools_file: str | None, keep_alive: float, bars: render.LoadBars) -> int:
     """Print the call's events as they come, then its report; the exit status (`bars`: the load's
     progress, cleared when the text begins)."""
@@ -234,7 +234,7 @@ def _follow(call: Any, config: GenerationConfig, model: str, *, as_json: bool, u
                     if not as_json:
                         render.write_text(event.text, event.drafted, colour)
                 elif isinstance(event, Failed):
-                    raise calls.error_of(event, tools_file, config)
+                    raise resolve.error_of(event, tools_file, config)
                 elif isinstance(event, Done):
                     done = event
     except ServiceLost:
@@ -256,7 +256,7 @@ def _follow(call: Any, config: GenerationConfig, model: str, *, as_json: bool, u
     if done.error is not None:
         if parts and not as_json:
             click.echo("")
-        raise calls.error_of(done.error, tools_file, config)
+        raise resolve.error_of(done.error, tools_file, config)
     if done.stopped is not None:
         click.echo("\n" + render.stop_word(done.stopped), err=True)
     _report("".join(parts), done, as_json, usage, started, call.resident)

@@ -116,7 +116,7 @@ def _options(f: Callable, options: list[Callable]) -> Callable:
 
 def prompt_cache_option(f: Callable) -> Callable:
     """--prompt-cache: where prompt prefixes' KV state is saved and restored (a setting of the
-    process, not of a generation: localspec.cli.calls.prompt_cache reads it)."""
+    process, not of a generation: localspec.cli.resolve.prompt_cache reads it)."""
     from localspec.settings.locations import PROMPT_CACHE_ENV
 
     return click.option("--prompt-cache", cls=EnvOption, envvar=PROMPT_CACHE_ENV, default=None, metavar="DIR|off",

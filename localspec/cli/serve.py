@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from localspec.cli import calls
+from localspec.cli import resolve
 from localspec.cli.options import (
     EnvOption,
     Flags,
@@ -112,7 +112,7 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     from localspec.server.run import base_url, bind_socket, serve as run_server
 
     flags = Flags.current()
-    directory, limit = calls.prompt_cache(flags["prompt_cache"])
+    directory, limit = resolve.prompt_cache(flags["prompt_cache"])
     defaults = generation_config(flags)
     compile_constraint_now(defaults)  # a bad schema: a usage error before the pair is fetched or loaded
     limits = ServerLimits(api_key=api_key or None, **{k: flags[k] for k in LIMITS})
@@ -125,7 +125,7 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     sock = bind_socket(host, port)
     residency = Residency(prompt_memory=prompt_cache_memory << 20)
     try:
-        spec = calls.resolve_pair(model, draft, loading, need_draft=need)
+        spec = resolve.resolve_pair(model, draft, loading, need_draft=need)
         loaded = residency.pin(spec, need_draft=need, lazy_draft=lazy)
         check_loaded_pair(loaded)  # a draft that cannot draft for the target: refused now, as generate does
     except BaseException:

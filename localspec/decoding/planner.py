@@ -49,8 +49,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from localspec.decoding import passes
-from localspec.decoding.batch_plan import Offer
 from localspec.decoding.acceptance import DEFAULT_PRIOR_HAZARD, FIRST_TRY, LEVELS, PRIOR_HAZARD, Acceptance, Censored
+from localspec.decoding.batch_plan import Offer
 from localspec.decoding.costs import EMA, CostTable, plausible_costs
 from localspec.decoding.passes import Steps
 from localspec.decoding.profiles import Profile, Profiled, Profiles

@@ -43,7 +43,7 @@ STOP = b"X"
 ACCEPT = b"A"
 EVENT = b"V"
 RETRY = b"Y"
-KINDS = (CALL, CANCEL, STATUS, STOP, ACCEPT, EVENT, RETRY)
+FRAMES = (CALL, CANCEL, STATUS, STOP, ACCEPT, EVENT, RETRY)  # the kinds of frame
 
 
 class ProtocolError(ConnectionError):
@@ -73,7 +73,7 @@ class Channel:
         if head is None:
             return None
         kind, length = HEADER.unpack(head)
-        if kind not in KINDS:
+        if kind not in FRAMES:
             raise ProtocolError(f"a frame of unknown kind {kind!r}")
         if length > MAX_FRAME:
             raise ProtocolError(f"a frame of {length} bytes (at most {MAX_FRAME})")

@@ -243,12 +243,12 @@ class Service:
             log.exception("a call could not be read")
             emit(failed(exc))
             return
-        threading.Thread(target=_follow, args=(channel, cancel), name="client-reader", daemon=True).start()
+        threading.Thread(target=_read_cancels, args=(channel, cancel), name="client-reader", daemon=True).start()
         with self.logs.following(emit, request.log_level):
             run(self.residency, request, cancel, emit)
 
 
-def _follow(channel: Channel, cancel: Cancel) -> None:
+def _read_cancels(channel: Channel, cancel: Cancel) -> None:
     """What a client sends during its call: CANCEL, or the end of the connection (it is gone)."""
     try:
         while True:
