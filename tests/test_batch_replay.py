@@ -1,9 +1,10 @@
 """The batch replay (benchmarks/replay/batch.py) on made-up token sequences, without a model: one
 call at a time it is the single-answer replay; on a flat cost curve K calls in lockstep cost what
 the longest costs alone; on a steep CPU-like curve the planner drafts less with four calls in the
-pass than alone, and the planner told it is alone (negative control) drafts and loses there. The
-planner is driven as the engine and the scheduler drive it (pick(..., batch=), observe_step(...,
-pass_tokens=), finish)."""
+pass than alone, and the planner told it is alone (negative control) drafts and loses there. On a
+flat curve the planner drafts far less in a batch than alone: an expected failure that marks how
+it prices a shared pass. The planner is driven as the engine and the scheduler drive it
+(pick(..., batch=), observe_step(..., pass_tokens=), finish)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from benchmarks.replay.steps import replay
 AMD = {n: 0.03 * r for n, r in {1: 1.0, 2: 1.65, 4: 2.56, 8: 6.24, 16: 6.84}.items()}  # a steep CPU curve
 PREFILL = 0.3 * 0.03
 AMD_COST = CostTable(dict(AMD), lambda: PREFILL)
-FLAT = {1: 0.03, 32: 0.03}  # c(n) = c(1) up to 32 tokens: batching is free
+FLAT = {1: 0.03, 128: 0.03}  # c(n) = c(1) up to 128 tokens (4 calls drafting 31 deep): batching is free
 FLAT_COST = CostTable(dict(FLAT), lambda: PREFILL)
 
 
@@ -142,18 +143,19 @@ def test_on_a_flat_curve_calls_at_once_cost_what_the_longest_costs_alone() -> No
         assert replay_batch(make, answers, 4, AMD_COST, 200).seconds > 1.5 * steep
 
 
-@pytest.mark.xfail(strict=True, reason="the planner prices a token of a shared pass at no less than a prefill "
-                   "token (Planner.pass_cost's floor), so on a flat stretch every draft's tokens cost as much per "
-                   "token as the step it replaces and no draft clears the margin: it drafts nothing in a batch")
+@pytest.mark.xfail(strict=True, reason="in a shared pass the planner prices a draft at what its tokens add to the "
+                   "pass, each at least a long prefill's token (Planner.pass_cost), against what one root adds: on a "
+                   "flat stretch a draft of d tokens costs d + 1 times the step it replaces and never clears the margin")
 def test_on_a_flat_curve_the_planner_drafts_in_a_batch_as_alone() -> None:
-    """Where the curve is flat a draft adds nothing to the pass, so the planner's four calls at
-    once should cost what its longest call costs alone (it drafts the copies there)."""
+    """Where the curve is flat a draft adds nothing to the pass, so four calls at once should draft
+    about as much as each does alone (at least half as many tokens; alone it drafts the copies and
+    their chance matches). The replay's own lockstep accounting is checked above with fixed rules."""
     answers = [copy_case(0), free_case(1, 60), copy_case(2, copied=30), free_case(3, 90)]
     make = planner(FLAT)
-    alone = [replay(make(), *a, FLAT_COST, 200) for a in answers]
-    assert sum(a.drafted for a in alone) > 100
+    alone = sum(replay(make(), *a, FLAT_COST, 200).drafted for a in answers)
+    assert alone > 200
     together = replay_batch(make, answers, 4, FLAT_COST, 200)
-    assert together.seconds <= max(a.seconds for a in alone) * 1.05, (together.drafted, together.seconds)
+    assert together.drafted >= alone / 2, (together.drafted, alone)
 
 
 # ---------------------------------------------------------------- a steep curve: drafts and batching compete
@@ -198,7 +200,7 @@ def test_the_options_are_checked(capsys) -> None:
     assert [c.label for c in args.curve] == ["Intel Xeon (AMX), reported", "given"]
     assert args.curve[1].ratios == {1: 1.0, 2: 1.5, 8: 4.0} and {c.prefill for c in args.curve} == {0.2}
     assert [c.label for c in batch.parse_args(["--answers", "a.json"]).curve] == [c[0] for c in batch.CURVES.values()]
-    for bad, says in ((["--clients", "0,2"], "--clients"), (["--curve", "4:5"], "--curve"),
+    for bad, says in ((["--clients", "0,2"], "--clients"), (["--clients", "9"], "--clients"), (["--curve", "4:5"], "--curve"),
                       (["--prefill-rate", "1.5"], "--prefill-rate"), ([], "--answers")):
         with pytest.raises(SystemExit):
             batch.parse_args(([] if bad == [] else ["--answers", "a.json"]) + bad)

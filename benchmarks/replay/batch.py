@@ -52,11 +52,12 @@ from benchmarks.replay.steps import AnswerDecode, Replay
 Answer = tuple[list[int], list[int]]  # prompt tokens, the recorded output
 MakePolicy = Callable[[], "Policy | Mapping[str, int]"]  # a new policy for each call (a mapping: fixed depths)
 
-CURVES = {  # c(n)/c(1) measured on the hosts docs/whole-process.md's replay tables name
+CURVES = {  # c(n)/c(1) of the two hosts docs/whole-process.md's replay tables use
     "amd": ("AMD EPYC (Zen 4), measured", {1: 1.0, 2: 1.65, 4: 2.56, 8: 6.24, 16: 6.84}),
     "intel": ("Intel Xeon (AMX), reported", {1: 1.0, 2: 1.48, 4: 2.17, 7: 3.08, 13: 3.40, 16: 3.69, 25: 5.28}),
 }
 PREFILL_RATE = 0.3  # c(1) per token of a long prefill, on both hosts: prices passes beyond the curve
+MAX_CLIENTS = 8  # so that every slot's deepest draft fits one pass of the default n_batch (8 x 33 <= 512)
 
 
 @dataclass(frozen=True)
@@ -248,8 +249,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warm-rounds", type=int, default=2, help="replays of every answer that build the warm profile")
     args = p.parse_args(argv)
     check_prompts(p, args.prompts, REPLAY_PROMPTS)
-    if any(not 1 <= k <= 16 for k in args.clients):
-        p.error("--clients: each between 1 and 16 (calls at once on one pair)")
+    if any(not 1 <= k <= MAX_CLIENTS for k in args.clients):
+        p.error(f"--clients: each between 1 and {MAX_CLIENTS} (calls at once on one pair)")
     if args.prefill_rate is not None and not 0 < args.prefill_rate < 1:
         p.error("--prefill-rate must be between 0 and 1 (a prefill token is cheaper than a step)")
     if args.tokens < 2 or args.warm_rounds < 0:
