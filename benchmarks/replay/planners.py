@@ -8,6 +8,9 @@ it that differs in one thing, and the profiles they start from and learn into.
   the tokens that followed, instead of from its drafts (at T = 0 a one-hot draft is accepted
   exactly where it equals the output): acceptance evidence at no cost for every kind and depth,
   which the planner only gets by drafting.
+* :class:`BatchBlindPlanner`: it is told it is alone in every pass (batch = 0), so with other
+  calls in the pass it drafts as one call alone would: what pricing the batch is worth (the batch
+  replay, benchmarks.replay.batch).
 
 A replay's profile is its own (never saved): "cold" knows what a first run knows before its
 first draft (c(1), c(16) and the prefill rate), "warm" what replaying a set of answers left.
@@ -91,6 +94,15 @@ class ShadowPlanner(Planner):
         return undecided
 
 
+class BatchBlindPlanner(Planner):
+    """The planner told that no other call shares its passes (batch = 0 at every pick): it prices
+    each draft at what it costs alone, not at what its tokens add to the pass."""
+
+    def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
+             remaining: int, batch: int = 0) -> tuple[DraftProposal, int] | None:
+        return super().pick(proposals, depth, prompt_tokens, remaining, 0)
+
+
 def fresh_profile(curve: dict[int, float], prefill: float, warm_costs: bool) -> Profile:
     """A replay's own profile (never saved): the whole measured curve, or what a first run knows
     before its first draft (c(1) from its first step, c(16) and the prefill rate from its prefill)."""
@@ -100,14 +112,16 @@ def fresh_profile(curve: dict[int, float], prefill: float, warm_costs: bool) -> 
     return profile
 
 
-def planner_for(profile: Profile, uncapped: bool = False, shadow: bool = False, margin: float | None = None) -> Planner:
+def planner_for(profile: Profile, uncapped: bool = False, shadow: bool = False, margin: float | None = None,
+                batch_blind: bool = False) -> Planner:
     """A planner of the engine's default shape that learns into `profile` (`uncapped`: one that
     drafts any kind as deep as its acceptance says pays, however little explored; `shadow`: one
-    that learns from every proposal; `margin`: the predicted speedup a draft must reach, instead
-    of Planner.margin)."""
-    if shadow and uncapped:
-        raise ValueError("a replay's planner is the planner, the uncapped one or the shadow one, not two variants")
-    kind: type[Planner] = ShadowPlanner if shadow else UncappedPlanner if uncapped else Planner
+    that learns from every proposal; `batch_blind`: one told it is alone in every pass; `margin`:
+    the predicted speedup a draft must reach, instead of Planner.margin)."""
+    if shadow + uncapped + batch_blind > 1:
+        raise ValueError("a replay's planner is the planner or one variant of it (uncapped, shadow or batch-blind)")
+    kind: type[Planner] = (ShadowPlanner if shadow else UncappedPlanner if uncapped
+                           else BatchBlindPlanner if batch_blind else Planner)
     if margin is not None:
         kind = type(f"{kind.__name__}Margin", (kind,), {"margin": margin})
     return kind(ReplayTarget(), GenerationConfig().shape, profiles=Profiles.in_memory(), profile=profile)

@@ -9,7 +9,8 @@ the step costs c(drafted + 1) from the curve, and the policy observes it
 (:meth:`Policy.observe_step`); at the end, :meth:`Policy.finish`. The policy is the real planner
 (benchmarks.replay.planners makes one), a variant of it, or a fixed depth per kind of proposal
 (:class:`FixedDepths`): a replay takes milliseconds, and two policies compare on the same answers
-with no timing noise. The prompt's prefill is not replayed (there is no model): the profile a
+with no timing noise. :func:`replay` decodes one answer alone; its step, :class:`AnswerDecode`,
+is what the batch replay (benchmarks.replay.batch) drives for several answers sharing each pass. The prompt's prefill is not replayed (there is no model): the profile a
 replay starts from holds what a prefill measures.
 """
 
@@ -102,32 +103,72 @@ def drafted(drafter: NGramDrafter, picked: tuple[DraftProposal, int] | None) -> 
     return drafter.draft(proposal, None, shape, GREEDY, None, False)  # type: ignore[arg-type]
 
 
+class AnswerDecode:
+    """One recorded answer decoded again a step at a time, as the engine's step does it: the
+    drafter proposes, the policy picks (:meth:`draft`: `batch`, the tokens other calls put in the
+    same target pass, as the pair's scheduler tells the engine), the recorded answer decides what
+    is accepted and the policy observes what the pass cost (:meth:`commit`); :meth:`finish` ends
+    it as the engine ends a generation. :func:`replay` runs one alone; the batch replay
+    (benchmarks.replay.batch) runs several in the same passes."""
+
+    def __init__(self, policy: Policy | Mapping[str, int], prompt: Sequence[int], output: Sequence[int],
+                 max_tokens: int, depth: int = DEPTH, kinds: set[str] | None = None,
+                 trace: Trace | None = None) -> None:
+        self.policy: Policy = FixedDepths(policy) if isinstance(policy, Mapping) else policy
+        self.prompt, self.output = renumbered(prompt, output)
+        self.drafter = answer_drafter(self.prompt, self.output, max_tokens, depth)
+        self.max_tokens, self.depth, self.kinds, self.trace = max_tokens, depth, kinds, trace
+        self.position = self.steps = self.drafted = self.accepted = 0
+        self.seconds = 0.0  # target time of the passes it took part in
+        self._proposal: DraftProposal | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.position >= len(self.output)
+
+    def draft(self, batch: int = 0) -> Draft:
+        """This step's draft: the policy's pick of the drafter's proposal (none: a target-only step)."""
+        i = self.position
+        available = min(self.depth, self.max_tokens - i - 1)
+        self._proposal = None
+        if available <= 0:
+            return NO_DRAFT
+        self._proposal = self.drafter.propose([*self.prompt, *self.output[:i]], available)
+        if self._proposal is not None and self.kinds is not None:
+            self.kinds.add(self._proposal.kind)
+        offered = [self._proposal] if self._proposal is not None else []
+        return drafted(self.drafter, self.policy.pick(offered, available, len(self.prompt), self.max_tokens - i,
+                                                      batch=batch))
+
+    def commit(self, draft: Draft, seconds: float, pass_tokens: int | None = None) -> int:
+        """The step's pass ran (`seconds`, `pass_tokens`: the whole pass's, other calls' tokens
+        included; None: its own only): the answer says how much of `draft` is accepted, the
+        policy observes it; returns the tokens committed."""
+        i = self.position
+        n = matched_run(draft.tree.tokens, self.output[i:]) if draft.n else 0
+        if self.trace is not None:
+            self.trace.append((i, self._proposal.kind if self._proposal is not None else None, draft.n, n))
+        self.policy.observe_step(draft, n, seconds, self.output[i:i + n + 1], pass_tokens)
+        self.seconds += seconds
+        self.steps, self.drafted, self.accepted = self.steps + 1, self.drafted + draft.n, self.accepted + n
+        self.position = i + n + 1
+        return n + 1
+
+    def finish(self) -> Replay:
+        """As the engine ends a generation: what a planner learned goes into its profile."""
+        self.policy.finish()
+        return Replay(self.seconds, self.steps, self.drafted, self.accepted)
+
+
 def replay(policy: Policy | Mapping[str, int], prompt: Sequence[int], output: Sequence[int],
            cost: Callable[[int], float], max_tokens: int, depth: int = DEPTH, kinds: set[str] | None = None,
            trace: Trace | None = None) -> Replay:
     """Decode `output` again as the engine would with the n-gram drafter and `policy` (a mapping:
-    :class:`FixedDepths`), each step costing cost(drafted + 1). `kinds` collects the kinds of the
-    proposals seen; `trace`, every step's decision: (output position, kind of the proposal or
-    None, depth drafted, tokens accepted)."""
-    if isinstance(policy, Mapping):
-        policy = FixedDepths(policy)
-    prompt, output = renumbered(prompt, output)
-    drafter = answer_drafter(prompt, output, max_tokens, depth)
-    i = seconds = steps = n_drafted = accepted = 0
-    while i < len(output):
-        available = min(depth, max_tokens - i - 1)
-        proposal, draft = None, NO_DRAFT
-        if available > 0:  # as the engine's step: the drafters propose, the policy picks (or not)
-            proposal = drafter.propose([*prompt, *output[:i]], available)
-            offered = [proposal] if proposal is not None else []
-            draft = drafted(drafter, policy.pick(offered, available, len(prompt), max_tokens - i))
-        if proposal is not None and kinds is not None:
-            kinds.add(proposal.kind)
-        n = matched_run(draft.tree.tokens, output[i:]) if draft.n else 0
-        secs = cost(draft.n + 1)
-        if trace is not None:
-            trace.append((i, proposal.kind if proposal is not None else None, draft.n, n))
-        policy.observe_step(draft, n, secs, output[i:i + n + 1])
-        seconds, steps, n_drafted, accepted, i = seconds + secs, steps + 1, n_drafted + draft.n, accepted + n, i + n + 1
-    policy.finish()  # as the engine does: what a planner learned goes into its profile
-    return Replay(seconds, steps, n_drafted, accepted)
+    :class:`FixedDepths`), alone, each step costing cost(drafted + 1). `kinds` collects the kinds
+    of the proposals seen; `trace`, every step's decision: (output position, kind of the proposal
+    or None, depth drafted, tokens accepted)."""
+    answer = AnswerDecode(policy, prompt, output, max_tokens, depth, kinds, trace)
+    while not answer.done:
+        draft = answer.draft()
+        answer.commit(draft, cost(draft.n + 1))
+    return answer.finish()
