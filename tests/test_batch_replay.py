@@ -143,13 +143,11 @@ def test_on_a_flat_curve_calls_at_once_cost_what_the_longest_costs_alone() -> No
         assert replay_batch(make, answers, 4, AMD_COST, 200).seconds > 1.5 * steep
 
 
-@pytest.mark.xfail(strict=True, reason="in a shared pass the planner prices a draft at what its tokens add to the "
-                   "pass, each at least a long prefill's token (Planner.pass_cost), against what one root adds: on a "
-                   "flat stretch a draft of d tokens costs d + 1 times the step it replaces and never clears the margin")
 def test_on_a_flat_curve_the_planner_drafts_in_a_batch_as_alone() -> None:
-    """Where the curve is flat a draft adds nothing to the pass, so four calls at once should draft
-    about as much as each does alone (at least half as many tokens; alone it drafts the copies and
-    their chance matches). The replay's own lockstep accounting is checked above with fixed rules."""
+    """Where the curve is flat a draft adds nothing to the pass, so four calls at once draft about
+    as much as each does alone (at least half as many tokens; alone it drafts the copies and their
+    chance matches): the round is planned as a whole (localspec.decoding.batch_plan). The replay's
+    own lockstep accounting is checked above with fixed rules."""
     answers = [copy_case(0), free_case(1, 60), copy_case(2, copied=30), free_case(3, 90)]
     make = planner(FLAT)
     alone = sum(replay(make(), *a, FLAT_COST, 200).drafted for a in answers)
@@ -163,14 +161,16 @@ def test_on_a_flat_curve_the_planner_drafts_in_a_batch_as_alone() -> None:
 def test_on_a_steep_curve_the_planner_drafts_less_in_a_batch() -> None:
     """On the AMD curve a pass of four roots costs 2.56 c(1), and drafts add to it at up to 0.9
     c(1) a token: with four calls at once the planner drafts less per step than alone on the same
-    free text, and is at least as fast as the target alone batched. Negative control: the planner
-    told it is alone in every pass keeps drafting there and is slower."""
+    free text, and loses at most its floor (planner.FLOOR) to the target alone batched. Negative
+    control: the planner told it is alone in every pass keeps drafting there and is slower."""
+    from localspec.decoding.planner import FLOOR
+
     answers = [free_case(seed) for seed in range(4)]
     one = replay_batch(planner(AMD), answers, 1, AMD_COST, 200)
     four = replay_batch(planner(AMD), answers, 4, AMD_COST, 200)
     assert drafted_per_step(one) > 0.1 and drafted_per_step(four) < drafted_per_step(one) / 3
     target_alone = replay_batch(lambda: {}, answers, 4, AMD_COST, 200)
-    assert batch.speed(four, AMD_COST) >= batch.speed(target_alone, AMD_COST) - 1e-9
+    assert batch.speed(four, AMD_COST) >= (1 - FLOOR) * batch.speed(target_alone, AMD_COST)
     blind = replay_batch(planner(AMD, blind=True), answers, 4, AMD_COST, 200)
     assert drafted_per_step(blind) > 2 * drafted_per_step(four) + 0.02
     assert batch.speed(blind, AMD_COST) < 0.98 * batch.speed(four, AMD_COST)

@@ -38,9 +38,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from localspec.decoding.batch_plan import Offer, allocate
 from localspec.decoding.costs import CostTable
-from localspec.decoding.policy import Policy
+from localspec.decoding.policy import Policy  # noqa: F401  (named in MakePolicy's string annotation)
 from localspec.decoding.profiles import Profile
+from localspec.decoding.state import Draft
 
 from benchmarks.common.options import add_prompts_option, check_prompts
 from benchmarks.common.prompts import REPLAY_GROUNDED, REPLAY_PROMPTS
@@ -57,6 +59,7 @@ CURVES = {  # c(n)/c(1) of the two hosts docs/whole-process.md's replay tables u
     "intel": ("Intel Xeon (AMX), reported", {1: 1.0, 2: 1.48, 4: 2.17, 7: 3.08, 13: 3.40, 16: 3.69, 25: 5.28}),
 }
 PREFILL_RATE = 0.3  # c(1) per token of a long prefill, on both hosts: prices passes beyond the curve
+N_BATCH = 512  # the default batch_size: the most tokens one pass takes
 MAX_CLIENTS = 8  # so that every slot's deepest draft fits one pass of the default n_batch (8 x 33 <= 512)
 
 
@@ -113,10 +116,8 @@ def replay_batch(make: MakePolicy, answers: Sequence[Answer], clients: int, cost
                                                                      kinds=kinds)))
         if not running:
             break
-        planned, drafts = 0, []
-        for k, (_, _, answer) in enumerate(running):
-            drafts.append(answer.draft(turn_batch(planned, len(running) - k - 1)))
-            planned += drafts[-1].n + 1  # its root and draft nodes
+        drafts = round_drafts([answer for _, _, answer in running])
+        planned = sum(d.n + 1 for d in drafts)
         secs = cost(planned)  # ONE target pass holds every slot's tokens
         for (_, _, answer), draft in zip(running, drafts, strict=True):
             answer.commit(draft, secs, planned)
@@ -127,6 +128,30 @@ def replay_batch(make: MakePolicy, answers: Sequence[Answer], clients: int, cost
         running = [entry for entry in running if not entry[2].done]
     tokens = sum(len(answers[i][1]) for i in order)
     return BatchReplay(seconds, rounds, tokens, tuple(done[call] for call in range(len(order))))
+
+
+def round_drafts(running: Sequence[AnswerDecode]) -> list[Draft]:
+    """Each slot's draft this round, as the scheduler forms them (``Scheduler._advance_turns`` and
+    ``_plan_round``): with several slots, those whose policy offers options wait for the round's
+    plan (localspec.decoding.batch_plan.allocate) and the others pick, each told the tokens the
+    slots before it planned and a root for each slot after it; alone, the policy picks."""
+    drafts: list[Draft | None] = [None] * len(running)
+    offers: list[tuple[int, Offer]] = []
+    planned = 0
+    for k, answer in enumerate(running):
+        offer = answer.offer() if len(running) > 1 else None
+        if offer is not None:
+            offers.append((k, offer))
+            planned += offer.tokens[0]
+            continue
+        drafts[k] = answer.draft(turn_batch(planned, len(running) - k - 1))
+        planned += drafts[k].n + 1  # type: ignore[union-attr]  # its root and draft nodes
+    if offers:
+        fixed = [d for d in drafts if d is not None]
+        depths = allocate([o for _, o in offers], sum(d.n + 1 for d in fixed), float(len(fixed)), N_BATCH)
+        for (k, _), depth in zip(offers, depths, strict=True):
+            drafts[k] = running[k].draft_at(depth)
+    return [d for d in drafts if d is not None]
 
 
 def best_fixed(answers: Sequence[Answer], clients: int, cost: Callable[[int], float],

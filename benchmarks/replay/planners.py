@@ -95,8 +95,13 @@ class ShadowPlanner(Planner):
 
 
 class BatchBlindPlanner(Planner):
-    """The planner told that no other call shares its passes (batch = 0 at every pick): it prices
-    each draft at what it costs alone, not at what its tokens add to the pass."""
+    """The planner told that no other call shares its passes: it offers nothing to a round's plan
+    and picks with batch = 0, pricing each draft at what it costs alone, not at what its tokens
+    add to the pass."""
+
+    def offer(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
+              remaining: int) -> None:
+        return None
 
     def pick(self, proposals: Sequence[DraftProposal], depth: int, prompt_tokens: int,
              remaining: int, batch: int = 0) -> tuple[DraftProposal, int] | None:

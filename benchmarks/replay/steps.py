@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from localspec.decoding.batch_plan import Offer
 from localspec.decoding.drafters import DraftProposal, NGramDrafter
 from localspec.decoding.lookup import ContextLookup
 from localspec.decoding.policy import FixedPolicy, Policy
@@ -126,19 +127,40 @@ class AnswerDecode:
     def done(self) -> bool:
         return self.position >= len(self.output)
 
-    def draft(self, batch: int = 0) -> Draft:
-        """This step's draft: the policy's pick of the drafter's proposal (none: a target-only step)."""
+    def _propose(self) -> int:
+        """The drafter's proposal for this step (kept); the levels the step may draft."""
         i = self.position
         available = min(self.depth, self.max_tokens - i - 1)
         self._proposal = None
         if available <= 0:
-            return NO_DRAFT
+            return 0
         self._proposal = self.drafter.propose([*self.prompt, *self.output[:i]], available)
         if self._proposal is not None and self.kinds is not None:
             self.kinds.add(self._proposal.kind)
+        return available
+
+    def draft(self, batch: int = 0) -> Draft:
+        """This step's draft: the policy's pick of the drafter's proposal (none: a target-only step)."""
+        available = self._propose()
+        if available <= 0:
+            return NO_DRAFT
         offered = [self._proposal] if self._proposal is not None else []
-        return drafted(self.drafter, self.policy.pick(offered, available, len(self.prompt), self.max_tokens - i,
-                                                      batch=batch))
+        return drafted(self.drafter, self.policy.pick(offered, available, len(self.prompt),
+                                                      self.max_tokens - self.position, batch=batch))
+
+    def offer(self) -> Offer | None:
+        """This step's options for a round planned as a whole (the engine's step in a planned
+        turn: localspec.decoding.batch_plan); None: it drafts as pick says (draft)."""
+        available = self._propose()
+        if available <= 0 or self._proposal is None:
+            return None
+        made = self.policy.offer([self._proposal], available, len(self.prompt), self.max_tokens - self.position)
+        return None if made is None else made[1]
+
+    def draft_at(self, levels: int) -> Draft:
+        """The draft of the offered proposal at the depth the round's plan gave it."""
+        assert self._proposal is not None
+        return drafted(self.drafter, (self._proposal, levels) if levels > 0 else None)
 
     def commit(self, draft: Draft, seconds: float, pass_tokens: int | None = None) -> int:
         """The step's pass ran (`seconds`, `pass_tokens`: the whole pass's, other calls' tokens
