@@ -84,7 +84,7 @@ def test_a_source_without_a_required_file_is_refused(tmp_path: Path) -> None:
     sdist = sdist_archive(tmp_path / "s", without=LC + "ggml/src/ggml-cuda/CMakeLists.txt")
     with pytest.raises(build.BuildFailed, match="ggml-cuda/CMakeLists.txt"):
         build.assemble(tmp_path / "bundle", sdist, wheels_folder(tmp_path))
-    assert not (tmp_path / "bundle" / build.MANIFEST).exists()  # written last: no bundle
+    assert not (tmp_path / "bundle").exists()  # refused before anything is written
 
 
 def test_assemble_and_check_a_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -112,14 +112,14 @@ def prepare(dest: Path) -> dict:
 
 def assemble(dest: Path, sdist: Path, wheels: Path) -> dict:
     """The bundle in `dest` (replacing it) of a llama-cpp-python sdist, trimmed, and folder `wheels`."""
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(wheels, dest / WHEELS_DIR)
     with tempfile.TemporaryDirectory() as tmp:
         root = extract(sdist, Path(tmp))
         files = trimmed_files(root)
         missing = sorted(set(REQUIRED) - set(files))
         if missing:
             raise BuildFailed(f"{sdist} is not a llama-cpp-python source: it lacks {', '.join(missing)}")
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(wheels, dest / WHEELS_DIR)
         archive = dest / f"{root.name}-src.tar.gz"
         with tarfile.open(archive, "w:gz", compresslevel=9) as tar:
             for rel in files:
@@ -166,10 +166,10 @@ def run(cmd: list, log_path: Path, env: dict | None = None, deadline: float | No
         proc = subprocess.Popen([str(c) for c in cmd], stdout=out if stdout else sink, stderr=sink, env=env, cwd=ROOT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            return proc.wait(timeout=None if deadline is None else max(1.0, deadline - GRACE - time.time()))
+            return proc.wait(timeout=None if deadline is None else max(0.0, deadline - GRACE - time.time()))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):  # the group may be gone
+                os.killpg(proc.pid, signal.SIGINT)
                 proc.wait(timeout=GRACE)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -238,11 +238,11 @@ def toolchain(work: Path, cuda: bool) -> tuple[list[str], dict[str, str]]:
     roots = [Path(nvcc).resolve().parent.parent, TOOLKIT]  # nvcc may be a wrapper script
     caps = gpus("compute_cap")
     arch = caps[0].replace(".", "") if caps else "native"  # the first card's compute capability: 90
-    # GGML_CUDA_NO_VMM: ops' scratch buffers from the legacy pool, so nothing links libcuda, whose stub or
-    # unversioned name images often lack (weights and KV cache are allocated alike either way).
+    # GGML_CUDA_NO_VMM: ops' scratch buffers from the plain pool, so nothing links libcuda, for which a
+    # toolkit assembled from pip packages has no stub (weights and KV cache are allocated alike either way).
     args = [*BUILD_OPTIONS, "-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={arch}", "-DGGML_CUDA_NO_VMM=ON"]
     env = {"PATH": f"{Path(nvcc).parent}{os.pathsep}{os.environ.get('PATH', '')}", "CUDACXX": nvcc}
-    if not any(any((r / sub).glob("libcublas.so*")) for r in roots for sub in ("lib64", "targets/x86_64-linux/lib")):
+    if not any(any((r / d).glob("libcublas.so*")) for r in roots for d in ("lib64", "lib", "targets/x86_64-linux/lib")):
         # ggml-cuda links CUDA::cublas, so CMake stops on a toolkit without it; images with PyTorch carry
         # cuBLAS as the nvidia-cublas wheel instead: CMake, the compilers and the loader are pointed there.
         lib, (blas, blas_lt), headers = pip_cublas(work)
