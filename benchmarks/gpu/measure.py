@@ -1,24 +1,22 @@
-"""A pair shaped like the default one, written where the real one cannot be fetched, and its
-target's cost curve (benchmarks/gpu/check.py).
+"""A pair shaped like the default one, written where the real one cannot be fetched, and its target's
+cost curve. ``python -m benchmarks.gpu.measure DIR SHAPES`` writes the F32 files (no llama.cpp needed,
+so the check runs it during the build); with a third argument JSON it quantizes and measures them.
 
-A pass costs what the model's shape and weight types cost, whatever the weights: Qwen 2.5 1.5B's
-and 0.5B's dimensions and vocabulary size, in Q4_K_M, cost per pass what the default target and
-draft cost. The files are written by localspec.llama.tiny_model (random weights at its scales, its
-spm406 vocabulary padded with unused pieces) and quantized by llama.cpp. Random weights never
-agree, so both models predict a fixed successor of the current token: each layer's contribution
-to the residual stream is scaled down (QUIET), leaving the token's embedding as the last hidden
-state, which the output layer maps to its successor's logit (TOP above the others). The
-successors form one cycle through the normal pieces; the draft's is the target's after a share
-AGREEMENT of the tokens and the next one after the rest, so drafted tokens are accepted about
-that often, at any temperature (both models are near one-hot)."""
+Qwen 2.5 1.5B's and 0.5B's shapes and vocabulary size in Q4_K_M cost per pass what the default target
+and draft cost, whatever the weights (localspec.llama.tiny_model's, its spm406 vocabulary padded).
+Random weights never agree, so both models predict a fixed successor of the current token: the layers'
+contributions to the residual stream are scaled down (QUIET), leaving the token's embedding as the last
+hidden state, which the output layer maps to its successor (logit TOP above the others). The draft's
+successor is the target's for a share AGREEMENT of the tokens, so about that share of drafted tokens is
+accepted at any temperature (both models are near one-hot)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -40,9 +38,8 @@ def padded_vocab(n_vocab: int) -> tiny.Vocab:
     """tiny's spm406 vocabulary plus unused pieces up to n_vocab."""
     base = tiny.build_vocab(tiny.SPM406)
     extra = n_vocab - len(base.pieces)
-    unused = int(tiny.gguf_package().TokenType.UNUSED)
     return tiny.Vocab(f"spm406+{extra}", base.pieces + [f"<unused{i}>" for i in range(extra)],
-                      base.scores + [-1e9] * extra, base.types + [unused] * extra)
+                      base.scores + [-1e9] * extra, base.types + [int(tiny.gguf_package().TokenType.UNUSED)] * extra)
 
 
 def successors(ids: Sequence[int], agreement: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -56,55 +53,36 @@ def successors(ids: Sequence[int], agreement: float, seed: int = 0) -> tuple[np.
     return order, target, draft
 
 
-def follow(tensors: dict[str, np.ndarray], tokens: np.ndarray, nexts: np.ndarray) -> None:
-    """In place: the model's next token after tokens[i] is nexts[i] (the module's docstring)."""
-    embd = tensors["token_embd.weight"]
-    out = np.zeros_like(tensors["output.weight"])
-    np.add.at(out, nexts, embd[tokens] * np.float32(TOP / embd.shape[1]))
-    tensors["output.weight"] = out
-    for name, w in tensors.items():
-        if name.endswith(("attn_output.weight", "ffn_down.weight")):
-            w *= np.float32(QUIET)
-
-
-def write_pair(directory: Path, shapes: str = "default") -> tuple[Path, Path]:
-    """The F32 target and draft of SHAPES[shapes] in `directory` (written unless there; a file
-    appears whole, renamed once written)."""
+def write_pair(directory: Path, shapes: str, quantized: bool = False) -> tuple[Path, Path]:
+    """The target and draft of SHAPES[shapes] in `directory`, in F32 or, `quantized`, Q4_K_M (on all
+    cores), each written unless there (renamed once whole)."""
     vocab = padded_vocab(SHAPES[shapes][0].n_vocab)
     normal = [i for i, t in enumerate(vocab.types) if t == int(tiny.gguf_package().TokenType.NORMAL)]
     tokens, *nexts = successors(normal, AGREEMENT)
     paths = []
-    for seed, (role, shape, next_ids) in enumerate(zip(("target", "draft"), SHAPES[shapes], nexts)):
-        path = directory / f"{shapes}-{role}-f32.gguf"
-        if not path.exists():
+    for seed, (role, shape, next_ids) in enumerate(zip(("target", "draft"), SHAPES[shapes], nexts, strict=True)):
+        f32, q4 = (directory / f"{shapes}-{role}-{kind}.gguf" for kind in ("f32", "q4_k_m"))
+        if not f32.exists() and not q4.exists():
             tensors = tiny.llama_tensors(shape, np.random.default_rng(seed))
-            follow(tensors, tokens, next_ids)
-            part = tiny.write_llama(path.with_suffix(".part"), tensors, shape, vocab, name=f"shaped-{shapes}-{role}",
-                                    n_ctx_train=32768, arch="qwen2")
-            part.rename(path)
-        paths.append(path)
+            embd = tensors["token_embd.weight"]
+            tensors["output.weight"] = out = np.zeros_like(tensors["output.weight"])
+            np.add.at(out, next_ids, embd[tokens] * np.float32(TOP / embd.shape[1]))
+            for name, w in tensors.items():
+                if name.endswith(("attn_output.weight", "ffn_down.weight")):
+                    w *= np.float32(QUIET)
+            tiny.write_llama(f32.with_suffix(".part"), tensors, shape, vocab, name=f"shaped-{shapes}-{role}",
+                             n_ctx_train=32768, arch="qwen2").rename(f32)
+        if quantized and not q4.exists():
+            tiny.quantize(f32, q4.with_suffix(".part"), QUANTIZATIONS["q4_k_m"], threads=os.cpu_count() or 1)
+            q4.with_suffix(".part").rename(q4)
+            f32.unlink()
+        paths.append(q4 if quantized else f32)
     return paths[0], paths[1]
 
 
-def quantized_pair(directory: Path, shapes: str = "default") -> tuple[Path, Path]:
-    """The Q4_K_M target and draft (written and quantized on all cores unless there)."""
-    out = []
-    for f32 in write_pair(directory, shapes):
-        path = f32.with_name(f32.name.replace("-f32", "-q4_k_m"))
-        if not path.exists():
-            tiny.quantize(f32, path.with_suffix(".part"), QUANTIZATIONS["q4_k_m"], threads=os.cpu_count() or 1)
-            path.with_suffix(".part").rename(path)
-            f32.unlink()
-        out.append(path)
-    return out[0], out[1]
-
-
-def measure(target_path: Path, draft_path: Path, rounds: int = ROUNDS) -> dict:
-    """Both models loaded with every layer offloaded: the target's c(n) for n in CURVE (median
-    seconds of `rounds`, every row's logits: a verification pass), the draft's c(1), where each
-    model's weights went, and the llama.cpp build."""
-    import llama_cpp
-
+def measure(target_path: Path, draft_path: Path) -> dict:
+    """Both models, every layer offloaded: the target's c(n) for n in CURVE and the draft's c(1) (median
+    seconds of ROUNDS passes with every row's logits), where their weights went, the llama.cpp build."""
     from localspec.llama.host import machine
     from localspec.llama.model import Model
     from localspec.settings.models import ModelOptions
@@ -113,33 +91,16 @@ def measure(target_path: Path, draft_path: Path, rounds: int = ROUNDS) -> dict:
 
     options = ModelOptions(ctx_size=2048, n_gpu_layers=-1)
     with Model(target_path, options) as target, Model(draft_path, options) as draft:
-        curve = cost_curve(target, sizes=CURVE, rounds=rounds)
-        draft_c1 = cost_curve(draft, sizes=(1,), rounds=rounds)[1]
+        curve = cost_curve(target, sizes=CURVE, rounds=ROUNDS)
+        draft_c1 = cost_curve(draft, sizes=(1,), rounds=ROUNDS)[1]
         weights = {"target": target.weight_buffers, "draft": draft.weight_buffers}
-    return {"target": str(target_path), "draft": str(draft_path), "curve": curve, "draft_c1": draft_c1, "rounds": rounds,
-            "weights_mib": weights, "agreement": AGREEMENT, "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
-            **machine()}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m benchmarks.gpu.measure DIR [--shapes S] [--write-only | --json PATH]``."""
-    p = argparse.ArgumentParser(description="The shaped pair in DIR and its target's cost curve.")
-    p.add_argument("directory", type=Path)
-    p.add_argument("--shapes", choices=sorted(SHAPES), default="default")
-    p.add_argument("--write-only", action="store_true", help="only write the F32 files (needs no llama.cpp)")
-    p.add_argument("--json", type=Path, help="where the measurement goes (JSON)")
-    args = p.parse_args(argv)
-    args.directory.mkdir(parents=True, exist_ok=True)
-    if args.write_only:
-        write_pair(args.directory, args.shapes)
-        return 0
-    result = {"shapes": args.shapes, **measure(*quantized_pair(args.directory, args.shapes))}
-    text = json.dumps(result, indent=1)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
-    return 0
+    return {"target": str(target_path), "draft": str(draft_path), "curve": curve, "draft_c1": draft_c1,
+            "rounds": ROUNDS, "weights_mib": weights, "agreement": AGREEMENT, **machine()}
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    directory, shapes, *json_path = Path(sys.argv[1]), *sys.argv[2:]
+    directory.mkdir(parents=True, exist_ok=True)
+    pair = write_pair(directory, shapes, quantized=bool(json_path))
+    if json_path:
+        Path(json_path[0]).write_text(json.dumps({"shapes": shapes, **measure(*pair)}, indent=1) + "\n")
