@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from localspec.errors import Cancelled
-from localspec.llama.sequence import KVSequence, Part
+from localspec.llama.sequence import CachedModel, KVSequence, Part
 
 
 @dataclass
@@ -87,14 +87,14 @@ T = TypeVar("T")
 Steps = Generator[Request, Decoded, T]
 
 
-def decode(model: object, parts: list[Part], requests: list[Request]) -> Decoded:
+def decode(model: CachedModel, parts: list[Part], requests: list[Request]) -> Decoded:
     """Run one decode of `parts` (one per request, in order) on `model`; fills are recorded in
     their sequences. A decode that fails leaves the requests' sequences as they were before it."""
     for r in requests:
         r.sequence.begin()
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
-        model.decode_parts(parts)  # type: ignore[attr-defined]
+        model.decode_parts(parts)
     except BaseException:
         for r, p in zip(requests, parts, strict=True):
             r.sequence.abandon(p)
@@ -113,7 +113,7 @@ def run_alone(steps: Steps[T]) -> T:
     sent: Decoded | None = None
     while True:
         try:
-            request = steps.send(sent)  # type: ignore[arg-type]
+            request = next(steps) if sent is None else steps.send(sent)
         except StopIteration as done:
             return done.value
         model = request.sequence.model
