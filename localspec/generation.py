@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from localspec.decoding.drafters import make_drafters
+from localspec.decoding.drafters import ModelDrafter, make_drafters
 from localspec.decoding.engine import Engine, check_prompt
 from localspec.decoding.history import History
 from localspec.decoding.passes import Turn
@@ -233,12 +233,10 @@ class Generation:
     def _claim_draft(self) -> None:
         """The draft model decodes in this target's step loop from now on: ModelError when another
         target's loop uses it now (one llama.cpp context is never decoded by two threads)."""
-        draft = next((d.source for d in self.engine.drafters if getattr(d, "kind", "") == "model"), None)
+        draft = next((d.source for d in self.engine.drafters if isinstance(d, ModelDrafter)), None)
         if draft is None:
             return
-        owner = getattr(draft, "drafting_for", None)
-        busy = [m for m in (owner, draft) if m is not None and m is not self.target
-                and getattr(m, "scheduler", None) is not None and m.scheduler.busy]
+        busy = [m for m in (draft.drafting_for, draft) if m is not None and m is not self.target and _generating(m)]
         if busy:
             raise ModelError(f"the draft {draft.path.name} is in use by the generations of another model now: "
                              "load it once for each target that drafts with it")
@@ -311,6 +309,13 @@ class Generation:
             elif finish in ("length", "cancelled"):
                 calls = tuple(parser.calls)
         return Response(text, token, finish, engine.stats(), satisfied, content, calls, drafted)
+
+
+def _generating(model: Any) -> bool:
+    """Whether calls generate on `model` now (a target or a draft: a lazy draft not loaded yet has
+    no scheduler)."""
+    scheduler = getattr(model, "scheduler", None)
+    return scheduler is not None and bool(scheduler.busy)
 
 
 def _check_arguments(target: Any, draft: Any, config: Any, profiles: Any, cancel: Any) -> None:

@@ -22,7 +22,7 @@ import json
 import numbers
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from localspec.errors import ModelError, PromptError
 from localspec.llama.model import Model
@@ -39,7 +39,7 @@ _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters around a placeholde
 _PROMPT_SHAPES = "a string, a non-empty list of chat messages ({'role': ..., 'content': ...}) or a non-empty list of token ids"
 
 
-def _is_token_id(value: object) -> bool:
+def _is_token_id(value: object) -> TypeGuard[numbers.Integral]:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
 
 
@@ -56,17 +56,18 @@ def prompt_tokens(target: Model, prompt: Prompt, tools: Sequence[dict] | None = 
                           "[{'role': 'user', 'content': 'Hi'}]")
     if not isinstance(prompt, Iterable):
         raise PromptError(f"the prompt must be {_PROMPT_SHAPES}, got {type(prompt).__name__}")
-    items = list(prompt)
+    items: list[object] = list(prompt)  # what the caller passed: each item is checked here
     if not items:
         raise PromptError(f"the prompt is empty; it must be {_PROMPT_SHAPES}")
     if any(isinstance(m, dict) for m in items):
         return chat_tokens(target, items, tools)
-    if all(_is_token_id(t) for t in items):
-        for i, t in enumerate(items):
+    ids = [int(t) for t in items if _is_token_id(t)]
+    if len(ids) == len(items):
+        for i, t in enumerate(ids):
             if not 0 <= t < target.n_vocab:
                 raise PromptError(f"token id {t} at index {i} of the prompt is not in the vocabulary (token ids in "
                                   f"[0, {target.n_vocab}))")
-        return [int(t) for t in items]
+        return ids
     bad = next((i, t) for i, t in enumerate(items) if not _is_token_id(t))
     raise PromptError(f"the prompt must be {_PROMPT_SHAPES}; item {bad[0]} is a {type(bad[1]).__name__}")
 
@@ -81,7 +82,7 @@ def check_text(text: str, what: str) -> None:
                           f"character {exc.start}") from None
 
 
-def check_messages(messages: Sequence[dict]) -> list[dict]:
+def check_messages(messages: Sequence[object]) -> list[dict]:
     """Each message needs a role (a short name: user, system, assistant, tool, ...) and text
     content; an assistant message may carry OpenAI's ``tool_calls`` (then its content may be null)
     and a tool message its ``tool_call_id`` and ``name``. Returns the messages as a chat template
@@ -126,7 +127,7 @@ def _template_call(call: object, where: str) -> dict:
     from localspec.tools import NAME_RE
 
     function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict):
+    if not isinstance(call, dict) or not isinstance(function, dict):
         raise PromptError(f"{where} must be {{\"id\": ..., \"type\": \"function\", \"function\": {{\"name\": ..., "
                           "\"arguments\": \"{...}\"}}", where)
     name, arguments = function.get("name"), function.get("arguments")
@@ -182,7 +183,7 @@ def render_messages(model: Model, template: str, messages: list[dict], add_gener
     return _render_jinja(template, messages, add_generation_prompt, model, tools)
 
 
-def chat_tokens(model: Model, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
+def chat_tokens(model: Model, messages: Sequence[object], tools: Sequence[dict] | None = None) -> list[int]:
     """Token ids of the conversation plus the assistant's turn. Everything the caller wrote —
     message contents, tool definitions, call names and arguments — stays plain text: a control
     token or a marker such as ``<tool_call>`` in it is read as text, never as that token. (Each

@@ -36,10 +36,10 @@ from localspec.settings.constraints import JSON_LAYOUT, Constraint, check_json_d
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-CHOICES = ("none", "auto", "required")
+Mode = Literal["none", "auto", "required", "function"]
+CHOICES: tuple[Mode, ...] = ("none", "auto", "required")  # the modes tool_choice names as a string
 MAX_TOOLS = 128  # OpenAI's limit on the number of functions in one request
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-Mode = Literal["none", "auto", "required", "function"]
 
 
 def _json_type(value: Any) -> str:
@@ -142,10 +142,11 @@ class ToolSet:
         if value is None:
             return "auto", None
         if isinstance(value, str):
-            if value not in CHOICES:
+            mode = next((m for m in CHOICES if m == value), None)
+            if mode is None:
                 raise ConfigError(f"tool_choice must be one of {', '.join(CHOICES)} or {{\"type\": \"function\", "
                                   f"\"function\": {{\"name\": ...}}}}, got {value!r:.80}", "tool_choice")
-            return value, None  # type: ignore[return-value]
+            return mode, None
         if not isinstance(value, Mapping) or value.get("type") != "function" \
                 or not isinstance(value.get("function"), Mapping):
             raise ConfigError('tool_choice must be "none", "auto", "required" or {"type": "function", "function": '
@@ -282,7 +283,8 @@ class JsonCalls:
         """The (name, arguments) of the complete calls at the start of `text` (a call is complete
         when its object closes, and its code block, if it opened one), and whether they are all of
         it (False: the text goes on with a call cut off, or with what is no call)."""
-        decoder, calls, pos = json.JSONDecoder(), [], 0
+        decoder, pos = json.JSONDecoder(), 0
+        calls: list[tuple[str, Any]] = []
         while True:
             fence = _FENCE_RE.match(text, pos)
             try:

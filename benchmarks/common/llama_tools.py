@@ -70,8 +70,10 @@ def fetch_llama_source(src_root: Path, version: str) -> None:
                         "--no-binary", ":all:", "--no-deps", "-d", tmp, "-q"], check=True)
         sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(sdist) as tar:
-            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.10.12
-            tar.extractall(tmp, **safe)
+            if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12
+                tar.extractall(tmp, filter="data")
+            else:
+                tar.extractall(tmp)
         vendored = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
         src = src_root / "src"
         if src.exists():
@@ -143,6 +145,7 @@ class Server:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                assert self.proc.stderr is not None  # stderr=PIPE above
                 raise RuntimeError(f"llama-server exited: {self.proc.stderr.read().decode()[-1500:]}")
             ok = subprocess.run(["curl", "-sf", f"http://127.0.0.1:{self.port}/health"], capture_output=True)
             if ok.returncode == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 
 def add_prompts_option(p: argparse.ArgumentParser, prompts: dict[str, str]) -> None:
@@ -21,7 +21,7 @@ def check_prompts(p: argparse.ArgumentParser, names: Sequence[str], prompts: dic
         p.error(f"unknown prompt(s) {', '.join(unknown)} in --prompts; choose from {', '.join(prompts)}")
 
 
-def task_options(p: argparse.ArgumentParser, tasks: Sequence[str], tokens: int, per: str = "run") -> None:
+def task_options(p: argparse.ArgumentParser, tasks: Collection[str], tokens: int, per: str = "run") -> None:
     """--tasks (a comma list of `tasks`), --repeat, --tokens and --threads: the options of the
     benchmarks that alternate fresh processes over named tasks (see checked_args)."""
     p.add_argument("--tasks", type=lambda s: s.split(","), default=list(tasks),
@@ -32,7 +32,7 @@ def task_options(p: argparse.ArgumentParser, tasks: Sequence[str], tokens: int, 
 
 
 def checked_args(p: argparse.ArgumentParser, argv: Sequence[str] | None,
-                 tasks: Sequence[str] | None = None) -> argparse.Namespace:
+                 tasks: Collection[str] | None = None) -> argparse.Namespace:
     """The parsed arguments; a usage error for an unknown task (with `tasks`) or a --repeat or
     --tokens below 1."""
     args = p.parse_args(argv)

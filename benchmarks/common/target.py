@@ -51,7 +51,7 @@ def greedy_answer(target: Any, prompt: str, max_tokens: int) -> tuple[list[int],
 
     tokens = chat_tokens(target, prompt)
     output = [r.token for r in stream_generate(target, None, tokens, temperature=0, max_tokens=max_tokens,
-                                               num_draft_tokens=0)]
+                                               num_draft_tokens=0) if r.token is not None]  # None: the context was full
     return list(tokens), output
 
 

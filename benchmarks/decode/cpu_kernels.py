@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common.host import host_header
 from benchmarks.common.target import time_decode
@@ -43,7 +44,8 @@ def measure(path: Path, configs: Sequence[str], rounds: int, threads: int | None
     from localspec.settings.models import ModelOptions
 
     crashing = buffer_types.crashing_buffer_types()
-    models, out = {}, {}
+    models: dict[str, Model] = {}
+    out: dict[str, dict[str, Any]] = {}  # per configuration: its measurements, or its error
     for config in configs:
         if config == "llama" and crashing and not force:
             out[config] = {"error": f"skipped: llama.cpp's own choice includes {', '.join(crashing)} "

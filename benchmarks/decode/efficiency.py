@@ -128,6 +128,7 @@ def score(engine: Engine, methods: Sequence[tuple[str, int | None]], draws: int)
     draft = run_alone(resolve(drafter.draft(proposal, engine.state, engine.shape, engine.sampling, engine.rng,
                                             engine.config.verifier in WITHOUT_REPLACEMENT)))
     tree = draft.tree
+    assert tree.probs is not None  # a drafter's tree carries the rows it was drawn from
     first_row, _ = run_alone(engine.state.target_pass(draft))
     logits = engine.target.logits_array(tree.n + 1, first_row)
     seeds = [int(s) for s in engine.rng.integers(0, 2**63, size=draws)]

@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -56,7 +56,16 @@ from benchmarks.decode.memory import memory_report
 
 log = logging.getLogger("head_to_head")
 
-SAMPLING = dict(top_k=40, top_p=0.95, min_p=0.05)  # llama.cpp's defaults, used on both sides
+
+class Sampling(TypedDict):
+    """Sampling settings as keyword arguments (of stream_generate; llama.cpp's flags on the other side)."""
+
+    top_k: int
+    top_p: float
+    min_p: float
+
+
+SAMPLING: Sampling = {"top_k": 40, "top_p": 0.95, "min_p": 0.05}  # llama.cpp's defaults, used on both sides
 
 
 # ---------------------------------------------------------------- llama.cpp's runs
@@ -89,6 +98,7 @@ def run_localspec(target: Any, draft: Any, prompt_tokens: list[int], temperature
                                 seed=seed, **SAMPLING, **spec):
         if last.token is not None:
             output.append(last.token)
+    assert last is not None  # a generation's last response carries its finish reason: there is one
     s = last.stats
     return dict(tokens=s.generated_tokens, seconds=s.elapsed_seconds, passes=s.target_passes,
                 drafted=s.drafted_tokens, accepted=s.accepted_tokens, verify_share=s.verifier_share,

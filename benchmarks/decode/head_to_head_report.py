@@ -48,7 +48,7 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def merge_repeats(rows: Sequence[Row]) -> list[Row]:
     """One row per configuration: tokens and seconds summed over the repeats (so tok/s is their
     total rate), the other columns averaged; first-seen order."""
-    groups: dict[tuple, list[Row]] = {}
+    groups: dict[tuple[str, float, str, str, str, str], list[Row]] = {}
     for r in rows:
         groups.setdefault((r.prompt, r.temperature, r.system, r.drafter, r.verifier, r.plan), []).append(r)
     return [Row(*key, sum(r.tokens for r in rs), sum(r.seconds for r in rs),

@@ -84,6 +84,11 @@ def new_question(round_: int, client: int, temperature: float) -> str:
     return f"Write a Python function that {task}. Keep it short."
 
 
+def new_questions(clients: int, temperature: float) -> Callable[[int], list[str]]:
+    """A round's new questions, one per client (see new_question)."""
+    return lambda round_: [new_question(round_, c, temperature) for c in range(clients)]
+
+
 def grounded_question(round_: int, client: int) -> str:
     name = list(_FILES)[client % len(_FILES)]
     return f"{_EDITS[(round_ + client) % len(_EDITS)]}\n\n{_FILES[name]}"
@@ -221,9 +226,9 @@ def run_round(ask: Callable[[str, float, int], Result], questions: Sequence[str]
     return Round(time.perf_counter() - t0, [r for r in results if r is not None])
 
 
-def configurations(k: int, bindir: Path | None, cli: bool, env: dict[str, str]) -> dict[str, Callable[[], object]]:
+def configurations(k: int, bindir: Path | None, cli: bool, env: dict[str, str]) -> dict[str, Callable[[], Http | None]]:
     """Each configuration's way to start what serves a round (None: the command line's service)."""
-    out: dict[str, Callable[[], object]] = {"localspec serve": lambda: localspec_server(k, env)}
+    out: dict[str, Callable[[], Http | None]] = {"localspec serve": lambda: localspec_server(k, env)}
     if cli:
         out["localspec CLI"] = lambda: None
     if bindir is not None:
@@ -234,7 +239,7 @@ def configurations(k: int, bindir: Path | None, cli: bool, env: dict[str, str]) 
     return out
 
 
-def measure(name: str, start: Callable[[], object], questions: Callable[[int], list[str]], temperature: float,
+def measure(name: str, start: Callable[[], Http | None], questions: Callable[[int], list[str]], temperature: float,
             repeat: int, env: dict[str, str]) -> list[Round]:
     rounds = []
     for r in range(repeat):
@@ -243,12 +248,12 @@ def measure(name: str, start: Callable[[], object], questions: Callable[[int], l
             if server is None:  # the command line: the service is started (and warmed) by a call
                 ask: Callable[[str, float, int], Result] = lambda q, t, s: cli_ask(q, t, s, env)  # noqa: E731
             else:
-                ask = server.ask  # type: ignore[attr-defined]
+                ask = server.ask
             ask("Say hello.", 0.0, 1)  # warm-up, not timed (loads, kernel checks, first prefill)
             rounds.append(run_round(ask, questions(r), temperature))
         finally:
             if server is not None:
-                server.close()  # type: ignore[attr-defined]
+                server.close()
             else:
                 subprocess.run([sys.executable, "-m", "localspec", "stop", "--all"], env=env, capture_output=True)
         progress(f"{name}: round {r + 1}/{repeat}: {rounds[-1].throughput:.1f} tok/s")
@@ -339,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for temperature in temps:
             for k in ks:
                 rows = [row(name, measure(f"{name} K={k} T={temperature}", start,
-                                          lambda r, k=k, t=temperature: [new_question(r, c, t) for c in range(k)],
+                                          new_questions(k, temperature),
                                           temperature, args.repeat, env))
                         for name, start in configurations(k, bindir, not args.no_cli, env).items()]
                 out += table(f"K = {k} clients at once, T = {temperature:g}, new questions", rows)

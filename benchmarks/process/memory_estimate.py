@@ -28,14 +28,15 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from benchmarks.common.host import host_header
 from benchmarks.common.options import progress
 
 MiB = 2**20
-CONFIGS = {  # name -> load options (localspec.load_model's keywords)
+CONFIGS: dict[str, dict[str, Any]] = {  # name -> load options (localspec.load_model's keywords)
     "default": {},
     "ctx 8192 x 1": {"ctx_size": 8192, "parallel": 1},
     "ctx 2048 x 8": {"ctx_size": 2048, "parallel": 8},
@@ -100,7 +101,7 @@ def summary_row(name: str, m: dict) -> str:
 def terms_rows(name: str, m: dict) -> list[str]:
     rows = []
     for role, estimate, reported in zip(("target", "draft"), (m["estimate"]["target"], m["estimate"]["draft"]),
-                                        m["reported"]):
+                                        m["reported"], strict=True):
         cells = " | ".join(f"{estimate[t] / MiB:,.2f} / {reported[t]:,.2f}"
                            for t in ("weights", "kv_cache", "compute", "output"))
         rows.append(f"| {name} | {role} | {cells} |")
@@ -109,7 +110,7 @@ def terms_rows(name: str, m: dict) -> list[str]:
 
 # ---------------------------------------------------------------- --sweep
 
-SWEEP_SHAPES = {  # tiny models (localspec.llama.tiny_pairs.write_tiny_model's keywords)
+SWEEP_SHAPES: dict[str, dict[str, Any]] = {  # tiny models (localspec.llama.tiny_pairs.write_tiny_model's keywords)
     "tiny (the tests' target)": {},
     "ffn 8x": dict(n_embd=128, n_head=4, n_head_kv=4, n_ff=1024),
     "4 layers, 64-value heads": dict(n_embd=128, n_head=2, n_head_kv=1, n_ff=256, n_layer=4),

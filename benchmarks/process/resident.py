@@ -37,9 +37,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from benchmarks.common.host import host_header
 from benchmarks.common.llama_tools import LLAMA_NGRAM_TYPES, Server, llama_completion, native_llama_tools
@@ -242,7 +243,7 @@ def same_text(results: dict[str, dict[str, list[Run]]]) -> dict[str, tuple[int, 
     same prompt, the same question)."""
     out = {}
     for name, got in results.items():
-        pairs = list(zip(got.get("later", []), got.get("server alone", [])))
+        pairs = list(zip(got.get("later", []), got.get("server alone", []), strict=False))  # none without a server
         out[name] = (sum(a.data.get("text") == b.data.get("content") for a, b in pairs), len(pairs))
     return out
 

@@ -33,10 +33,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from benchmarks.common.host import host_header
 from benchmarks.common.options import checked_args, progress, task_options
 from benchmarks.common.runs import TARGET_ALONE, Run, localspec
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -161,15 +165,16 @@ def round_trip(extra: Sequence[str], profile_dir: Path, args: argparse.Namespace
         _wait_ready(f"http://127.0.0.1:{port}", server)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         messages: list[dict] = [{"role": "user", "content": TASKS["weather"].prompt}]
-        first = client.chat.completions.create(model="default", messages=messages, tools=[WEATHER],
-                                               max_tokens=args.tokens)
+        sent = cast("list[ChatCompletionMessageParam]", messages)  # the same list, typed as openai's client takes it
+        first = client.chat.completions.create(model="default", messages=sent,
+                                               tools=[cast("ChatCompletionToolParam", WEATHER)], max_tokens=args.tokens)
         reply = first.choices[0].message
         messages.append(reply.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
         for call in reply.tool_calls or []:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(TOOL_RESULT)})
         # the result goes back without the tools: with them in the prompt again, the default 1.5B
         # coder model calls again instead of answering (docs/server.md)
-        final = client.chat.completions.create(model="default", messages=messages, max_tokens=args.tokens)
+        final = client.chat.completions.create(model="default", messages=sent, max_tokens=args.tokens)
         seconds = time.perf_counter() - t0
         messages.append({"role": "assistant", "content": final.choices[0].message.content,
                          "finish_reason": final.choices[0].finish_reason})

@@ -138,14 +138,15 @@ def resident_table(args: argparse.Namespace, root: Path) -> list[str]:
         for name in args.prompts:
             prompt = Prompt(PROMPTS[name])
             own, own_alone, res, res_alone = [], [], [], []
-            ls.call(prompt)  # the services (the pair's, the target's alone), and the profile an earlier run leaves
-            ls.call(prompt, extra=TARGET_ALONE)
+            # each call asks a question of its own (its tag): no saved prompt of an earlier call is restored
+            ls.call(prompt, f"{name}.warm")  # the services (the pair's, the target's alone), and the profile
+            ls.call(prompt, f"{name}.warm-alone", extra=TARGET_ALONE)  # an earlier run leaves
             for r in range(args.repeat):
                 progress(f"resident: {name} {r + 1}/{args.repeat}")
-                own.append(ls.call(prompt, keep_alive="0"))
-                own_alone.append(ls.call(prompt, keep_alive="0", extra=TARGET_ALONE))
-                res.append(ls.call(prompt))
-                res_alone.append(ls.call(prompt, extra=TARGET_ALONE))
+                own.append(ls.call(prompt, f"{name}.{r}.own", keep_alive="0"))
+                own_alone.append(ls.call(prompt, f"{name}.{r}.own-alone", keep_alive="0", extra=TARGET_ALONE))
+                res.append(ls.call(prompt, f"{name}.{r}.resident"))
+                res_alone.append(ls.call(prompt, f"{name}.{r}.resident-alone", extra=TARGET_ALONE))
             walls = [med(s.wall for s in x) for x in (own, own_alone, res, res_alone)]
             lines.append(f"| {name} | {walls[0]:.2f} | {walls[1]:.2f} | {walls[2]:.2f} | {walls[3]:.2f} | "
                          f"**{med(s.per_token for s in own_alone) / med(s.per_token for s in res):.2f}×** |")

@@ -21,7 +21,8 @@ def first_token_alternatives(lookup: ContextLookup, exclude: int | None, limit: 
     lookup's proposal): walking from the longest earlier-occurring suffix to shorter ones (suffix
     links), each token that followed an earlier occurrence and is not `exclude` or found already,
     with what followed its first occurrence; at most `limit`."""
-    sam, seen, out = lookup.sam, {exclude}, []
+    sam, seen = lookup.sam, {exclude}
+    out: list[tuple[int, ...]] = []
     state = sam.link[sam.last] if sam.last else -1
     while state > 0 and len(out) < limit:
         for token, child in sam.next[state].items():

@@ -96,8 +96,8 @@ def table(answers: Answers, curve: dict[int, float], prefill: float, max_tokens:
         rows[name] = cells
         label = f"{name} (grounded)" if name in REPLAY_GROUNDED else name
         lines.append(f"| {label} | {len(output)} | " + " | ".join(f"{x:.2f}×" for x in cells) + " |")
-    for label, names in (("grounded", REPLAY_GROUNDED), ("held back", HELD_BACK), ("every prompt", rows)):
-        lines += summary(label, [cells for name, cells in rows.items() if name in names])
+    for label, group in (("grounded", REPLAY_GROUNDED), ("held back", HELD_BACK), ("every prompt", rows)):
+        lines += summary(label, [cells for name, cells in rows.items() if name in group])
     return lines
 
 

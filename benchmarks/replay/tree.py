@@ -89,10 +89,10 @@ def table(answers: Mapping[str, tuple[list[int], list[int]]], cost: Callable[[in
         print(f"replaying {name}", file=sys.stderr, flush=True)
         chains[name], chain = hindsight(prompt, output, cost, max_tokens, (1,))
         trees[name], policy = hindsight(prompt, output, cost, max_tokens, tuple(range(1, width + 1)), chain)
-        used = sorted({w for d, w in policy.values() if d}) or ["-"]
+        used = [str(w) for w in sorted({w for d, w in policy.values() if d})] or ["-"]
         label = f"{name} (grounded)" if name in REPLAY_GROUNDED else name
         lines.append(f"| {label} | {len(output)} | {chains[name]:.3f}× | {trees[name]:.3f}× | "
-                     f"{', '.join(map(str, used))} |")
+                     f"{', '.join(used)} |")
     for label, names in (("grounded", REPLAY_GROUNDED), ("held back", HELD_BACK), ("every prompt", answers)):
         chosen = [n for n in answers if n in names]
         if chosen:

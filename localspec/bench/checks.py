@@ -25,6 +25,7 @@ The chi-square test comes from :mod:`localspec.verify.stats` (no SciPy at run ti
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections import Counter
@@ -187,14 +188,14 @@ def toy_suite(alpha: float, seed: int = 0, n: int = TOY_SAMPLES,
     """Exact checks (every lossless method, greedy at T=0), C Monte Carlo checks, the negative
     control; then the same with token masks (a toy grammar) and the masks' negative control."""
     methods = ("greedy",) + LOSSLESS_METHODS
-    jobs: list[Callable[[], CheckResult]] = [lambda m=m: exact_check(m) for m in methods]
-    jobs += [lambda m=m, i=i: monte_carlo_check(m, alpha, seed + i, n) for i, m in enumerate(LOSSLESS_METHODS)]
-    jobs.append(lambda: negative_control(alpha, seed, n))
-    jobs += [lambda m=m: exact_check(m, masked=True) for m in methods]
+    jobs: list[Callable[[], CheckResult]] = [functools.partial(exact_check, m) for m in methods]
+    jobs += [functools.partial(monte_carlo_check, m, alpha, seed + i, n) for i, m in enumerate(LOSSLESS_METHODS)]
+    jobs.append(functools.partial(negative_control, alpha, seed, n))
+    jobs += [functools.partial(exact_check, m, masked=True) for m in methods]
     k = len(LOSSLESS_METHODS)
-    jobs += [lambda m=m, i=i: monte_carlo_check(m, alpha, seed + k + i, n, masked=True)
+    jobs += [functools.partial(monte_carlo_check, m, alpha, seed + k + i, n, masked=True)
              for i, m in enumerate(LOSSLESS_METHODS)]
-    jobs.append(lambda: mask_control(alpha, seed, n))
+    jobs.append(functools.partial(mask_control, alpha, seed, n))
     results = []
     for job in jobs:
         result = job()

@@ -36,7 +36,7 @@ def with_user_errors(command: click.Command) -> None:
     their exit status (user_errors), never a traceback, whether or not it wrapped itself."""
     if command.callback is not None and not getattr(command.callback, "_user_errors", False):
         command.callback = user_errors(command.callback)
-        command.callback._user_errors = True  # type: ignore[attr-defined]
+        vars(command.callback)["_user_errors"] = True  # marked as wrapped (a function's attributes are its vars)
     for sub in getattr(command, "commands", {}).values():
         with_user_errors(sub)
 

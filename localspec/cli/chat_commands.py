@@ -10,7 +10,7 @@ import click
 
 from localspec.cli.chat_store import chat_path, write_chat
 from localspec.cli.report import format_stats
-from localspec.core.calls import Done, Failed, Note, Prompt
+from localspec.core.calls import CallKind, Done, Failed, Note, Prompt
 from localspec.errors import ConfigError
 from localspec.settings.files import Foreign
 from localspec.settings.generation import GenerationConfig
@@ -67,7 +67,7 @@ class Session:
     def reset(self) -> None:
         self.history = [{"role": "system", "content": self.system}] if self.system else []
 
-    def call(self, kind: str, prompt: Prompt, config: GenerationConfig | None = None) -> Any:
+    def call(self, kind: CallKind, prompt: Prompt, config: GenerationConfig | None = None) -> Any:
         """One call of the chat (the first: "open"; a reply: "generate"; /save: "keep")."""
         from localspec.cli import resolve
 

@@ -78,7 +78,8 @@ class LocalspecClickError(click.ClickException):
         else:
             message = str(exc) + _env_values_named(ctx, str(exc))
         super().__init__(message)
-        self.exit_code = exit_code(exc)
+        # click types exit_code a ClassVar (one per subclass), yet reads it from the instance it catches
+        self.exit_code = exit_code(exc)  # type: ignore[misc]
 
 
 def _env_values_named(ctx: click.Context | None, message: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from localspec.core.calls import Failed, Prompt, Request, Tools
+from localspec.core.calls import CallKind, Failed, Prompt, Request, Tools
 from localspec.core.pairs import ModelFile, PairSpec
 from localspec.errors import ConfigError, LocalspecError, ModelError
 from localspec.settings import environment, locations
@@ -127,7 +127,7 @@ def tools_error(param: str | None, message: str, path: str) -> ConfigError:
     return ConfigError(f"{path}: {message}", "tools")
 
 
-def request(kind: str, pair: PairSpec, config: GenerationConfig, prompt: Prompt, cache: tuple[str | None, int],
+def request(kind: CallKind, pair: PairSpec, config: GenerationConfig, prompt: Prompt, cache: tuple[str | None, int],
             keep_alive: float, tools: Tools | None = None) -> Request:
     """The call, with what the process's environment and logging say."""
     return Request(kind, pair, config.options(), prompt, cache[0], cache[1], profile_dir(), keep_alive,

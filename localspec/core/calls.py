@@ -54,6 +54,9 @@ class Tools:
     parallel_tool_calls: bool = True
 
 
+CallKind = Literal["generate", "open", "keep"]  # a reply; a chat's first call; a chat's /save
+
+
 @dataclass(frozen=True)
 class Request:
     """One call: what to do, on which pair, with which settings, from which prompt, and where
@@ -61,7 +64,7 @@ class Request:
 
     __pydantic_config__ = WIRE_CONFIG
 
-    kind: Literal["generate", "open", "keep"]
+    kind: CallKind
     pair: PairSpec
     settings: dict[str, Any]  # GenerationConfig.options()
     prompt: Prompt

@@ -11,7 +11,7 @@ from typing import Any
 
 from localspec.core.cancel import Cancel
 from localspec.core.pairs import ModelFile, PairSpec
-from localspec.core.status import PairStatus, display_name
+from localspec.core.status import PairStatus, State, display_name
 from localspec.decoding.history import History
 from localspec.settings.models import ModelOptions
 
@@ -66,7 +66,7 @@ class Entry:
         now = time.monotonic()
         spec = self.spec
         drafts = self.draft_models()
-        state = "loading" if self.loading else "busy" if self.busy else "idle" if self.target else "waiting"
+        state: State = "loading" if self.loading else "busy" if self.busy else "idle" if self.target else "waiting"
         idle = 0.0 if state != "idle" else now - self.last_used
         left = None if state != "idle" or self.keep_alive is None else max(0.0, self.keep_alive - idle)
         return PairStatus(name=display_name(spec.target_name), target=spec.target.path,

@@ -262,11 +262,11 @@ class Residency:
 
     def _draft(self, entry: Entry, spec: PairSpec, need: bool, lazy: bool) -> tuple[Any, float | None]:
         """The call's draft: none, the LazyModel the planner loads when it pays, or loaded now."""
-        if not need or spec.draft is None:
+        key = spec.draft_key
+        if not need or spec.draft is None or key is None:  # (the key is None where the draft is)
             return None, None
         from localspec.llama.lazy import LazyModel
 
-        key = spec.draft_key
         with self._cond:
             for other, model in list(entry.drafts.items()):  # a replaced file is never used again
                 if other != key and model.path == Path(spec.draft.path) and not spec.draft.is_current():
@@ -367,7 +367,7 @@ class Residency:
         with self._cond:
             entry = self._residents[spec.target_key] = Entry(spec, target=target, pinned=True)
             entry.bytes = loaded_bytes(target)
-            if draft is not None:
+            if draft is not None and spec.draft_key is not None:  # (the spec has a draft where `draft` is one)
                 entry.drafts[spec.draft_key] = draft if isinstance(draft, LazyModel) else LazyModel.of(draft)
         return spec
 

@@ -71,7 +71,10 @@ class Drafter(Protocol):
     """What the engine and the planner need of a drafter."""
 
     kind: str  # "model" (a draft-model pass per level) or "ngram" (free proposals)
-    source: Profiled | None  # the draft model it decodes with; None: its proposals cost nothing
+
+    @property
+    def source(self) -> Profiled | None:
+        """The draft model it decodes with; None: its proposals cost nothing."""
 
     @property
     def loaded(self) -> bool:

@@ -7,7 +7,9 @@ decode.
 Whoever runs them decides how the decodes are made: :func:`run_alone` runs each request as a
 decode of its own (one generation on the model, as ``Engine.step`` does when called directly);
 the pair's scheduler (localspec.decoding.scheduler) puts the requests of every active call into
-one decode per model per round. The step's code is the same either way.
+one decode per model per round. The step's code is the same either way. In a round planned as a
+whole (``Turn.planned``) a step may also yield an :class:`~localspec.decoding.batch_plan.Offer`
+(its drafting options) and gets back the depth the round's plan gives it.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from __future__ import annotations
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from localspec.errors import Cancelled
-from localspec.llama.sequence import KVSequence, Part
+from localspec.llama.sequence import CachedModel, KVSequence, Part
+
+if TYPE_CHECKING:
+    from localspec.decoding.batch_plan import Offer
 
 
 @dataclass
@@ -87,17 +92,17 @@ class Decoded:
 
 
 T = TypeVar("T")
-Steps = Generator[Request, Decoded, T]
+Steps = Generator["Request | Offer", Any, T]  # sent back: a Request's Decoded, an Offer's depth
 
 
-def decode(model: object, parts: list[Part], requests: list[Request]) -> Decoded:
+def decode(model: CachedModel, parts: list[Part], requests: list[Request]) -> Decoded:
     """Run one decode of `parts` (one per request, in order) on `model`; fills are recorded in
     their sequences. A decode that fails leaves the requests' sequences as they were before it."""
     for r in requests:
         r.sequence.begin()
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
-        model.decode_parts(parts)  # type: ignore[attr-defined]
+        model.decode_parts(parts)
     except BaseException:
         for r, p in zip(requests, parts, strict=True):
             r.sequence.abandon(p)
@@ -116,9 +121,11 @@ def run_alone(steps: Steps[T]) -> T:
     sent: Decoded | None = None
     while True:
         try:
-            request = steps.send(sent)  # type: ignore[arg-type]
+            request = next(steps) if sent is None else steps.send(sent)
         except StopIteration as done:
             return done.value
+        if not isinstance(request, Fill | Step):
+            raise TypeError(f"{type(request).__name__} outside a planned round: a step offers only when its turn is planned")
         model = request.sequence.model
         part = request.part(model.n_batch) if isinstance(request, Fill) else request.part
         try:

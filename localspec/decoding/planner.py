@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from localspec.decoding import passes
 from localspec.decoding.acceptance import DEFAULT_PRIOR_HAZARD, FIRST_TRY, LEVELS, PRIOR_HAZARD, Acceptance, Censored
@@ -137,7 +137,7 @@ class Planner:
             expected = acc.expectations(limit)
             certain = acc.prior == 0.0 and not any(acc.rejected)
             allowed = [d for d in range(1, limit + 1) if certain
-                       or self.step_cost(drafter, d, proposal.lag) - c1 <= self.saved + self.allowance(d)]
+                       or self.step_cost(drafter, d, proposal.lag) - c1 <= (self.saved or 0.0) + self.allowance(d)]
             if allowed:
                 rate = max(expected[d] / self.step_cost(drafter, d, proposal.lag) for d in allowed)
                 if best is None or rate > best[0]:
@@ -189,9 +189,10 @@ class Planner:
         other calls' included (the cost is a point of the curve at that size)."""
         kind = draft.kind if draft.n else None
         draft_seconds = 0.0
-        if draft.decoded_depth:  # a draft model's draft
-            self.observe_draft(draft.drafter)  # type: ignore[arg-type]
-            timing = draft.drafter.timing  # type: ignore[union-attr]
+        if draft.decoded_depth:  # a draft model's draft: only a ModelDrafter decodes levels
+            drafter = cast("ModelDrafter", draft.drafter)  # (not imported here: it needs llama.cpp)
+            self.observe_draft(drafter)
+            timing = drafter.timing
             draft_seconds = timing.catch_up[1] + timing.levels[1]
         self.observe(kind, max(draft.tree.depths, default=0), n_accepted, draft.n + 1,
                      None if draft.certain else target_seconds, draft.offered, new, draft_seconds, pass_tokens)
@@ -236,15 +237,15 @@ class Planner:
             acc = self._acceptance[kind] = self.acceptance_type(list(at_risk), list(rejected), prior)
         return acc
 
-    def draft_cost(self, drafter: Drafter) -> CostTable:
+    def draft_cost(self, source: Profiled) -> CostTable:
         """A draft model's cost per level, from its profile."""
-        return self._cost_table_of(self.profile_of(drafter.source))
+        return self._cost_table_of(self.profile_of(source))
 
-    def _draft_level(self, drafter: Drafter) -> float:
+    def _draft_level(self, source: Profiled) -> float:
         """Seconds per draft level: measured, else the target's c(1) scaled by the file sizes
         (on a CPU a model's step costs about its size)."""
-        own = self.draft_cost(drafter)(1)
-        return own if own > 0 else self.target_cost(1) * drafter.source.file_bytes / self.target_bytes
+        own = self.draft_cost(source)(1)
+        return own if own > 0 else self.target_cost(1) * source.file_bytes / self.target_bytes
 
     def pass_cost(self, tokens: int, batch: int = 0) -> float:
         """What `tokens` add to a target pass that holds `batch` tokens of other calls (alone:
@@ -258,9 +259,10 @@ class Planner:
 
     def step_cost(self, drafter: Drafter, depth: int, lag: int, batch: int = 0) -> float:
         cost = self.pass_cost(self._nodes[depth] + 1, batch)
-        if drafter.source is not None:  # a draft model: catch up on `lag` tokens, then `depth` levels
-            level = self._draft_level(drafter)
-            per_token = self.draft_cost(drafter).prefill_rate() or level / 3
+        source = drafter.source
+        if source is not None:  # a draft model: catch up on `lag` tokens, then `depth` levels
+            level = self._draft_level(source)
+            per_token = self.draft_cost(source).prefill_rate() or level / 3
             cost += lag * per_token + depth * level
         return cost
 
@@ -287,11 +289,11 @@ class Planner:
         limit = min(available, acc.explored_depth())
         expected = acc.expectations(limit)
         certain = acc.prior == 0.0 and not any(acc.rejected)  # forced tokens: nothing to lose
-        held = not certain and self.saved is not None  # drafts are held to what the generation may lose
+        saved = None if certain else self.saved  # drafts are held to what the generation may lose (None: not held)
         best, best_rate = 0, self.margin / c1
         for d in range(1, limit + 1):
             cost = self.step_cost(drafter, d, lag, batch)
-            if held and cost - c1 > self.saved + self.allowance(d):  # type: ignore[operator]
+            if saved is not None and cost - c1 > saved + self.allowance(d):
                 continue  # its worst case is more than this generation may lose: not (yet)
             rate = expected[d] / cost
             if rate > best_rate:
@@ -304,12 +306,12 @@ class Planner:
         prefilling the prompt."""
         c1 = self._measured_c1()
         measured = [n for n in self.target_cost.seconds if n > 1]
-        if c1 <= 0 or not measured or remaining <= 1:
-            return False
         source = drafter.source
-        level = self._draft_level(drafter)
+        if c1 <= 0 or not measured or remaining <= 1 or source is None:  # None: no model to load
+            return False
+        level = self._draft_level(source)
         load = self.profile_of(source).load or 2.0 * source.file_bytes / 1e9  # ~2 s per GB here
-        prefill = prompt_tokens * (self.draft_cost(drafter).prefill_rate() or level / 3)
+        prefill = prompt_tokens * (self.draft_cost(source).prefill_rate() or level / 3)
         best = min(self.step_cost(drafter, d, 0) / (d + 1) for d in range(1, self.shape.depth + 1))
         gain = remaining * (c1 - best)
         log.debug("draft model: best case %.1f ms/token vs %.1f, gain %.2f s vs load+prefill %.2f s",
@@ -370,7 +372,7 @@ class Planner:
             profile.load = drafter.source.load_seconds
         levels, secs = drafter.timing.levels
         if levels > 0:
-            self.draft_cost(drafter).observe(1, secs / levels)
+            self.draft_cost(drafter.source).observe(1, secs / levels)
         n, secs = drafter.timing.catch_up
         self.observe_prefill(profile, n, secs)
         profile.dirty = True

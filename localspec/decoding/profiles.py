@@ -42,7 +42,8 @@ MAX_WEIGHT = 100.0  # acceptance counts kept per level between runs (so a profil
 class Profiled(Protocol):
     """A model as the cost model sees it (loaded or not)."""
 
-    identity: dict[str, Any]
+    @property
+    def identity(self) -> dict[str, Any]: ...  # read-only: a Model computes it on first use
 
     @property
     def file_bytes(self) -> int: ...

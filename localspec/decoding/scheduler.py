@@ -155,10 +155,10 @@ class Scheduler:
                 self._stop(slot)
         with self._cond:
             while self._waiting and not self.closed:
-                slot = self._slot_for(self._waiting[0])
-                if slot is None:
+                free = self._slot_for(self._waiting[0])
+                if free is None:
                     break
-                self._start(slot, self._waiting.popleft())
+                self._start(free, self._waiting.popleft())
             return any(s.call is not None for s in self.slots)
 
     def _remove_waiting(self, call: Call) -> None:
@@ -320,7 +320,8 @@ class Scheduler:
         batch's room); each slot is resumed with what it got."""
         room = model.n_batch - sum(len(s.pending.part.tokens) for s in slots if isinstance(s.pending, passes.Step))
         budget = room if budget is None else min(budget, room)
-        served, parts = [], []
+        served: list[Slot] = []
+        parts: list[Part] = []
         for slot in slots:
             request = slot.pending
             slot.models.add(request.sequence.model)
@@ -375,6 +376,7 @@ class Scheduler:
                 if self._thread is not loop:
                     return
                 running = self._running
+                assert running is not None  # what the wait ended on, as the loop is still this one
             if running.calls and all(c.cancelled() for c in running.calls) or self.closed:
                 with self._cond:
                     if self._running is running:

@@ -7,17 +7,22 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localspec.decoding.passes import Request, Turn
 
-Program = Generator[Request | Turn, Any, None]
+if TYPE_CHECKING:
+    from localspec.decoding.batch_plan import Offer
+
+Program = Generator["Request | Offer | Turn", Any, None]
 
 
 class Call(Protocol):
-    """What the scheduler runs (localspec.api.Generation is one)."""
+    """What the scheduler runs (localspec.generation.Generation is one)."""
 
-    prompt: Sequence[int]  # its tokens: the slot sharing the longest prefix is chosen
+    @property
+    def prompt(self) -> Sequence[int]:
+        """Its tokens: the slot sharing the longest prefix is chosen."""
 
     def cancelled(self) -> bool:
         """Whether it should stop now (its cancel set, its consumer gone)."""

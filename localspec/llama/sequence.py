@@ -34,7 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -61,7 +64,8 @@ class Part:
 
 
 class CachedModel(Protocol):
-    """The llama.cpp operations a sequence uses (localspec.llama.model.Model has them)."""
+    """The llama.cpp operations a sequence uses, and the logits its users read after a decode
+    (localspec.llama.model.Model has them)."""
 
     n_batch: int
     decodes: int  # decodes run so far: logits rows are those of the last one
@@ -75,6 +79,8 @@ class CachedModel(Protocol):
     def seq_state(self, seq: int = 0) -> bytes: ...
 
     def set_seq_state(self, data: bytes, seq: int = 0) -> bool: ...
+
+    def logits_array(self, n_rows: int, first: int = 0) -> np.ndarray: ...
 
 
 class Follower(Protocol):

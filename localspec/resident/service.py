@@ -207,10 +207,9 @@ class Service:
         except Malformed as exc:
             log.warning("a malformed stop (%s): nothing unloaded", exc)
             return {"stopped": [], "ending": self.ending}
-        everything = targets is None
         reason = "stopped by localspec stop"
-        stopped = self.residency.unload(lambda s: everything or s.target in targets, reason)
-        if everything:
+        stopped = self.residency.unload(lambda s: targets is None or s.target in targets, reason)
+        if targets is None:
             self.end(reason)
         self._wake.set()
         return {"stopped": [dataclasses.asdict(s) for s in stopped], "ending": self.ending}

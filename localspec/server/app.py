@@ -39,6 +39,7 @@ from localspec.errors import (
     VerifierError,
 )
 from localspec.generation import END
+from localspec.prompt import Prompt
 from localspec.server import ServerLimits, schemas
 from localspec.server.jobs import Job, Pair
 from localspec.server.responses import ModelCard, ModelList, ResponseBuilder, error_body
@@ -299,9 +300,11 @@ def create_app(pair: Pair, *, model_id: str, defaults: GenerationConfig = DEFAUL
         # compiling a constraint follows its grammar's start (up to ~1 s for a regex the lexer cannot
         # follow): in a thread, so the event loop goes on serving the other clients meanwhile
         config = await asyncio.to_thread(req.config, defaults)
-        chat_request = isinstance(req, schemas.ChatRequest)
-        prompt = req.prompt() if chat_request else req.prompt_value()
-        tools = await asyncio.to_thread(req.toolset) if chat_request else None
+        if isinstance(req, schemas.ChatRequest):
+            prompt: Prompt = req.prompt()
+            tools = await asyncio.to_thread(req.toolset)
+        else:
+            prompt, tools = req.prompt_value(), None
         reply = ResponseBuilder(chat, req.include_usage, applied_config(config, has_draft), model_id)
         job = Job(prompt, config, asyncio.get_running_loop(), tools)
         pair.submit(job)

@@ -21,6 +21,7 @@ from localspec.core.residency import Residency
 from localspec.core.run import shared_history
 from localspec.errors import LocalspecError, RequestError
 from localspec.generation import END, Generation
+from localspec.prompt import Prompt
 from localspec.settings.generation import GenerationConfig
 from localspec.tools import ToolSet
 
@@ -32,7 +33,7 @@ class Job:
     """One generation: its events (localspec.generation's: Response, an error, END) put into the
     event loop's queue; its `cancel` stops it."""
 
-    prompt: Any
+    prompt: Prompt
     config: GenerationConfig
     loop: asyncio.AbstractEventLoop
     tools: ToolSet | None = None

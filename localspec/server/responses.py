@@ -327,7 +327,7 @@ class ResponseBuilder:
         return chunks
 
     def _delta_chunk(self, delta: Delta) -> ChatCompletionChunk:
-        extra = {"usage": None} if self.include_usage else {}
+        extra: dict[str, Any] = {"usage": None} if self.include_usage else {}  # keyword arguments, as chunk's
         return ChatCompletionChunk(**self._head(), **extra, choices=[ChunkChoice(delta=delta)])
 
     def final_chunks(self, finish: str, stats: GenerationStats) -> list[Chunk]:

@@ -252,13 +252,16 @@ class CompletionRequest(_Request):
 
     def prompt_value(self) -> str | list[int]:
         p = self.prompt
-        if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
-            if len(p) != 1:
-                raise RequestError("'prompt' must be one string (batches of prompts are not supported)", "prompt")
-            return p[0]
-        if isinstance(p, list) and not p:
+        if isinstance(p, str):
+            return p
+        if not p:
             raise RequestError("'prompt' must not be empty", "prompt")
-        return p  # type: ignore[return-value]
+        texts = [x for x in p if isinstance(x, str)]  # all of it or nothing: a list of strings, or of token ids
+        if not texts:
+            return [x for x in p if isinstance(x, int)]
+        if len(p) != 1:
+            raise RequestError("'prompt' must be one string (batches of prompts are not supported)", "prompt")
+        return texts[0]
 
 
 def _location(loc: tuple) -> str:

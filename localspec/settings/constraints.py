@@ -17,10 +17,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from localspec.errors import ConfigError
 from localspec.settings.validation import empty_value, require
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict of llguidance's stub, not there at run time
 
 Kind = Literal["json_schema", "json_object", "regex", "lark", "gbnf"]
 KINDS: tuple[str, ...] = get_args(Kind)
@@ -28,7 +31,7 @@ DEFAULT_PARAMS: dict[str, str] = {  # the setting a constraint comes from, unles
     "json_schema": "json_schema", "json_object": "response_format", "regex": "regex",
     "lark": "grammar", "gbnf": "grammar",
 }
-JSON_LAYOUT: dict[str, Any] = {  # llguidance's JSON options (overrides): see localspec.decoding.grammar.compiler
+JSON_LAYOUT: JsonCompileOptions = {  # llguidance's JSON options (overrides): see localspec.decoding.grammar.compiler
     "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": False,
 }
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}

@@ -52,7 +52,7 @@ from pathlib import Path
 TYPE_CHECKING = False  # typing is not imported at run time: the `localspec` client starts in milliseconds
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-    from typing import Any
+    from typing import Any, Literal
 
 from localspec.errors import ConfigError
 
@@ -156,7 +156,7 @@ def parse_dir(text: str, name: str, param: str | None = None) -> Path:
     return path
 
 
-def parse_dir_or_off(text: str, name: str, param: str | None = None) -> Path | bool:
+def parse_dir_or_off(text: str, name: str, param: str | None = None) -> Path | Literal[False]:
     """A directory, or False for "off" (also none, 0, false, no)."""
     if text.strip().lower() in OFF:
         return False

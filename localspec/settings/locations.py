@@ -10,6 +10,10 @@ from pathlib import Path
 
 from localspec.settings import environment
 
+TYPE_CHECKING = False  # typing is not imported at run time (see localspec.settings.environment)
+if TYPE_CHECKING:
+    from typing import Literal
+
 CACHE_ENV = "LOCALSPEC_CACHE_DIR"
 RUNTIME_ENV = "XDG_RUNTIME_DIR"
 PROMPT_CACHE_ENV = "LOCALSPEC_PROMPT_CACHE"  # a directory, or "off"
@@ -46,7 +50,7 @@ def runtime_dir() -> Path:
     return cache_root() / "run"
 
 
-def prompt_cache_setting(value: str | os.PathLike | None = None) -> Path | bool | None:
+def prompt_cache_setting(value: str | os.PathLike | None = None) -> Path | Literal[False] | None:
     """What a prompt-cache setting names: a directory, False ("off"), or None (the default:
     <cache root>/prompts); None as `value` reads LOCALSPEC_PROMPT_CACHE (ConfigError for a bad one)."""
     if value is None:  # the environment's (an empty variable is unset)

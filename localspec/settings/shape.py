@@ -77,10 +77,9 @@ class Shape:
         if isinstance(value, (bytes, bytearray)):
             value = value.decode("ascii", "replace")
         if not isinstance(value, str):
-            items = list(value) if isinstance(value, (list, tuple)) else None
-            require(bool(items) and all(is_int(b) for b in items), "tree",  # type: ignore[union-attr]
+            items = list(value) if isinstance(value, (list, tuple)) else []
+            require(bool(items) and all(is_int(b) for b in items), "tree",
                     f"a draft tree is a list of branching factors such as [3, 2, 1], got {show(value)}")
-            assert items is not None
             require(len(items) <= MAX_DRAFT_TOKENS, "tree",
                     f"a draft tree has at most {MAX_DRAFT_TOKENS} levels, got {len(items)}")
             return cls.tree(tuple(int(b) for b in items))

@@ -203,9 +203,9 @@ def target_joint(target: ToyModel, prefix: Context, length: int, settings: Sampl
                  grammar: ToyGrammar | None = None) -> dict:
     """Exact target probability of every continuation of `length` tokens (plain constrained
     sampling under `grammar`, if given)."""
-    out = {(): 1.0}
+    out: dict[Context, float] = {(): 1.0}
     for _ in range(length):
-        nxt = {}
+        nxt: dict[Context, float] = {}
         for seq, p in out.items():
             row = target_distribution(target, prefix + seq, settings, grammar)
             for x in np.flatnonzero(row > 0):

@@ -6,9 +6,9 @@ algorithm over *every* branch of its randomness and returns the exact output dis
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -36,8 +36,11 @@ class Uniforms:
         return int(np.flatnonzero(weights > 0)[-1])
 
 
+T = TypeVar("T")
+
+
 class _Branch(Exception):
-    def __init__(self, options: list[tuple[object, float]]) -> None:
+    def __init__(self, options: Sequence[tuple[object, float]]) -> None:
         self.options = options
 
 
@@ -47,24 +50,28 @@ class _Replay:
     prob: float = 1.0
     i: int = 0
 
-    def _take(self, options: list[tuple[object, float]]) -> object:
+    def _take(self, options: Sequence[tuple[T, float]]) -> T:
+        """The replayed choice: the option equal to it (one of these, as the replay records them)."""
         if self.i == len(self.choices):
             raise _Branch(options)
         value = self.choices[self.i]
         self.i += 1
-        self.prob *= dict(options)[value]
-        return value
+        for option, q in options:
+            if option == value:
+                self.prob *= q
+                return option
+        raise KeyError(value)
 
     def bernoulli(self, prob: float, slot: int) -> bool:
         p = min(max(float(prob), 0.0), 1.0)
         opts = [(v, q) for v, q in ((True, p), (False, 1.0 - p)) if q > 0]
-        return bool(self._take(opts))
+        return self._take(opts)
 
     def categorical(self, weights: np.ndarray, total: float, slot: int) -> int:
         w = np.asarray(weights, dtype=np.float64)
         s = w.sum()
         opts = [(int(x), float(w[x] / s)) for x in np.flatnonzero(w > 0)]
-        return int(self._take(opts))
+        return self._take(opts)
 
 
 def enumerate_outcomes(run: Callable[[Randomness], Hashable]) -> dict[Hashable, float]:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)  # a category
 
 
 def _gamma_q(a: float, x: float) -> float:
@@ -52,7 +55,7 @@ def chi2_sf(statistic: float, dof: int) -> float:
     return _gamma_q(dof / 2.0, statistic / 2.0)
 
 
-def pearson_pvalue(counts: Mapping[Hashable, int], probs: Mapping[Hashable, float],
+def pearson_pvalue(counts: Mapping[K, int], probs: Mapping[K, float],
                    min_expected: float = 5.0) -> tuple[float, int, float]:
     """(statistic, degrees of freedom, p-value) of a one-sample Pearson chi-square test of
     `counts` against `probs`. Categories with expected count < min_expected are pooled; an
@@ -64,7 +67,8 @@ def pearson_pvalue(counts: Mapping[Hashable, int], probs: Mapping[Hashable, floa
         return math.inf, 0, 0.0
     keys = [k for k, p in probs.items() if p > 0]
     total = sum(probs[k] for k in keys)
-    obs, exp = [], []
+    obs: list[float] = []
+    exp: list[float] = []
     pooled_o, pooled_e = 0.0, 0.0
     for k in keys:
         e = n * probs[k] / total

@@ -132,7 +132,9 @@ def _step(matcher: llguidance.LLMatcher, row: np.ndarray, ends: np.ndarray, n_vo
     ok = allowed_tokens(row, n_vocab)
     ok[ends[ends < n_vocab]] = False
     allowed = np.flatnonzero(ok)
-    picks = np.unique(np.arange(START_BRANCHES) * len(allowed) // START_BRANCHES) if len(allowed) else []
+    if not len(allowed):
+        return None, []
+    picks = np.unique(np.arange(START_BRANCHES) * len(allowed) // START_BRANCHES)
     return None, [int(allowed[i]) for i in picks]
 
 

@@ -124,7 +124,7 @@ def _keyword_place(schema: Any, keyword: str) -> str | None:
     the keywords of schemas it compiles, i.e. those in use)."""
     places = [f"{p}/{pointer_token(keyword)}" for p, sub in walk_schema(schema) if keyword in sub]
     used = [p for p in places if not re.match(r"/(\$defs|definitions)/", p)]
-    return (used or places or [None])[0]
+    return (used or places)[0] if places else None
 
 
 def _problem_place(schema: Any, text: str, message: str) -> str | None:

@@ -84,8 +84,9 @@ def build_tokenizer(model: VocabModel) -> llguidance.LLTokenizer:
                          "generation could never end")
     pieces = token_pieces(vocab, model.n_vocab)
     tokenize = compat.tokenize_address()
-    tokenizer = llguidance.LLTokenizer.from_llamacpp(tokens=pieces, vocab_ptr=vocab, tokenize_fptr=tokenize,
-                                                     eos_token=ends)
+    # llguidance's stub (_lib.pyi) lacks from_llamacpp, which its own llamacpp.py calls
+    tokenizer = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
+        tokens=pieces, vocab_ptr=vocab, tokenize_fptr=tokenize, eos_token=ends)
     log.debug("llguidance tokenizer for %d tokens (ends %s) in %.2f s", model.n_vocab, ends,
               time.perf_counter() - started)
     return tokenizer
