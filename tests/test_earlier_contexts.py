@@ -1,7 +1,9 @@
 """Earlier contexts (localspec.llama.sequence, localspec.llama.prompt_cache): the KV cache holds the
 current context only, with no other sequence left after a call (a held one would widen every later
 call's attention); a document asked about again after other prompts came between comes back from
-the prompt cache's memory, with no prefill of it and the output unchanged."""
+the prompt cache's memory, with no prefill of it and the output unchanged. The model has one slot
+here: with several, an idle slot keeps its context (tests/test_scheduler.py), which is not what
+these tests are about."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def sequences_in_use(model: Model) -> list[int]:
 
 @pytest.fixture()
 def model(tiny_paths: tuple[Path, Path]) -> Model:
-    with load(tiny_paths[0], n_ctx=1024, n_seq_max=4) as m:
+    with load(tiny_paths[0], n_ctx=1024, n_seq_max=4, parallel=1) as m:
         yield m
 
 

@@ -2,8 +2,8 @@
 users would run instead.
 
 Per K (clients at once) and temperature, each configuration serves a round of K requests (new
-questions every round; every server started afresh each round, a warm-up request first, not
-timed), --repeat rounds, medians:
+questions every round, the same for every configuration; every server started afresh each round, a
+warm-up request first, not timed), --repeat rounds alternated between the configurations, medians:
 
 * ``localspec serve`` (the default pair, its defaults: slots for K calls) through its
   ``/v1/chat/completions``, streamed (time to first token from the first content delta);
@@ -239,25 +239,37 @@ def configurations(k: int, bindir: Path | None, cli: bool, env: dict[str, str]) 
     return out
 
 
-def measure(name: str, start: Callable[[], Http | None], questions: Callable[[int], list[str]], temperature: float,
-            repeat: int, env: dict[str, str]) -> list[Round]:
-    rounds = []
+def measure_round(name: str, start: Callable[[], Http | None], questions: list[str], temperature: float,
+                  env: dict[str, str]) -> Round:
+    """One round of one configuration: what serves it started afresh, warmed up, then the K
+    questions at once; stopped after."""
+    server = start()
+    try:
+        if server is None:  # the command line: the service is started (and warmed) by a call
+            ask: Callable[[str, float, int], Result] = lambda q, t, s: cli_ask(q, t, s, env)  # noqa: E731
+        else:
+            ask = server.ask
+        ask("Say hello.", 0.0, 1)  # warm-up, not timed (loads, kernel checks, first prefill)
+        result = run_round(ask, questions, temperature)
+    finally:
+        if server is not None:
+            server.close()
+        else:
+            subprocess.run([sys.executable, "-m", "localspec", "stop", "--all"], env=env, capture_output=True)
+    progress(f"{name}: {result.throughput:.1f} tok/s")
+    return result
+
+
+def measure(label: str, configs: dict[str, Callable[[], Http | None]], questions: Callable[[int], list[str]],
+            temperature: float, repeat: int, env: dict[str, str]) -> list[dict[str, float | str]]:
+    """Each configuration's rounds, alternated (round r of every configuration, then round r + 1;
+    every configuration asked the same new questions in a round); a row per configuration."""
+    rounds: dict[str, list[Round]] = {name: [] for name in configs}
     for r in range(repeat):
-        server = start()
-        try:
-            if server is None:  # the command line: the service is started (and warmed) by a call
-                ask: Callable[[str, float, int], Result] = lambda q, t, s: cli_ask(q, t, s, env)  # noqa: E731
-            else:
-                ask = server.ask
-            ask("Say hello.", 0.0, 1)  # warm-up, not timed (loads, kernel checks, first prefill)
-            rounds.append(run_round(ask, questions(r), temperature))
-        finally:
-            if server is not None:
-                server.close()
-            else:
-                subprocess.run([sys.executable, "-m", "localspec", "stop", "--all"], env=env, capture_output=True)
-        progress(f"{name}: round {r + 1}/{repeat}: {rounds[-1].throughput:.1f} tok/s")
-    return rounds
+        for name, start in configs.items():
+            rounds[name].append(measure_round(f"{name} {label} round {r + 1}/{repeat}", start, questions(r),
+                                              temperature, env))
+    return [row(name, rs) for name, rs in rounds.items()]
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -343,17 +355,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         out = host_header()
         for temperature in temps:
             for k in ks:
-                rows = [row(name, measure(f"{name} K={k} T={temperature}", start,
-                                          new_questions(k, temperature),
-                                          temperature, args.repeat, env))
-                        for name, start in configurations(k, bindir, not args.no_cli, env).items()]
+                rows = measure(f"K={k} T={temperature:g}", configurations(k, bindir, not args.no_cli, env),
+                               new_questions(k, temperature), temperature, args.repeat, env)
                 out += table(f"K = {k} clients at once, T = {temperature:g}, new questions", rows)
+                progress("\n".join(out[-len(rows) - 4:]))
             if not args.no_grounded:
-                rows = [row(name, measure(f"{name} grounded T={temperature}", start,
-                                          lambda r: [grounded_question(r, c) for c in range(4)],
-                                          temperature, args.repeat, env))
-                        for name, start in configurations(4, bindir, not args.no_cli, env).items()]
+                rows = measure(f"grounded T={temperature:g}", configurations(4, bindir, not args.no_cli, env),
+                               lambda r: [grounded_question(r, c) for c in range(4)], temperature, args.repeat, env)
                 out += table(f"Grounded: four clients editing four files, T = {temperature:g}", rows)
+                progress("\n".join(out[-len(rows) - 4:]))
         print("\n".join(out))
 
 
