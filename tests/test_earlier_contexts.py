@@ -1,9 +1,9 @@
 """Earlier contexts (localspec.llama.sequence, localspec.llama.prompt_cache): the KV cache holds the
 current context only, with no other sequence left after a call (a held one would widen every later
 call's attention); a document asked about again after other prompts came between comes back from
-the prompt cache's memory, with no prefill of it and the output unchanged. The model has one slot
-here: with several, an idle slot keeps its context (tests/test_scheduler.py), which is not what
-these tests are about."""
+the prompt cache's memory, or from the slot's own memory of parked contexts, with no prefill of it
+and the output unchanged. The model has one slot here: with several, an idle slot keeps its
+context in its cells (tests/test_scheduler.py)."""
 
 from __future__ import annotations
 
@@ -75,8 +75,19 @@ def test_a_document_asked_again_comes_back_from_memory(model: Model, tmp_path: P
     assert_greedy_text(model, DOC + QUESTIONS[1], text, 12)  # the output of a fresh run
 
 
-def test_without_the_prompt_cache_the_document_is_prefilled(model: Model) -> None:
+def test_without_the_prompt_cache_the_document_comes_back_from_the_slots_memory(model: Model) -> None:
+    """The slot's context, about to be overwritten by an unrelated prompt, is parked in memory
+    (as llama-server keeps such a slot's prompt) and comes back for the follow-up."""
     ask(model, DOC + QUESTIONS[0])
+    ask(model, OTHER)
+    text, cached = ask(model, DOC + QUESTIONS[1])
+    assert cached >= len(model.tokenize(DOC)) - 2
+    assert_greedy_text(model, DOC + QUESTIONS[1], text, 12)
+
+
+def test_negative_control_with_no_memory_for_parked_contexts_the_document_is_prefilled(model: Model) -> None:
+    ask(model, DOC + QUESTIONS[0])
+    model.scheduler.parked.limit = 0
     ask(model, OTHER)
     _, cached = ask(model, DOC + QUESTIONS[1])
     assert cached < 10

@@ -219,6 +219,37 @@ def test_a_new_call_takes_the_slot_that_shares_the_longest_prefix(pair: tuple[Mo
     assert follow.engine.stats().cached_tokens >= len(target.tokenize(doc)) - 2
 
 
+def test_a_prompt_mostly_held_by_a_slot_takes_it_and_the_rest_is_parked(pair: tuple[Model, Model]) -> None:
+    """llama-server's slot similarity: a slot holding more than half of a new prompt is taken even
+    when that is a small part of its own context (a chat template's opening, shared by every new
+    question); the context it loses is parked first and comes back for a call that continues it."""
+    target, _ = pair
+    config = GenerationConfig.from_options(temperature=0, max_tokens=4, num_draft_tokens=0)
+    opening = "# a shared opening line\n" * 6
+    long_tail = "def helper(x):\n    return x * 2\n" * 12
+    first = Generation(target, None, opening + long_tail + "# one", config, prompt_cache=False)
+    list(first)
+    question = Generation(target, None, opening + "# a new question", config, prompt_cache=False)
+    list(question)
+    assert question.slot == first.slot
+    assert question.engine.stats().cached_tokens >= len(target.tokenize(opening)) - 2
+    again = Generation(target, None, opening + long_tail + "# two", config, prompt_cache=False)
+    list(again)
+    assert again.engine.stats().cached_tokens >= len(target.tokenize(opening + long_tail)) - 2
+
+
+def test_negative_control_a_slot_holding_less_than_half_of_a_prompt_is_not_taken(pair: tuple[Model, Model]) -> None:
+    target, _ = pair
+    config = GenerationConfig.from_options(temperature=0, max_tokens=4, num_draft_tokens=0)
+    opening = "# a shared opening line\n" * 2
+    first = Generation(target, None, opening + "def helper(x):\n    return x * 2\n" * 12, config, prompt_cache=False)
+    list(first)
+    question = Generation(target, None, opening + "print('a question much longer than the opening') " * 4, config,
+                          prompt_cache=False)
+    list(question)
+    assert question.slot != first.slot
+
+
 def kv_holds_its_tokens(target: Model) -> list[str]:
     """Every slot's cache holds exactly its committed tokens as its first sequence id and nothing
     in its others (the KV invariant); what does not."""

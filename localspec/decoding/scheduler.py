@@ -42,14 +42,14 @@ from localspec.decoding.passes import Decoded, Fill, Turn
 from localspec.decoding.slots import Call, Running, Slot
 from localspec.errors import Cancelled, LocalspecError, RequestError
 from localspec.llama.parked import PARK_MEMORY, Parked
-from localspec.llama.sequence import Part, common_prefix
+from localspec.llama.sequence import Part
 
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 256  # prompt tokens a round's target decode takes while other slots generate
 DEFAULT_MAX_QUEUE = 64  # calls that may wait for a slot (beyond them: RequestError, a 503 for a server)
 WATCH = 0.05  # seconds between checks, during a decode, of whether its calls were all cancelled
-SIMILAR = 0.5  # of a slot's context a prompt must continue to take that slot (llama-server's default similarity)
+SIMILAR = 0.5  # of a prompt a slot's context must hold to take that slot (llama-server's default similarity)
 IDLE_EXIT = 30.0  # seconds a loop waits for a call before its thread ends (and lets go of the model)
 
 
@@ -170,32 +170,29 @@ class Scheduler:
         return [s for s in self.slots if s.call is None]
 
     def _slot_for(self, call: Call) -> Slot | None:
-        """The free slot whose context (in its cells, or parked from it) the call's prompt
-        continues — the longest shared prefix, at least SIMILAR of that context, as llama-server's
-        slot similarity — else the one used least recently (a prompt sharing only a chat
-        template's first lines with another conversation does not overwrite it)."""
+        """The free slot whose context (in its cells, or parked from it) holds the longest prefix of
+        the call's prompt, more than SIMILAR of the prompt (llama-server's slot similarity), else
+        the one used least recently."""
         free = self._free_slots()
         if not free:
             return None
         shared = [(self._shared(s, call.prompt), -s.last_used, s) for s in free]
         best = max(shared, key=lambda x: (x[0], x[1]))
-        if best[0] > 0:
+        if best[0] > SIMILAR * len(call.prompt):
             return best[2]
         return min(free, key=lambda s: s.last_used)
 
     def _shared(self, slot: Slot, prompt: Sequence[int]) -> int:
-        """The prefix of `prompt` the slot holds, in its cells or parked from it in memory, when it
-        is at least SIMILAR of what it holds there (else 0)."""
-        seq = self.target.sequences[slot.index]
-        held = common_prefix(seq.tokens[: seq.n_cached], prompt[: len(prompt) - 1])
-        cells = held if held >= SIMILAR * seq.n_cached else 0
-        return max(cells, self.parked.shared(slot.index, prompt, self.target, SIMILAR))
+        """The prefix of `prompt` the slot holds, in its cells or parked from it in memory."""
+        return max(self.target.sequences[slot.index].reusable(prompt),
+                   self.parked.shared(slot.index, prompt, self.target))
 
     def _start(self, slot: Slot, call: Call) -> None:
         self._admissions += 1
         slot.call, slot.admitted, slot.pending = call, self._admissions, None
         try:
             self._park_idle(slot)
+            self._park_if_mostly_lost(slot, call.prompt)
             self.parked.restore(slot.index, call.prompt, self.target)
             call.bind(slot.index)
             slot.program = call.program()
@@ -211,6 +208,15 @@ class Scheduler:
         for slot in self.slots:
             if slot is not taken and slot.call is None:
                 self.parked.park(slot.index, [self.target, *slot.models])
+
+    def _park_if_mostly_lost(self, slot: Slot, prompt: Sequence[int]) -> None:
+        """A slot's context that the new call would keep less than SIMILAR of goes to memory first
+        (as llama-server saves such a slot's prompt in its cache): a later call that continues it
+        gets it back, into whichever slot it takes; what the new call shares of it comes back
+        from there at once."""
+        seq = self.target.sequences[slot.index]
+        if seq.n_cached and seq.reusable(prompt) < SIMILAR * seq.n_cached:
+            self.parked.park(slot.index, [self.target, *slot.models])
 
     # ------------------------------------------------------------------ a round
 

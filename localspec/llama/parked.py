@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 PARK_MEMORY = 512 << 20  # bytes of idle slots' KV states kept in memory (their cells freed for the others)
 PARK_MIN = 32  # tokens: a shorter context costs about as much to prefill again as to park
+RESTORE_MIN = 8  # tokens a parked state must add to what a slot holds to be restored (it takes milliseconds)
 
 
 class Parked:
@@ -60,34 +61,38 @@ class Parked:
         while total > self.limit and self._states:
             total -= len(self._states.popitem(last=False)[1][2])
 
-    def shared(self, slot: int, prompt: Sequence[int], model: Any, similar: float = 0.0) -> int:
-        """The most tokens of `prompt` (but its last) a state parked from `slot` of `model` holds,
-        where that is at least `similar` of the state's tokens."""
-        best = 0
-        for (mid, tokens), (_, parked, _) in self._states.items():
-            if mid == id(model) and parked == slot:
-                n = common_prefix(tokens, prompt[: len(prompt) - 1])
-                if n >= similar * len(tokens):
-                    best = max(best, n)
-        return best
+    def shared(self, slot: int, prompt: Sequence[int], model: Any) -> int:
+        """The most tokens of `prompt` (but its last) a state parked from `slot` of `model` holds."""
+        return max((common_prefix(tokens, prompt[: len(prompt) - 1])
+                    for (mid, tokens), (_, parked, _) in self._states.items() if mid == id(model) and parked == slot),
+                   default=0)
 
     def restore(self, slot: int, prompt: Sequence[int], target: Any) -> None:
         """Into the slot, each model's parked state sharing the longest prefix with `prompt`, where
-        it holds more of it than the slot does (taken out of memory: the slot holds it now)."""
+        it holds RESTORE_MIN tokens of it more than the slot does. A state the call continues
+        leaves memory (the slot holds it now); one it shares less than half of stays parked for
+        a call that continues it (the slot holds the shared prefix only)."""
         models = {id(m): m for m, _, _ in self._states.values()} | {id(target): target}
         for key, model in models.items():
             seq = model.sequences[slot] if slot < len(model.sequences) else None
             if seq is None:
                 continue
-            best, keep = None, max(seq.reusable(prompt), PARK_MIN - 1)
+            best, keep = None, seq.reusable(prompt) + RESTORE_MIN - 1
             for mid, tokens in self._states:
                 shared = common_prefix(tokens, prompt[: len(prompt) - 1])
                 if mid == key and shared > keep:
                     best, keep = (mid, tokens), shared
             if best is not None:
-                _, _, data = self._states.pop(best)
-                try:
-                    if not seq.restore(best[1], data, keep):
-                        log.info("llama.cpp refused a parked state of %s", model.path.name)
-                except Exception as exc:  # noqa: BLE001 - a model closed since: its state is dropped
-                    log.info("a parked state of %s is gone: %s", model.path.name, exc)
+                self._restore(seq, best, keep)
+
+    def _restore(self, seq: Any, key: tuple[int, tuple[int, ...]], keep: int) -> None:
+        model, _, data = self._states[key]
+        if keep >= len(key[1]) / 2:
+            del self._states[key]
+        else:
+            self._states.move_to_end(key)  # used: the last to be dropped
+        try:
+            if not seq.restore(key[1], data, keep):
+                log.info("llama.cpp refused a parked state of %s", model.path.name)
+        except Exception as exc:  # noqa: BLE001 - a model closed since: its state is dropped
+            log.info("a parked state of %s is gone: %s", model.path.name, exc)
