@@ -1,9 +1,11 @@
 """Many calls at once on one pair: K clients, each with its own new question, against the servers
 users would run instead.
 
-Per K (clients at once) and temperature, each configuration serves a round of K requests (new
-questions every round, the same for every configuration; every server started afresh each round, a
-warm-up request first, not timed), --repeat rounds alternated between the configurations, medians:
+Per K (clients at once) and temperature, each configuration serves a round of K clients at once,
+each asking its new questions in turn (four requests a round at least: one client asks four;
+the same questions for every configuration; every server started afresh each round, localspec's
+prompt cache empty, a warm-up request first, not timed), --repeat rounds alternated between the
+configurations, medians:
 
 * ``localspec serve`` (the default pair, its defaults: slots for K calls) through its
   ``/v1/chat/completions``, streamed (time to first token from the first content delta);
@@ -47,6 +49,7 @@ from benchmarks.common.options import progress
 from benchmarks.common.target import default_target
 
 MAX_TOKENS = 96
+ROUND_REQUESTS = 4  # requests a round makes at least (each client's in turn)
 CTX = 4096  # context per slot, on both sides
 TASKS = ("reverses a string", "checks whether a year is a leap year", "merges two sorted lists", "counts vowels",
          "flattens a nested list", "returns the n-th prime", "parses an ISO date", "computes a moving average",
@@ -78,15 +81,19 @@ _EDITS = ("Rename the first variable to a longer, clearer name and show the whol
           "Add a blank line before the return and show the whole code:")
 
 
-def new_question(round_: int, client: int, temperature: float) -> str:
-    """A question no earlier request of the run asked (its task depends on the round and client)."""
-    task = TASKS[(round_ * 8 + client + (16 if temperature else 0)) % len(TASKS)]
+def new_question(round_: int, n: int, temperature: float) -> str:
+    """The round's n-th question, one no earlier request of the round asked (nor of the two rounds
+    before it: a round asks at most 8)."""
+    task = TASKS[(round_ * 8 + n + (16 if temperature else 0)) % len(TASKS)]
     return f"Write a Python function that {task}. Keep it short."
 
 
-def new_questions(clients: int, temperature: float) -> Callable[[int], list[str]]:
-    """A round's new questions, one per client (see new_question)."""
-    return lambda round_: [new_question(round_, c, temperature) for c in range(clients)]
+def new_questions(clients: int, temperature: float) -> Callable[[int], list[list[str]]]:
+    """A round's new questions: each client's, asked one after another, at least ROUND_REQUESTS in
+    the round (one client alone asks four questions in turn: one request is too few to time)."""
+    per_client = max(1, ROUND_REQUESTS // clients)
+    return lambda round_: [[new_question(round_, c * per_client + j, temperature) for j in range(per_client)]
+                           for c in range(clients)]
 
 
 def grounded_question(round_: int, client: int) -> str:
@@ -201,16 +208,19 @@ def cli_ask(question: str, temperature: float, seed: int, env: dict[str, str]) -
     return Result(total - data["timings"].get("decode", 0.0), total, data["usage"]["completion_tokens"])
 
 
-def run_round(ask: Callable[[str, float, int], Result], questions: Sequence[str], temperature: float) -> Round:
-    """The K questions asked at once (a thread each); the round's wall time and each result."""
-    results: list[Result | None] = [None] * len(questions)
+def run_round(ask: Callable[[str, float, int], Result], questions: Sequence[Sequence[str]],
+              temperature: float) -> Round:
+    """The K clients at once (a thread each), each asking its questions in turn; the round's wall
+    time and each result."""
+    results: list[list[Result]] = [[] for _ in questions]
     errors: list[BaseException] = []
     start = threading.Barrier(len(questions) + 1)
 
     def one(i: int) -> None:
         start.wait()
         try:
-            results[i] = ask(questions[i], temperature, 1000 + i)
+            for j, question in enumerate(questions[i]):
+                results[i].append(ask(question, temperature, 1000 + 10 * i + j))
         except BaseException as exc:  # noqa: BLE001 - reported after the round
             errors.append(exc)
 
@@ -223,7 +233,7 @@ def run_round(ask: Callable[[str, float, int], Result], questions: Sequence[str]
         t.join()
     if errors:
         raise errors[0]
-    return Round(time.perf_counter() - t0, [r for r in results if r is not None])
+    return Round(time.perf_counter() - t0, [r for client in results for r in client])
 
 
 def configurations(k: int, bindir: Path | None, cli: bool, env: dict[str, str]) -> dict[str, Callable[[], Http | None]]:
@@ -239,10 +249,12 @@ def configurations(k: int, bindir: Path | None, cli: bool, env: dict[str, str]) 
     return out
 
 
-def measure_round(name: str, start: Callable[[], Http | None], questions: list[str], temperature: float,
+def measure_round(name: str, start: Callable[[], Http | None], questions: list[list[str]], temperature: float,
                   env: dict[str, str]) -> Round:
-    """One round of one configuration: what serves it started afresh, warmed up, then the K
-    questions at once; stopped after."""
+    """One round of one configuration: what serves it started afresh (localspec with an empty
+    prompt cache of its own: nothing saved by another configuration or round), warmed up, then the
+    K clients at once; stopped after."""
+    env["LOCALSPEC_PROMPT_CACHE"] = tempfile.mkdtemp(prefix="prompts-", dir=env["XDG_RUNTIME_DIR"])
     server = start()
     try:
         if server is None:  # the command line: the service is started (and warmed) by a call
@@ -260,7 +272,7 @@ def measure_round(name: str, start: Callable[[], Http | None], questions: list[s
     return result
 
 
-def measure(label: str, configs: dict[str, Callable[[], Http | None]], questions: Callable[[int], list[str]],
+def measure(label: str, configs: dict[str, Callable[[], Http | None]], questions: Callable[[int], list[list[str]]],
             temperature: float, repeat: int, env: dict[str, str]) -> list[dict[str, float | str]]:
     """Each configuration's rounds, alternated (round r of every configuration, then round r + 1;
     every configuration asked the same new questions in a round); a row per configuration."""
@@ -350,8 +362,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     temps = [float(t) for t in args.temperatures.split(",")]
     bindir = None if args.no_llama else native_llama_tools()
     with tempfile.TemporaryDirectory(prefix="ls-conc-") as tmp:
-        env = dict(os.environ, XDG_RUNTIME_DIR=tmp, LOCALSPEC_KEEP_ALIVE="10m",
-                   LOCALSPEC_PROMPT_CACHE=str(Path(tmp) / "prompts"))
+        env = dict(os.environ, XDG_RUNTIME_DIR=tmp, LOCALSPEC_KEEP_ALIVE="10m")
         out = host_header()
         for temperature in temps:
             for k in ks:
@@ -361,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 progress("\n".join(out[-len(rows) - 4:]))
             if not args.no_grounded:
                 rows = measure(f"grounded T={temperature:g}", configurations(4, bindir, not args.no_cli, env),
-                               lambda r: [grounded_question(r, c) for c in range(4)], temperature, args.repeat, env)
+                               lambda r: [[grounded_question(r, c)] for c in range(4)], temperature, args.repeat, env)
                 out += table(f"Grounded: four clients editing four files, T = {temperature:g}", rows)
                 progress("\n".join(out[-len(rows) - 4:]))
         print("\n".join(out))

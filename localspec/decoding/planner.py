@@ -339,17 +339,19 @@ class Planner:
         tokens the step committed; a draft accepted whole and shorter than its proposal is
         counted once the output shows how far the proposal was right (Censored). `pass_tokens`:
         the tokens of the pass with other calls' (their cost is a point of the curve at that size;
-        this step's share of it is what its tokens added)."""
+        what the step saved is counted as if it ran alone)."""
         for acc in self._acceptance.values():
             acc.decay()
         if target_seconds is not None:
             size = max(pass_tokens or n_target_tokens, n_target_tokens)
             self.target_cost.observe(size, target_seconds)
             if depth > 0 and self.saved is not None:
-                others = size - n_target_tokens
-                share = self.pass_cost(n_target_tokens, others) if others else target_seconds
-                instead = self.pass_cost(1, others) if others else self._measured_c1()
-                self.saved += (n_accepted + 1) * instead - share - draft_seconds
+                # what the draft saved, counted in steps of this call alone (the allowances' unit),
+                # beside others too (its step alone read from the curve): priced at its marginal
+                # share of a batched pass, a token costs about the same drafted or not, so nothing
+                # would ever count as saved and drafts beside others would never go past a first try
+                share = target_seconds if size == n_target_tokens else self.target_cost(n_target_tokens)
+                self.saved += (n_accepted + 1) * self._measured_c1() - share - draft_seconds
         self._settle_censored(new)
         if kind is not None and depth > 0:
             acc = self.acceptance(kind)
