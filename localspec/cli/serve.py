@@ -75,8 +75,10 @@ def serve(model: str | None, draft: str | None, host: str, port: int, api_key: s
     """Serve the model pair over an OpenAI-compatible HTTP API.
 
     Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions
-    (stream: true for Server-Sent Events). The pair is loaded once; requests are
-    queued and run one at a time. The speculative and sampling options are the
+    (stream: true for Server-Sent Events). The pair is loaded once; up to
+    --parallel requests generate at once (each a slot of one step loop that
+    puts every request's step into one decode), more wait in a queue
+    (--max-queue, then 503). The speculative and sampling options are the
     defaults of every request; a request overrides them with its own fields
     (temperature, top_p, max_tokens, seed, stop, and the extensions top_k, min_p,
     verifier, num_draft_tokens, paths, tree, drafter, plan). Every response has a
