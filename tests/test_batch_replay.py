@@ -1,10 +1,9 @@
 """The batch replay (benchmarks/replay/batch.py) on made-up token sequences, without a model: one
 call at a time it is the single-answer replay; on a flat cost curve K calls in lockstep cost what
 the longest costs alone; on a steep CPU-like curve the planner drafts less with four calls in the
-pass than alone, and the planner told it is alone (negative control) drafts and loses there. On a
-flat curve the planner drafts far less in a batch than alone: an expected failure that marks how
-it prices a shared pass. The planner is driven as the engine and the scheduler drive it
-(pick(..., batch=), observe_step(..., pass_tokens=), finish)."""
+pass than alone, and the planner told it is alone (negative control) drafts and loses there; on a
+flat curve it drafts in a batch as each call does alone. The planner is driven as the engine and
+the scheduler drive it (pick(..., batch=), offer(...), observe_step(..., pass_tokens=), finish)."""
 
 from __future__ import annotations
 
