@@ -21,6 +21,8 @@ from benchmarks.replay import batch, planners
 from benchmarks.replay.batch import BatchReplay, replay_batch
 from benchmarks.replay.steps import replay
 
+from replay_rules import Always
+
 AMD = {n: 0.03 * r for n, r in {1: 1.0, 2: 1.65, 4: 2.56, 8: 6.24, 16: 6.84}.items()}  # a steep CPU curve
 PREFILL = 0.3 * 0.03
 AMD_COST = CostTable(dict(AMD), lambda: PREFILL)
@@ -55,17 +57,6 @@ def free_case(seed: int, length: int = 120) -> tuple[list[int], list[int]]:
 def planner(curve: dict[int, float], blind: bool = False) -> batch.MakePolicy:
     """A new planner for each call that knows the whole curve (`blind`: told batch = 0 always)."""
     return lambda: planners.planner_for(planners.fresh_profile(curve, PREFILL, True), batch_blind=blind)
-
-
-class Always(dict):
-    """A fixed rule that drafts every kind of proposal this deep."""
-
-    def __init__(self, depth: int) -> None:
-        super().__init__()
-        self.depth = depth
-
-    def get(self, kind, default=None):  # noqa: ANN001, ANN201 (the replay's mapping lookup)
-        return self.depth
 
 
 def fixed(rule: dict[str, int]) -> batch.MakePolicy:

@@ -19,6 +19,8 @@ from benchmarks.replay import planner as cli, planners, policies
 from benchmarks.replay.ceiling import ngram_runs, oracle_seconds
 from benchmarks.replay.steps import answer_lookup, replay
 
+from replay_rules import Always
+
 CURVE = {1: 0.036, 2: 0.070, 4: 0.100, 8: 0.200, 16: 0.300, 32: 0.560}  # a CPU-like curve, increasing
 COST = CostTable(dict(CURVE))
 
@@ -166,17 +168,6 @@ def test_a_running_copy_is_drafted_deep() -> None:
     assert max(got) >= 15 and sum(d >= 12 for d in got) >= 2, got
     old = [d for i, _, d, _ in decisions(planner_with_curve(AMD, NoCompletionPlanner), prompt, output) if i < cut]
     assert max(old) <= 2 * FIRST_TRY, old
-
-
-class Always(dict):
-    """A fixed policy that drafts every kind of proposal this deep."""
-
-    def __init__(self, depth: int) -> None:
-        super().__init__()
-        self.depth = depth
-
-    def get(self, kind, default=None):  # noqa: ANN001, ANN201 (the replay's mapping lookup)
-        return self.depth
 
 
 def test_a_break_is_retreated_from() -> None:
