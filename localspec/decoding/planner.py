@@ -132,16 +132,11 @@ class Planner:
             drafter = proposal.drafter
             if not drafter.loaded and not self.worth_loading(drafter, prompt_tokens, remaining):
                 continue
-            acc = self.acceptance(proposal.kind)
-            limit = min(proposal.levels, acc.explored_depth())
-            expected = acc.expectations(limit)
-            certain = acc.prior == 0.0 and not any(acc.rejected)
-            allowed = [d for d in range(1, limit + 1) if certain
-                       or self.step_cost(drafter, d, proposal.lag) - c1 <= (self.saved or 0.0) + self.allowance(d)]
-            if allowed:
-                rate = max(expected[d] / self.step_cost(drafter, d, proposal.lag) for d in allowed)
+            options, expected = self._allowed(drafter, proposal.kind, proposal.levels, proposal.lag, c1)
+            if options:
+                rate = max(expected[d] / cost for d, cost in options)
                 if best is None or rate > best[0]:
-                    best = (rate, proposal, allowed, expected)
+                    best = (rate, proposal, [d for d, _ in options], expected)
         if best is None:
             return None
         _, proposal, allowed, expected = best
@@ -285,20 +280,28 @@ class Planner:
             return 0, 0.0  # nothing to draft, or c(1) not measured yet: this step measures it
         if batch > 0:
             c1 = self.pass_cost(1, batch) or c1
-        acc = self.acceptance(kind)
-        limit = min(available, acc.explored_depth())
-        expected = acc.expectations(limit)
-        certain = acc.prior == 0.0 and not any(acc.rejected)  # forced tokens: nothing to lose
-        saved = None if certain else self.saved  # drafts are held to what the generation may lose (None: not held)
+        allowed, expected = self._allowed(drafter, kind, available, lag, c1, batch)
         best, best_rate = 0, self.margin / c1
-        for d in range(1, limit + 1):
-            cost = self.step_cost(drafter, d, lag, batch)
-            if saved is not None and cost - c1 > saved + self.allowance(d):
-                continue  # its worst case is more than this generation may lose: not (yet)
+        for d, cost in allowed:
             rate = expected[d] / cost
             if rate > best_rate:
                 best, best_rate = d, rate
         return best, best_rate
+
+    def _allowed(self, drafter: Drafter, kind: str, available: int, lag: int, root: float,
+                 batch: int = 0) -> tuple[list[tuple[int, float]], list[float]]:
+        """The depths this generation may draft a proposal of `kind` to now, each with its step's
+        cost: up to `available`, no deeper than the kind has been explored, and only those whose
+        worst case (the step's cost beyond `root`, the step without a draft) is within what the
+        generation may lose (every depth of a certain kind: forced tokens, nothing to lose); and
+        E[tokens per step] at each depth."""
+        acc = self.acceptance(kind)
+        limit = min(available, acc.explored_depth())
+        expected = acc.expectations(limit)
+        certain = acc.prior == 0.0 and not any(acc.rejected)
+        saved = None if certain else self.saved  # drafts are held to what the generation may lose (None: not held)
+        costs = [(d, self.step_cost(drafter, d, lag, batch)) for d in range(1, limit + 1)]
+        return [(d, cost) for d, cost in costs if saved is None or cost - root <= saved + self.allowance(d)], expected
 
     def worth_loading(self, drafter: Drafter, prompt_tokens: int, remaining: int) -> bool:
         """Is a draft model worth loading now? Only with measured target costs, and only when its
